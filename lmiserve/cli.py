@@ -1,0 +1,62 @@
+"""The ``lmiserve`` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import ConfigError, load_settings
+from .config.loader import SPECS
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", help="model directory (default: /opt/ml/model when present, else .)")
+    parser.add_argument("--properties", help="serving.properties file (default: MODEL_DIR/serving.properties)")
+    for spec in SPECS:
+        if spec.cli:
+            parser.add_argument(
+                spec.cli,
+                dest="key:" + spec.key,
+                metavar=spec.key.upper().replace(".", "_"),
+                help=f"{spec.doc} ({spec.key})",
+            )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmiserve", description="LLM serving container in the style of SageMaker LMI."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the server")
+    _add_model_flags(serve)
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the resolved settings and where each came from")
+    _add_model_flags(show)
+    return parser
+
+
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    cli = {k[len("key:") :]: v for k, v in vars(args).items() if k.startswith("key:") and v is not None}
+    return load_settings(args.model_dir, args.properties, cli=cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded from a model hub at run time
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"lmiserve: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        from .config.show import render
+
+        print(render(settings))
+        return 0
+    from . import logs
+    from .server.runner import run
+
+    logs.configure(settings.server.log_level)
+    return run(settings)

@@ -1,0 +1,267 @@
+"""The settings lmiserve understands, one pydantic model per area.
+
+Each field is declared once with :func:`setting`; keys, environment variables, CLI flags,
+``config show`` and the README's configuration table all come from here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from .fields import MIB, EnvAlias, setting
+
+_DTYPES = {
+    "auto": "auto",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+}
+_ROLLING = {
+    "auto": "auto",
+    "lmi": "lmi",
+    "lmi-dist": "lmi",
+    "npu": "npu",
+    "vllm": "vllm",
+    "disable": "disable",
+    "disabled": "disable",
+    "false": "disable",
+}
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")
+_FORMATTER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+class _Area(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=False, frozen=True)
+
+
+class ServerSettings(_Area):
+    """The HTTP front end."""
+
+    host: str = setting("0.0.0.0", "host", "Address the HTTP server binds to.", cli="--host")
+    port: int = setting(
+        8080,
+        "port",
+        "TCP port of the HTTP server.",
+        env_aliases=("SAGEMAKER_BIND_TO_PORT",),
+        cli="--port",
+        ge=1,
+        le=65535,
+    )
+    max_request_size: int = setting(
+        64 * MIB,
+        "max_request_size",
+        "Largest request body accepted, in bytes; larger bodies get 413.",
+        env_aliases=(EnvAlias("SAGEMAKER_MAX_PAYLOAD_IN_MB", MIB),),
+        ge=1,
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = setting(
+        "info", "log_level", "Log verbosity of the server and its workers.", cli="--log-level"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v
+
+
+class ModelSettings(_Area):
+    """The served model: what to load, how to run it and how requests reach it."""
+
+    model_name: str | None = setting(
+        None,
+        "model_name",
+        "Name of the model in URLs (/predictions/{name}); defaults to the model directory's name.",
+        cli="--model-name",
+        allowed="a name of letters, digits, '-', '_' and '.'",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+    )
+    engine: Literal["Python", "MPI"] = setting(
+        "Python", "engine", "How worker processes are launched; MPI is accepted and behaves as Python."
+    )
+    model_id: str | None = setting(
+        None,
+        "option.model_id",
+        "The model to load: a local Hugging Face directory, a .gguf file, a Hugging Face id already in "
+        "the local cache, or pkg://PACKAGE/PATH for weights shipped in an installed Python package. "
+        "Empty: the model directory itself, else the embedded SmolLM2-135M-Instruct.",
+        env_aliases=("HF_MODEL_ID",),
+    )
+    entry_point: str | None = setting(
+        None,
+        "option.entryPoint",
+        "Handler module: a .py file (relative to the model directory) or a dotted module name. "
+        "Empty: model.py in the model directory if present, else the built-in handler.",
+    )
+    handler: str = setting(
+        "handle",
+        "option.handler",
+        "Name of the handler function in the entry point.",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        allowed="a Python identifier",
+    )
+    rolling_batch: Literal["auto", "lmi", "npu", "vllm", "disable"] = setting(
+        "auto",
+        "option.rolling_batch",
+        "Continuous-batching backend: lmi (our engine), npu, vllm, or disable (dynamic batching through "
+        "transformers generate). auto picks the best available for the model.",
+        allowed="auto, lmi, npu, vllm, disable",
+    )
+    max_rolling_batch_size: int = setting(
+        256,
+        "option.max_rolling_batch_size",
+        "Most sequences running at once in the rolling batch.",
+        env_aliases=("MAX_BATCH_SIZE",),
+        ge=1,
+    )
+    dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(
+        "auto",
+        "option.dtype",
+        "Weight and compute dtype. auto: bf16 on CPUs with native bf16 (AVX512_BF16/AMX) and on GPUs "
+        "that support it, fp16 on other GPUs and NPUs, else fp32.",
+        allowed="auto, fp32, fp16, bf16",
+    )
+    device: str = setting(
+        "auto",
+        "option.device",
+        "Where the model runs; auto picks an NPU, then a CUDA GPU, then the CPU.",
+        allowed="auto, cpu, cuda, cuda:N, npu, npu:N",
+    )
+    tensor_parallel_degree: int | Literal["max"] = setting(
+        1,
+        "option.tensor_parallel_degree",
+        "Devices one model copy is sharded across; max uses all visible accelerators.",
+        env_aliases=("TENSOR_PARALLEL_DEGREE", "SM_NUM_GPUS"),
+        allowed="an integer >= 1 or max",
+    )
+    output_formatter: str = setting(
+        "json",
+        "option.output_formatter",
+        "Response format: json, jsonlines or sse (or a custom formatter's name).",
+        allowed="json, jsonlines, sse, or a formatter function name",
+    )
+    tgi_compat: bool = setting(
+        False, "option.tgi_compat", "Answer the rolling-batch schema the way TGI does (list bodies, SSE streams)."
+    )
+    enable_streaming: bool = setting(
+        False, "option.enable_streaming", "Stream every response, even when the request does not ask for it."
+    )
+    max_model_len: int | None = setting(
+        None,
+        "option.max_model_len",
+        "Longest sequence (prompt plus generated tokens); empty: the model's own limit.",
+        ge=1,
+    )
+    trust_remote_code: bool = setting(
+        False,
+        "option.trust_remote_code",
+        "Allow model directories that ship their own modelling code.",
+        env_aliases=("HF_MODEL_TRUST_REMOTE_CODE",),
+    )
+    batch_size: int = setting(1, "batch_size", "Dynamic batch size: requests gathered into one handler call.", ge=1)
+    max_batch_delay: int = setting(
+        100, "max_batch_delay", "Longest wait, in milliseconds, to fill a dynamic batch.", ge=0
+    )
+    max_idle_time: int = setting(
+        60, "max_idle_time", "Seconds a worker above minWorkers may stay idle before it is stopped.", ge=0
+    )
+    min_workers: int = setting(1, "minWorkers", "Worker processes kept running.", ge=1)
+    max_workers: int = setting(
+        1, "maxWorkers", "Most worker processes; more start while requests wait (each loads the model).", ge=1
+    )
+    job_queue_size: int = setting(
+        1000,
+        "job_queue_size",
+        "Requests that may wait for a worker; beyond it requests get 503 at once.",
+        env_aliases=("MAX_CONCURRENT_REQUESTS",),
+        ge=1,
+    )
+    predict_timeout: int = setting(
+        120,
+        "predict_timeout",
+        "Seconds a handler may take to answer (or between streamed chunks) before the request fails "
+        "with 504 and the worker is restarted.",
+        env_aliases=("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS",),
+        key_aliases=("option.predict_timeout",),
+        ge=1,
+    )
+    model_loading_timeout: int = setting(
+        1800,
+        "model_loading_timeout",
+        "Seconds a worker may take to load the model.",
+        env_aliases=("SAGEMAKER_STARTUP_TIMEOUT",),
+        key_aliases=("option.model_loading_timeout",),
+        ge=1,
+    )
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, v: object) -> object:
+        if isinstance(v, str):
+            return {"python": "Python", "mpi": "MPI"}.get(v.strip().lower(), v)
+        return v
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, v: object) -> object:
+        return _DTYPES.get(v.strip().lower(), v) if isinstance(v, str) else v
+
+    @field_validator("rolling_batch", mode="before")
+    @classmethod
+    def _rolling(cls, v: object) -> object:
+        return _ROLLING.get(v.strip().lower(), v) if isinstance(v, str) else v
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            if not _DEVICE.match(v):
+                raise ValueError("not a device")
+        return v
+
+    @field_validator("tensor_parallel_degree", mode="before")
+    @classmethod
+    def _tp(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            if v == "max":
+                return v
+            if not v.isdigit() or int(v) < 1:
+                raise ValueError("not a degree")
+            return int(v)
+        if isinstance(v, int) and v < 1:
+            raise ValueError("not a degree")
+        return v
+
+    @field_validator("output_formatter", mode="before")
+    @classmethod
+    def _formatter(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = v.strip()
+            if v.lower() in ("json", "jsonlines", "sse"):
+                return v.lower()
+            if not _FORMATTER.match(v):
+                raise ValueError("not a formatter")
+        return v
+
+    @field_validator("max_model_len", "model_id", "entry_point", "model_name", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @model_validator(mode="after")
+    def _workers(self) -> ModelSettings:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"minWorkers ({self.min_workers}) is larger than maxWorkers ({self.max_workers})")
+        return self
+
+
+AREAS: dict[str, type[_Area]] = {"server": ServerSettings, "model": ModelSettings}

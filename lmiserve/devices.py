@@ -1,0 +1,81 @@
+"""Choosing the device and the dtype a model runs with."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from pathlib import Path
+
+log = logging.getLogger("lmiserve.devices")
+
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """bf16 matrix multiply in hardware: AVX512_BF16 or AMX."""
+    flags = cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def npu_available() -> bool:
+    """True when torch_npu is installed and sees a device. Imports torch_npu only if installed."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+
+        return bool(torch.npu.is_available())  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a broken install counts as absent
+        return False
+
+
+def resolve_device(spec: str) -> str:
+    """``auto``/``cpu``/``cuda[:N]``/``npu[:N]`` -> a concrete torch device string."""
+    import torch
+
+    if spec == "auto":
+        if npu_available():
+            return "npu:0"
+        if torch.cuda.is_available():
+            return "cuda:0"
+        return "cpu"
+    if spec in ("cuda", "npu"):
+        return f"{spec}:0"
+    return spec
+
+
+def resolve_dtype(spec: str, device: str) -> tuple[str, str]:
+    """The dtype name to use (fp32/fp16/bf16) and why."""
+    import torch
+
+    if spec != "auto":
+        return spec, "configured by option.dtype"
+    if device.startswith("cuda"):
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "auto: the GPU supports bf16"
+        return "fp16", "auto: the GPU lacks bf16"
+    if device.startswith("npu"):
+        return "fp16", "auto: fp16 is the NPU's native dtype"
+    if cpu_has_native_bf16():
+        return "bf16", "auto: this CPU multiplies bf16 natively (AVX512_BF16/AMX)"
+    return "fp32", "auto: this CPU has no native bf16"
+
+
+def torch_dtype(name: str):  # type: ignore[no-untyped-def]
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])

@@ -1,0 +1,103 @@
+"""LMI's "Dynamic Batch / Static Batch" schema.
+
+Request: ``{"inputs": str | [str], "parameters": {...}, "stream": bool}``.
+Response: ``[{"generated_text": ...}, ...]``, one per prompt, in order; streaming answers
+``application/jsonlines`` with one ``{"outputs": [...]}`` line per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+
+from ..errors import BadRequest, ValidationFailed
+from .validation import describe
+
+MAX_SEED = 2**63 - 1
+CONTENT_TYPE = "application/json"
+STREAM_CONTENT_TYPE = "application/jsonlines"
+
+
+class DynamicParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    do_sample: bool = False
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    temperature: float = Field(1.0, gt=0)
+    repetition_penalty: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(30, ge=1)
+    return_full_text: bool = False
+    stop_sequences: tuple[StrictStr, ...] = ()
+
+    @field_validator("stop_sequences", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class DynamicRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    inputs: StrictStr | list[StrictStr]
+    parameters: DynamicParameters = DynamicParameters()
+    stream: bool | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("must hold at least one prompt")
+        return v
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+def parse_request(body: bytes) -> DynamicRequest:
+    """Parse and validate a request body.
+
+    Raises BadRequest when the body is not a JSON object with ``inputs``, and
+    ValidationFailed when a value is out of range.
+    """
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object with 'inputs'")
+    if "inputs" not in data:
+        raise BadRequest("request body has no 'inputs'")
+    params = data.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise BadRequest("'parameters' must be a JSON object")
+    try:
+        return DynamicRequest.model_validate(data)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err)) from None
+
+
+def format_response(texts: list[str]) -> bytes:
+    return orjson.dumps([{"generated_text": t} for t in texts])
+
+
+def format_stream_line(deltas: list[str]) -> bytes:
+    return orjson.dumps({"outputs": deltas}) + b"\n"

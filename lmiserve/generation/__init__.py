@@ -1,0 +1,1 @@
+"""Generation pieces shared by every backend: detokenization, stop strings, sampling."""

@@ -1,0 +1,170 @@
+"""Many prompts, each with its own sampling parameters, in one padded transformers ``generate`` call.
+
+``generate`` samples with one set of parameters for the whole batch, so it runs greedy and
+rows are sampled by :class:`_RowSampler`, a logits processor that draws each sampled row's
+token with that row's temperature/top-k/top-p and its own seeded generator, and masks the
+rest of the row's logits. Greedy rows pass through untouched, so their tokens are exactly
+what ``generate`` would pick. :class:`_RowTracker`, a stopping criterion, follows every row:
+detokenizes incrementally, applies stop sequences and per-row token limits, and reports
+each step's text to a callback for streaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from ..generation.detokenizer import IncrementalDetokenizer
+from ..generation.sampling import (
+    apply_penalties,
+    apply_temperature,
+    apply_top_k_top_p_min_p,
+    make_generator,
+    sample_rows,
+)
+from ..generation.stop_strings import StopStringMatcher
+
+StepCallback = Callable[[list[str | None]], None]
+
+
+@dataclass
+class GenRow:
+    prompt_ids: list[int]
+    max_new_tokens: int = 30
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_sequences: Sequence[str] = ()
+
+
+@dataclass
+class RowResult:
+    text: str
+    finish_reason: str
+    token_ids: list[int] = field(default_factory=list)
+
+
+class _RowState:
+    def __init__(self, row: GenRow, tokenizer: Any):
+        self.row = row
+        self.detok = IncrementalDetokenizer(tokenizer, row.prompt_ids)
+        self.matcher = StopStringMatcher(row.stop_sequences)
+        self.ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+
+    def _finish(self, reason: str) -> str:
+        self.finish_reason = reason
+        if reason == "stop_sequence":
+            return ""
+        tail = self.matcher.feed(self.detok.flush())
+        return tail + self.matcher.flush()
+
+    def step(self, token: int, eos_ids: frozenset[int]) -> str:
+        if token in eos_ids:
+            out = self._finish("eos_token")
+        else:
+            self.ids.append(token)
+            out = self.matcher.feed(self.detok.add([token]))
+            if self.matcher.matched is not None:
+                self._finish("stop_sequence")
+            elif len(self.ids) >= self.row.max_new_tokens:
+                out += self._finish("length")
+        self.text += out
+        return out
+
+
+class _RowTracker(StoppingCriteria):
+    def __init__(self, states: list[_RowState], eos_ids: frozenset[int], on_step: StepCallback | None):
+        self.states = states
+        self.eos_ids = eos_ids
+        self.on_step = on_step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        last = input_ids[:, -1].tolist()
+        deltas: list[str | None] = []
+        for state, token in zip(self.states, last):
+            deltas.append(None if state.finish_reason is not None else state.step(token, self.eos_ids))
+        if self.on_step is not None:
+            self.on_step(deltas)
+        done = [state.finish_reason is not None for state in self.states]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+class _RowSampler(LogitsProcessor):
+    def __init__(self, rows: list[GenRow], pad_lengths: list[int], device: torch.device):
+        self.penalized = [i for i, r in enumerate(rows) if r.repetition_penalty != 1.0]
+        self.sampled = [i for i, r in enumerate(rows) if r.do_sample]
+        self.pad_lengths = pad_lengths
+        self.rows = rows
+        if self.penalized:
+            self.penalties = torch.tensor([rows[i].repetition_penalty for i in self.penalized], device=device)
+        if self.sampled:
+            pick = [rows[i] for i in self.sampled]
+            self.temperature = torch.tensor([r.temperature for r in pick], device=device)
+            self.top_k = torch.tensor([r.top_k for r in pick], device=device)
+            self.top_p = torch.tensor([r.top_p for r in pick], device=device)
+            self.generators = [make_generator(r.seed, device) for r in pick]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.penalized:
+            rows = torch.tensor(self.penalized, device=scores.device)
+            width = input_ids.shape[1]
+            ids = input_ids[rows]
+            positions = torch.arange(width, device=scores.device).unsqueeze(0)
+            starts = torch.tensor([self.pad_lengths[i] for i in self.penalized], device=scores.device).unsqueeze(1)
+            scores[rows] = apply_penalties(scores[rows], ids, positions >= starts, repetition=self.penalties)
+        if self.sampled:
+            rows = torch.tensor(self.sampled, device=scores.device)
+            logits = apply_temperature(scores[rows], self.temperature)
+            logits = apply_top_k_top_p_min_p(logits, self.top_k, self.top_p)
+            tokens = sample_rows(torch.softmax(logits, dim=-1), self.generators)
+            chosen = torch.full_like(logits, float("-inf"))
+            chosen.scatter_(1, tokens.unsqueeze(1), 0.0)
+            scores[rows] = chosen
+        return scores
+
+
+class BatchGenerator:
+    """Runs :class:`GenRow` batches through a transformers causal LM."""
+
+    def __init__(self, model: Any, tokenizer: Any, eos_ids: Sequence[int], pad_id: int):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+
+    def run(self, rows: list[GenRow], on_step: StepCallback | None = None) -> list[RowResult]:
+        width = max(len(r.prompt_ids) for r in rows)
+        pad_lengths = [width - len(r.prompt_ids) for r in rows]
+        input_ids = torch.tensor(
+            [[self.pad_id] * pad + r.prompt_ids for r, pad in zip(rows, pad_lengths)], device=self.device
+        )
+        attention = torch.tensor(
+            [[0] * pad + [1] * len(r.prompt_ids) for r, pad in zip(rows, pad_lengths)], device=self.device
+        )
+        states = [_RowState(r, self.tokenizer) for r in rows]
+        config = GenerationConfig(
+            max_new_tokens=max(r.max_new_tokens for r in rows),
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+        )
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([_RowSampler(rows, pad_lengths, self.device)]),
+                stopping_criteria=StoppingCriteriaList([_RowTracker(states, self.eos_ids, on_step)]),
+            )
+        return [RowResult(s.text, s.finish_reason or "length", s.ids) for s in states]

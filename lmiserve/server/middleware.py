@@ -1,0 +1,90 @@
+"""ASGI middleware: request ids and the request size limit.
+
+Written against raw ASGI so that streaming responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from ..errors import PayloadTooLarge
+
+REQUEST_ID_HEADERS = (b"x-amzn-sagemaker-inference-id", b"x-request-id")
+
+
+class RequestIdMiddleware:
+    """Every response carries ``x-request-id``: the caller's SageMaker inference id or
+    X-Request-Id when sent, else a new one. Routes find it in ``scope["state"]``."""
+
+    def __init__(self, app):  # type: ignore[no-untyped-def]
+        self.app = app
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        request_id = None
+        for name in REQUEST_ID_HEADERS:
+            value = headers.get(name)
+            if value:
+                request_id = value.decode("latin-1")[:256]
+                break
+        request_id = request_id or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        encoded = request_id.encode("latin-1")
+
+        async def send_with_id(message):  # type: ignore[no-untyped-def]
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", encoded)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over ``limit`` bytes with 413: at once when Content-Length says so,
+    else as soon as the streamed body passes the limit."""
+
+    def __init__(self, app, limit: int):  # type: ignore[no-untyped-def]
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(send, int(length))
+            return
+        seen = 0
+
+        async def limited_receive():  # type: ignore[no-untyped-def]
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise PayloadTooLarge(self._detail(seen, at_least=True))
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _detail(self, size: int, at_least: bool = False) -> str:
+        qualifier = "at least " if at_least else ""
+        return f"request body of {qualifier}{size} bytes exceeds max_request_size ({self.limit} bytes)"
+
+    async def _refuse(self, send, size: int) -> None:  # type: ignore[no-untyped-def]
+        body = json.dumps({"code": 413, "message": "Payload Too Large", "error": self._detail(size)}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

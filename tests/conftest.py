@@ -1,0 +1,30 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    from tests.tiny_models import build_model
+
+    return build_model(tmp_path_factory.mktemp("tiny-llama") / "model", "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded default model as a Hugging Face directory (converted once, then cached)."""
+    from lmiserve.model_store import resolve_model
+
+    return resolve_model(None, Path("/nonexistent-model-dir"))

@@ -1,0 +1,67 @@
+"""End to end: the real SmolLM2 model behind the default dynamic-batch handler."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.server_process import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [
+    "What is Deep Learning?",
+    "Write a haiku about the sea.",
+    "The capital of France is",
+    "List three primary colors:",
+]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    out = {}
+    for prompt in PROMPTS:
+        ids = tok(prompt, return_tensors="pt")["input_ids"]
+        gen = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
+        out[prompt] = tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_dir):
+    d = tmp_path_factory.mktemp("smollm2")
+    shutil.copy(REPO / "serving.properties", d / "serving.properties")
+    with ServerProcess(d, env={"OPTION_DTYPE": "fp32", "OPTION_ROLLING_BATCH": "disable"}) as s:
+        yield s.wait_ready(timeout=300)
+
+
+def test_greedy_output_equals_transformers_generate(server, expected):
+    with server.client() as c:
+        for prompt in PROMPTS:
+            r = c.post("/invocations", json={"inputs": prompt, "parameters": {"max_new_tokens": MAX_NEW}})
+            assert r.status_code == 200
+            assert r.json() == [{"generated_text": expected[prompt]}]
+
+
+def test_list_of_prompts_in_one_batch(server, expected):
+    with server.client() as c:
+        r = c.post("/invocations", json={"inputs": PROMPTS, "parameters": {"max_new_tokens": MAX_NEW}})
+    assert r.json() == [{"generated_text": expected[p]} for p in PROMPTS]
+
+
+def test_streamed_text_equals_generated_text(server, expected):
+    with server.client() as c:
+        r = c.post(
+            "/invocations", json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_NEW}, "stream": True}
+        )
+    lines = [json.loads(x) for x in r.text.splitlines()]
+    assert len(lines) > 5
+    assert "".join(x["outputs"][0] for x in lines) == expected[PROMPTS[0]]

@@ -1,0 +1,88 @@
+"""Tiny random-weight models and a real (small, trained here) tokenizer for tests.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on a built-in corpus, the
+model is built from a config with seeded random weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CORPUS = [
+    "What is Deep Learning? Deep learning is a subfield of machine learning.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Continuous batching lets new requests join the running batch at every step.",
+    "Paged attention stores the key value cache in fixed-size blocks.",
+    "Große Füchse springen über faule Hunde. Ça va très bien, merci!",
+    "東京は日本の首都です。 😀 🚀 emoji and ünïcödé text.",
+    "def handle(inputs):\n    return outputs\n",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+]
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+def build_tokenizer(out: Path, vocab_size: int = 400):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(out: Path, arch: str = "llama", seed: int = 0, **overrides):
+    """A tiny random model directory (config, safetensors, tokenizer) of the given family."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tokenizer(out)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(**common)
+    elif arch == "qwen2":
+        from transformers import Qwen2Config
+
+        config = Qwen2Config(**common)
+    elif arch == "qwen3":
+        from transformers import Qwen3Config
+
+        common.setdefault("head_dim", 16)
+        config = Qwen3Config(**common)
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    return out

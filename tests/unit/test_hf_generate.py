@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from lmiserve.handlers.hf_generate import BatchGenerator, GenRow
+
+PROMPTS = ["What is Deep Learning?", "The quick brown fox", "Paged attention stores the key value cache in blocks."]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    return model, tok
+
+
+def reference(model, tok, prompt, n):
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def test_greedy_batch_matches_generate_alone(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
+    lengths = [12, 5, 20]
+    rows = [GenRow(tok(p)["input_ids"], max_new_tokens=n) for p, n in zip(PROMPTS, lengths)]
+    results = gen.run(rows)
+    for prompt, n, res in zip(PROMPTS, lengths, results):
+        expected = reference(model, tok, prompt, n)
+        assert res.token_ids == [t for t in expected if t != tok.eos_token_id][: len(res.token_ids)]
+        assert res.token_ids == expected[: len(res.token_ids)]
+        if res.finish_reason == "length":
+            assert len(res.token_ids) == n
+        assert res.text == tok.decode(res.token_ids, skip_special_tokens=True)
+
+
+def test_seeded_sampling_is_independent_of_batch_composition(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
+    sampled = GenRow(
+        tok(PROMPTS[0])["input_ids"], max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=42
+    )
+    alone = gen.run([sampled])[0].token_ids
+    mixed = gen.run(
+        [
+            GenRow(tok(PROMPTS[1])["input_ids"], max_new_tokens=15),
+            sampled,
+            GenRow(tok(PROMPTS[2])["input_ids"], max_new_tokens=3, do_sample=True, seed=1),
+        ]
+    )[1].token_ids
+    assert alone == mixed
+    other_seed = GenRow(
+        tok(PROMPTS[0])["input_ids"], max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=43
+    )
+    assert gen.run([other_seed])[0].token_ids != alone
+
+
+def test_stop_sequence_ends_a_row_and_is_cut(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
+    ids = tok(PROMPTS[0])["input_ids"]
+    full = gen.run([GenRow(ids, max_new_tokens=20)])[0]
+    assert len(full.text) > 4
+    stop = full.text[3:5]
+    res = gen.run([GenRow(ids, max_new_tokens=20, stop_sequences=[stop])])[0]
+    assert res.finish_reason == "stop_sequence"
+    assert res.text == full.text[: full.text.index(stop)]
+
+
+def test_streamed_deltas_join_to_final_text(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
+    rows = [GenRow(tok(p)["input_ids"], max_new_tokens=n) for p, n in zip(PROMPTS, [7, 15, 3])]
+    steps = []
+    results = gen.run(rows, on_step=steps.append)
+    for i, res in enumerate(results):
+        assert "".join(s[i] or "" for s in steps) == res.text

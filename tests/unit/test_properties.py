@@ -1,0 +1,27 @@
+from lmiserve.config.properties import parse_properties
+
+
+def test_separators_comments_and_whitespace():
+    text = """
+# a comment
+! another comment
+engine=Python
+option.model_id : /opt/ml/model
+batch_size 4
+  option.dtype   =   bf16
+"""
+    assert parse_properties(text) == {
+        "engine": "Python",
+        "option.model_id": "/opt/ml/model",
+        "batch_size": "4",
+        "option.dtype": "bf16",
+    }
+
+
+def test_continuation_and_escapes():
+    text = "option.stop=a\\\n    b\nkey\\=with\\:sep=v\\u00e9\\n\n"
+    assert parse_properties(text) == {"option.stop": "ab", "key=with:sep": "vé\n"}
+
+
+def test_last_value_wins_and_empty_value():
+    assert parse_properties("a=1\na=2\nb=\n") == {"a": "2", "b": ""}
