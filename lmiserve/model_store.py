@@ -107,6 +107,49 @@ def resolve_model(model_id: str | None, model_dir: Path) -> Path:
     return _hub_snapshot(model_id)
 
 
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def _config_architectures(directory: Path) -> list[str]:
+    import json
+
+    return list(json.loads((directory / "config.json").read_text()).get("architectures") or [])
+
+
+def _gguf_architectures(gguf: Path) -> list[str]:
+    from .gguf_header import read_string_field
+
+    arch = read_string_field(gguf, "general.architecture") or ""
+    return [GGUF_ARCHITECTURES.get(arch, arch)]
+
+
+def architectures(model_id: str | None, model_dir: Path) -> list[str]:
+    """The model's architecture names, read cheaply (no conversion, no weights)."""
+    if not model_id:
+        if (model_dir / "config.json").is_file():
+            return _config_architectures(model_dir)
+        gguf = _gguf_in(model_dir)
+        return _gguf_architectures(gguf or package_file(DEFAULT_MODEL_ID))
+    if model_id.startswith("pkg://"):
+        return _gguf_architectures(package_file(model_id))
+    path = Path(model_id)
+    if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
+        path = model_dir / path
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_architectures(path)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return _config_architectures(path)
+        gguf = _gguf_in(path)
+        return _gguf_architectures(gguf) if gguf else []
+    return _config_architectures(_hub_snapshot(model_id))
+
+
 def _cache_dir_for(gguf: Path) -> Path:
     stat = gguf.stat()
     key = f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"

@@ -79,8 +79,116 @@ class Shutdown(Msg):
     pass
 
 
+# --- the rolling-batch engine process ----------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """How one request is decoded. The engine sees token ids only: stop strings live above it."""
+
+    max_new_tokens: int = 30
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    n: int = 1
+    best_of: int = 1
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    logprobs: int = 0
+    """Alternatives reported per generated token (0: only the chosen token's log-probability)."""
+    prompt_logprobs: int | None = None
+    """None: no prompt log-probabilities; k >= 0: each prompt token's, plus k alternatives."""
+
+
+class InitEngine(Msg):
+    model_name: str
+    model_path: str
+    options: dict[str, str]
+    log_level: str = "info"
+
+
+class EngineReady(Msg):
+    info: dict[str, str | int | float]
+
+
+class EngineFailed(Msg):
+    error: str
+
+
+class GenerateRequest(Msg):
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class AbortRequest(Msg):
+    request_ids: list[str]
+    index: int | None = None
+    """Only this sequence of the request (best_of > 1); None: the whole request."""
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token_id: int
+    logprob: float
+
+
+class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What happened to one sequence of a request in one engine step."""
+
+    request_id: str
+    index: int = 0
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    top_logprobs: list[list[TopLogprob]] | None = None
+    finish_reason: str | None = None
+    cumulative_logprob: float = 0.0
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[TopLogprob]] | None = None
+    error: str | None = None
+
+
+class EngineStats(msgspec.Struct, kw_only=True):
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_hit_tokens: int
+    preemptions: int
+    prompt_tokens: int
+    generated_tokens: int
+    step_seconds: float
+
+
+class EngineStep(Msg):
+    deltas: list[SeqDelta]
+    stats: EngineStats | None = None
+
+
 Message = (
-    InitWorker | WorkerReady | WorkerFailed | Job | ResponseHead | ResponseChunk | ResponseEnd | JobDone | Shutdown
+    InitWorker
+    | WorkerReady
+    | WorkerFailed
+    | Job
+    | ResponseHead
+    | ResponseChunk
+    | ResponseEnd
+    | JobDone
+    | Shutdown
+    | InitEngine
+    | EngineReady
+    | EngineFailed
+    | GenerateRequest
+    | AbortRequest
+    | EngineStep
 )
 
 _encoder = msgspec.msgpack.Encoder()

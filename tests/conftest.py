@@ -28,3 +28,12 @@ def smollm2_dir() -> Path:
     from lmiserve.model_store import resolve_model
 
     return resolve_model(None, Path("/nonexistent-model-dir"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict:
+    """Tiny random Llama, Qwen2 and Qwen3 directories (built once per session)."""
+    from tests.tiny_models import build_model
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: build_model(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from .fields import KeySpec, describe_allowed, key_specs, normalize_key
 from .properties import read_properties
-from .schema import AREAS, ModelSettings, ServerSettings
+from .schema import AREAS, EngineSettings, ModelSettings, ServerSettings
 
 PROPERTIES_FILE = "serving.properties"
 
@@ -41,6 +41,7 @@ class Source:
 class Settings:
     server: ServerSettings
     model: ModelSettings
+    engine: EngineSettings
     model_dir: Path
     properties_file: Path | None
     model_name: str
@@ -49,16 +50,18 @@ class Settings:
     unknown: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    def area(self, name: str) -> Any:
+        return getattr(self, name)
+
     def value(self, key: str) -> Any:
         spec = SPECS_BY_KEY[key]
-        area = self.server if spec.area == "server" else self.model
-        return getattr(area, spec.field_name)
+        return getattr(self.area(spec.area), spec.field_name)
 
     def handler_properties(self) -> dict[str, str]:
         """The model's properties as a handler sees them: ``option.`` stripped, values as strings."""
         props: dict[str, str] = {}
         for spec in SPECS:
-            if spec.area != "model":
+            if spec.area == "server":
                 continue
             value = self.value(spec.key)
             if value is not None:
@@ -252,6 +255,7 @@ def load_settings(
     return Settings(
         server=built["server"],
         model=model_settings,
+        engine=built["engine"],
         model_dir=directory.resolve(),
         properties_file=props_path.resolve() if props_path else None,
         model_name=name,

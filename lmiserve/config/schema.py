@@ -114,13 +114,6 @@ class ModelSettings(_Area):
         "transformers generate). auto picks the best available for the model.",
         allowed="auto, lmi, npu, vllm, disable",
     )
-    max_rolling_batch_size: int = setting(
-        256,
-        "option.max_rolling_batch_size",
-        "Most sequences running at once in the rolling batch.",
-        env_aliases=("MAX_BATCH_SIZE",),
-        ge=1,
-    )
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(
         "auto",
         "option.dtype",
@@ -264,4 +257,80 @@ class ModelSettings(_Area):
         return self
 
 
-AREAS: dict[str, type[_Area]] = {"server": ServerSettings, "model": ModelSettings}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(value: object) -> int:
+    """``2GiB``, ``512MiB``, ``1.5GB`` or a number of bytes."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match or (match.group(2) or "").lower() not in _UNITS:
+        raise ValueError("not a size")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+class EngineSettings(_Area):
+    """The continuous-batching engine (option.rolling_batch=lmi)."""
+
+    max_rolling_batch_size: int = setting(
+        256,
+        "option.max_rolling_batch_size",
+        "Most sequences running at once in the rolling batch.",
+        env_aliases=("MAX_BATCH_SIZE",),
+        ge=1,
+    )
+    max_rolling_batch_prefill_tokens: int | None = setting(
+        None,
+        "option.max_rolling_batch_prefill_tokens",
+        "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
+        "empty: 512 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster.",
+        ge=1,
+    )
+    kv_cache_memory: int | None = setting(
+        None,
+        "option.kv_cache_memory",
+        "Memory for the paged KV cache (bytes, or 2GiB / 512MiB); empty: on CPUs the smaller of 2 GiB and "
+        "a quarter of the available memory, on GPUs what gpu_memory_utilization leaves after the weights.",
+        allowed="a size such as 2GiB, 512MiB or a number of bytes",
+    )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        "option.gpu_memory_utilization",
+        "Share of an accelerator's memory lmiserve may use (weights, activations and KV cache).",
+        gt=0,
+        le=1,
+    )
+    block_size: int = setting(16, "option.block_size", "Tokens per KV-cache block.", ge=1, le=1024)
+    enable_prefix_caching: bool = setting(
+        True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
+    )
+
+    @field_validator("kv_cache_memory", "max_rolling_batch_prefill_tokens", mode="before")
+    @classmethod
+    def _empty(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> object:
+        return None if v is None else parse_size(v)
+
+
+AREAS: dict[str, type[_Area]] = {"server": ServerSettings, "model": ModelSettings, "engine": EngineSettings}

@@ -8,7 +8,6 @@ with each job: one request, or a dynamic batch of them.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -21,21 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import logs, wire
+from ..child import die_with_parent
 from ..errors import LmiServeError
 from .inputs import Input
 from .loader import load_handler
 from .outputs import BatchMismatch, Output, Response, split_output
 
 log = logging.getLogger("lmiserve.worker")
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when the server process dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _error_body(code: int, message: str, error: str) -> bytes:
@@ -149,7 +140,7 @@ def _initialise(sock: socket.socket, init: wire.InitWorker) -> Callable[[Input],
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     sock = socket.socket(fileno=fd)
     init = wire.recv(sock)

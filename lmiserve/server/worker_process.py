@@ -6,12 +6,11 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable
 
 from .. import wire
+from ..child import exit_description, spawn
 from ..errors import LmiServeError, PredictTimeout, WorkerDied
 from .response_stream import ResponseStream
 
@@ -54,20 +53,7 @@ class WorkerProcess:
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its handler has initialised."""
-        parent, child = socket.socketpair()
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "lmiserve.handlers.worker",
-                "--fd",
-                str(child.fileno()),
-                pass_fds=(child.fileno(),),
-                env=self.env,
-            )
-        finally:
-            child.close()
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self.process, self._reader, self._writer = await spawn("lmiserve.handlers.worker", self.env)
         wire.write(self._writer, self.init)
         try:
             first = await asyncio.wait_for(wire.read(self._reader), timeout)
@@ -131,7 +117,7 @@ class WorkerProcess:
                 code = await self.process.wait()
         self.ready = False
         reason = self._exit_reason or WorkerDied(
-            f"the worker process (pid {self.pid}) exited {_status(code)} while handling this request"
+            f"the worker process (pid {self.pid}) exited {exit_description(code)} while handling this request"
         )
         for stream in self._streams.values():
             stream.fail(reason)
@@ -142,7 +128,7 @@ class WorkerProcess:
             self._writer.close()
         self.exited.set()
         if self._exit_reason is None:
-            log.warning("worker %s (pid %s) exited %s", self.worker_id, self.pid, _status(code))
+            log.warning("worker %s (pid %s) exited %s", self.worker_id, self.pid, exit_description(code))
         if self.on_exit is not None:
             self.on_exit(self)
 
@@ -215,17 +201,6 @@ class _StreamError(LmiServeError):
     kind = "handler"
     status = 424
     title = "invoke handler failure"
-
-
-def _status(code: int | None) -> str:
-    if code is None:
-        return "for an unknown reason"
-    if code < 0:
-        try:
-            return f"with signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"with signal {-code}"
-    return f"with status {code}"
 
 
 def worker_env(threads: int | None = None) -> dict[str, str]:

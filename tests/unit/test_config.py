@@ -19,7 +19,7 @@ def test_defaults_follow_lmi(tmp_path):
     assert (m.batch_size, m.max_batch_delay, m.max_idle_time) == (1, 100, 60)
     assert (m.min_workers, m.max_workers, m.job_queue_size) == (1, 1, 1000)
     assert (m.predict_timeout, m.model_loading_timeout) == (120, 1800)
-    assert (m.rolling_batch, m.max_rolling_batch_size, m.tensor_parallel_degree) == ("auto", 256, 1)
+    assert (m.rolling_batch, s.engine.max_rolling_batch_size, m.tensor_parallel_degree) == ("auto", 256, 1)
     assert m.trust_remote_code is False and m.tgi_compat is False and m.enable_streaming is False
     assert all(str(src) == "default" for src in s.sources.values())
 
@@ -46,7 +46,7 @@ def test_option_and_serving_prefixes_match_djl_names(tmp_path):
     }
     s = load_settings(tmp_path, env=env)
     assert s.model.entry_point == "my_model.py"
-    assert s.model.max_rolling_batch_size == 16
+    assert s.engine.max_rolling_batch_size == 16
     assert s.model.job_queue_size == 7
     assert (s.model.min_workers, s.model.max_workers) == (2, 3)
     assert s.model.predict_timeout == 11

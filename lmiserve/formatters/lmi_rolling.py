@@ -1,0 +1,301 @@
+"""LMI's "Rolling Batch / Continuous Batch" schema.
+
+Request ``{"inputs": str, "parameters": {...}, "stream": bool}``. Non-streaming answers
+``{"generated_text": ..., "details": {...}}`` (a one-element list with ``tgi_compat``);
+streaming answers one ``{"token": {...}}`` line per token as jsonlines (default) or SSE, the
+last line also carrying ``generated_text`` and, when asked for, ``details``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+
+from ..errors import BadRequest, ValidationFailed
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..wire import SamplingParams
+from .validation import describe
+
+JSON = "application/json"
+JSONLINES = "application/jsonlines"
+SSE = "text/event-stream"
+MAX_SEED = 2**63 - 1
+
+
+class RollingParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    do_sample: bool = False
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    temperature: float = Field(1.0, gt=0)
+    repetition_penalty: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=-1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    typical_p: float = Field(1.0, gt=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    max_new_tokens: int = Field(30, ge=1)
+    details: bool = False
+    return_full_text: bool = False
+    stop_sequences: tuple[StrictStr, ...] = ()
+    decoder_input_details: bool = False
+    truncate: int | None = Field(None, ge=1)
+    ignore_eos_token: bool = False
+    n: int = Field(1, ge=1)
+    best_of: int | None = Field(None, ge=1)
+    num_beams: int = Field(1, ge=1)
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    top_n_tokens: int = Field(0, ge=0, le=20)
+    skip_special_tokens: bool = True
+    output_formatter: Literal["json", "jsonlines", "sse"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_and_aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+            if "ignore_eos" in data and "ignore_eos_token" not in data:
+                data["ignore_eos_token"] = data.pop("ignore_eos")
+            if isinstance(data.get("stop_sequences"), str):
+                data["stop_sequences"] = [data["stop_sequences"]]
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RollingParameters:
+        if self.num_beams > 1:
+            raise ValueError("num_beams > 1 (beam search) is not supported by this backend")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        return self
+
+
+class RollingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    inputs: StrictStr
+    parameters: RollingParameters = RollingParameters()
+    stream: bool | None = None
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+@dataclass
+class Defaults:
+    """What the model's configuration says about response formats."""
+
+    output_formatter: str = "json"
+    tgi_compat: bool = False
+    enable_streaming: bool = False
+
+
+@dataclass
+class ParsedRequest:
+    generation: GenerationRequest
+    parameters: RollingParameters
+    stream: bool
+    output_format: str  # json | jsonlines | sse
+    tgi_compat: bool
+
+    @property
+    def content_type(self) -> str:
+        return {"json": JSON, "jsonlines": JSONLINES, "sse": SSE}[self.output_format]
+
+
+def _sampling(p: RollingParameters) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=p.max_new_tokens,
+        do_sample=p.do_sample,
+        temperature=p.temperature,
+        top_k=max(p.top_k, 0),
+        top_p=p.top_p,
+        min_p=p.min_p,
+        typical_p=p.typical_p,
+        repetition_penalty=p.repetition_penalty,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        seed=p.seed,
+        n=p.n,
+        best_of=max(p.best_of or 1, p.n),
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos_token,
+        logprobs=max(p.logprobs or 0, p.top_n_tokens),
+        prompt_logprobs=(
+            max(p.prompt_logprobs or 0, p.top_n_tokens)
+            if p.decoder_input_details or p.prompt_logprobs is not None
+            else None
+        ),
+    )
+
+
+def parse_request(body: bytes, defaults: Defaults) -> ParsedRequest:
+    """Parse and validate; BadRequest for a malformed body, ValidationFailed for bad values."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object with 'inputs'")
+    if "inputs" not in data:
+        raise BadRequest("request body has no 'inputs'")
+    if data.get("parameters") is not None and not isinstance(data["parameters"], dict):
+        raise BadRequest("'parameters' must be a JSON object")
+    try:
+        request = RollingRequest.model_validate(data)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err)) from None
+    p = request.parameters
+    fmt = p.output_formatter or defaults.output_formatter
+    if fmt not in ("json", "jsonlines", "sse"):
+        fmt = "json"
+    if request.stream is not None:
+        stream = request.stream
+    else:
+        stream = defaults.enable_streaming or fmt in ("jsonlines", "sse")
+    if stream and fmt == "json":
+        fmt = "sse" if defaults.tgi_compat else "jsonlines"
+    if stream and (p.n > 1 or (p.best_of or 1) > 1):
+        raise ValidationFailed("n and best_of greater than 1 work only without streaming")
+    generation = GenerationRequest(
+        prompt=request.inputs,
+        params=_sampling(p),
+        stop=list(p.stop_sequences),
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens,
+        truncate=p.truncate,
+    )
+    return ParsedRequest(generation, p, stream, fmt if stream else "json", defaults.tgi_compat)
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def _token(t: TokenOutput, tgi: bool) -> dict[str, Any]:
+    if tgi:
+        return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
+    out: dict[str, Any] = {"id": t.id, "text": t.text, "log_prob": t.logprob}
+    if t.special:
+        out["special_token"] = True
+    return out
+
+
+def _top(t: TokenOutput, tgi: bool) -> list[dict[str, Any]]:
+    return [_token(a, tgi) for a in t.top or []]
+
+
+def _sequence_details(seq: SequenceOutput, req: ParsedRequest) -> dict[str, Any]:
+    tgi = req.tgi_compat
+    details: dict[str, Any] = {
+        "finish_reason": seq.finish_reason,
+        "generated_tokens": len(seq.tokens),
+        "tokens": [_token(t, tgi) for t in seq.tokens],
+    }
+    if req.parameters.top_n_tokens:
+        details["top_tokens"] = [_top(t, tgi) for t in seq.tokens]
+    return details
+
+
+def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
+    """The whole non-streaming answer."""
+    p = req.parameters
+    tgi = req.tgi_compat
+    ranked = out.ranked()
+    best = ranked[0]
+    body: dict[str, Any] = {"generated_text": _full_text(out, best, p)}
+    if p.details or p.decoder_input_details:
+        details: dict[str, Any] = {
+            "finish_reason": best.finish_reason,
+            "generated_tokens": len(best.tokens),
+            "inputs": out.prompt,
+            "tokens": [_token(t, tgi) for t in best.tokens],
+        }
+        if p.top_n_tokens:
+            details["top_tokens"] = [_top(t, tgi) for t in best.tokens]
+        if p.decoder_input_details and out.prompt_tokens is not None:
+            details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
+        count = p.n if p.n > 1 else (p.best_of or 1)
+        if count > 1:
+            details["best_of_sequences"] = [
+                {**_sequence_details(s, req), "generated_text": _full_text(out, s, p)} for s in ranked[1:count]
+            ]
+        body["details"] = details
+    return orjson.dumps([body] if tgi else body)
+
+
+def _full_text(out: RequestOutput, seq: SequenceOutput, p: RollingParameters) -> str:
+    return out.prompt + seq.text if p.return_full_text else seq.text
+
+
+def _frame(obj: Any, req: ParsedRequest) -> bytes:
+    data = orjson.dumps(obj)
+    return b"data:" + data + b"\n\n" if req.output_format == "sse" else data + b"\n"
+
+
+def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
+    """Lines for the tokens added by the latest update (the last one carries the final fields)."""
+    seq = out.sequences[0]
+    p = req.parameters
+    tgi = req.tgi_compat
+    lines = []
+    tokens = seq.new_tokens
+    prefix = out.prompt if (first and p.return_full_text) else ""
+    for i, token in enumerate(tokens):
+        line: dict[str, Any] = {"token": _token(token, tgi)}
+        if prefix and i == 0:
+            line["token"]["text"] = prefix + token.text
+        if p.top_n_tokens:
+            line["top_tokens"] = _top(token, tgi)
+        last = i == len(tokens) - 1 and seq.finished
+        if last:
+            line["generated_text"] = _full_text(out, seq, p)
+            if p.details or p.decoder_input_details:
+                details: dict[str, Any] = {
+                    "finish_reason": seq.finish_reason,
+                    "generated_tokens": len(seq.tokens),
+                    "inputs": out.prompt,
+                }
+                if p.decoder_input_details and out.prompt_tokens is not None:
+                    details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
+                line["details"] = details
+        elif tgi:
+            line["generated_text"] = None
+            line["details"] = None
+        lines.append(_frame(line, req))
+    return b"".join(lines)
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def validation_error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message, "code": 424})
+
+
+def generation_error_body(req: ParsedRequest | None) -> bytes:
+    body = {
+        "generated_text": "",
+        "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None},
+    }
+    return orjson.dumps([body] if req is not None and req.tgi_compat else body)
+
+
+def stream_error_chunk(req: ParsedRequest, message: str) -> bytes:
+    if req.tgi_compat:
+        return _frame({"error": message, "error_type": "generation"}, req)
+    return _frame(
+        {
+            "token": {"id": -1, "text": "", "log_prob": -1, "special_token": True},
+            "generated_text": "",
+            "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None},
+        },
+        req,
+    )

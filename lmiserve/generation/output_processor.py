@@ -1,0 +1,98 @@
+"""From the engine's token ids to text: incremental detokenization, stop strings, log-probabilities.
+
+One :class:`OutputProcessor` per request, in the API process. It keeps every streamed piece
+consistent with the final text: each token's ``text`` is exactly what that token added, so
+the pieces always join to ``generated_text``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..wire import SeqDelta, TopLogprob
+from .detokenizer import IncrementalDetokenizer
+from .request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from .stop_strings import StopStringMatcher
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, request_id: str, request: GenerationRequest, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.request = request
+        count = max(request.params.best_of, request.params.n, 1)
+        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.output = RequestOutput(
+            request_id=request_id,
+            prompt=request.prompt,
+            prompt_token_ids=prompt_ids,
+            sequences=[SequenceOutput(index=i) for i in range(count)],
+            seed=request.params.seed,
+            arrival=time.monotonic(),
+        )
+        self._detok = [IncrementalDetokenizer(tokenizer, prompt_ids, request.skip_special_tokens) for _ in range(count)]
+        self._stops = [StopStringMatcher(request.stop, request.include_stop_str_in_output) for _ in range(count)]
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _alternatives(self, top: list[TopLogprob]) -> list[TokenOutput]:
+        return [TokenOutput(t.token_id, self._text(t.token_id), t.logprob, t.token_id in self.special) for t in top]
+
+    def _prompt_details(self, delta: SeqDelta) -> None:
+        if delta.prompt_logprobs is None or self.output.prompt_tokens is not None:
+            return
+        ids = self.output.prompt_token_ids
+        tops = delta.prompt_top_logprobs or []
+        tokens = []
+        for i, token_id in enumerate(ids):
+            lp = delta.prompt_logprobs[i] if i < len(delta.prompt_logprobs) else None
+            top = self._alternatives(tops[i - 1]) if 0 < i <= len(tops) else None
+            tokens.append(TokenOutput(token_id, self._text(token_id), lp, token_id in self.special, top))
+        self.output.prompt_tokens = tokens
+
+    def apply(self, delta: SeqDelta) -> bool:
+        """Apply one engine delta. Returns True when a stop string ended this sequence here
+        (the engine must then be told to stop generating it)."""
+        out = self.output
+        if delta.error is not None:
+            out.error = delta.error
+            for seq in out.sequences:
+                if not seq.finished:
+                    seq.finish_reason = "error"
+            out.finished_at = time.monotonic()
+            return False
+        seq = out.sequences[delta.index]
+        seq.new_tokens = []
+        if seq.finished:
+            return False
+        if out.first_token_at is None:
+            out.first_token_at = time.monotonic()
+        if delta.num_prompt_tokens:
+            out.num_cached_tokens = max(out.num_cached_tokens, delta.num_cached_tokens)
+        self._prompt_details(delta)
+        detok, stops = self._detok[delta.index], self._stops[delta.index]
+        stopped_here = False
+        for i, token_id in enumerate(delta.token_ids):
+            piece = stops.feed(detok.add([token_id]))
+            top = self._alternatives(delta.top_logprobs[i]) if delta.top_logprobs else None
+            lp = delta.logprobs[i] if i < len(delta.logprobs) else None
+            token = TokenOutput(token_id, piece, lp, token_id in self.special, top)
+            seq.tokens.append(token)
+            seq.new_tokens.append(token)
+            seq.text += piece
+            if stops.matched is not None:
+                seq.finish_reason = "stop_sequence"
+                stopped_here = True
+                break
+        seq.cumulative_logprob = delta.cumulative_logprob
+        if not stopped_here and delta.finish_reason is not None:
+            tail = stops.feed(detok.flush()) + stops.flush()
+            if tail:
+                if seq.new_tokens:
+                    seq.new_tokens[-1].text += tail
+                seq.text += tail
+            seq.finish_reason = delta.finish_reason
+        if out.finished:
+            out.finished_at = time.monotonic()
+        return stopped_here

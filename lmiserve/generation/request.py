@@ -1,0 +1,76 @@
+"""Protocol-independent generation requests and their outputs.
+
+Parsers turn a protocol's body into a :class:`GenerationRequest`; the output processor turns
+the engine's token ids into :class:`RequestOutput` updates; formatters turn those into bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..wire import SamplingParams
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate: int | None = None
+    """Keep only the last ``truncate`` prompt tokens."""
+    prompt_ids: list[int] | None = None
+    """Set when the client sent token ids, or after tokenization."""
+
+
+@dataclass
+class TokenOutput:
+    id: int
+    text: str
+    logprob: float | None
+    special: bool = False
+    top: list[TokenOutput] | None = None
+
+
+@dataclass
+class SequenceOutput:
+    index: int
+    text: str = ""
+    tokens: list[TokenOutput] = field(default_factory=list)
+    new_tokens: list[TokenOutput] = field(default_factory=list)
+    """Tokens added by the latest update (what a streaming formatter sends)."""
+    finish_reason: str | None = None
+    cumulative_logprob: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    sequences: list[SequenceOutput]
+    prompt_tokens: list[TokenOutput] | None = None
+    """Each prompt token with its log-probability, when the request asked for them."""
+    num_cached_tokens: int = 0
+    error: str | None = None
+    seed: int | None = None
+    arrival: float = 0.0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or all(s.finished for s in self.sequences)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.sequences)
+
+    def ranked(self) -> list[SequenceOutput]:
+        """Sequences best first (highest cumulative log-probability)."""
+        return sorted(self.sequences, key=lambda s: s.cumulative_logprob, reverse=True)

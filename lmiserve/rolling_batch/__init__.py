@@ -1,0 +1,1 @@
+"""The continuous-batching engine: scheduler, paged KV cache, models, sampler and the engine process."""

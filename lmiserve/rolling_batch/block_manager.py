@@ -1,0 +1,159 @@
+"""Paged KV-cache blocks: allocation with reference counts, and prefix caching.
+
+A block holds the keys and values of ``block_size`` consecutive tokens of a sequence.
+When a block is full its content is identified by a hash chained over every token before
+it, so two sequences that share a prompt prefix (a system prompt, a chat history) can share
+the blocks of that prefix instead of computing them again. Freed blocks keep their content
+and stay findable until the space is needed (least recently freed first).
+
+Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from .sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    tokens: tuple[int, ...] | None = None
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._by_hash: dict[int, int] = {}
+        self.prefix_hit_tokens = 0
+
+    # --- accounting ---------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """New blocks ``seq`` needs to hold ``num_new_tokens`` more computed tokens."""
+        return max(0, self.blocks_for(seq.num_computed + num_new_tokens) - len(seq.block_table))
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    # --- allocation ---------------------------------------------------------------------
+    def _take_free(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self._by_hash.get(block.hash) == block_id:
+            del self._by_hash[block.hash]
+        block.hash = None
+        block.tokens = None
+        block.ref_count = 1
+        return block_id
+
+    def _reuse(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Give ``seq`` the blocks it needs for ``num_new_tokens`` more tokens (caller checked)."""
+        for _ in range(self.blocks_needed(seq, num_new_tokens)):
+            seq.block_table.append(self._take_free())
+
+    # --- prefix caching ---------------------------------------------------------------
+    def _hashes(self, token_ids: Seq[int], count: int) -> list[tuple[int, tuple[int, ...]]]:
+        out = []
+        parent = None
+        bs = self.block_size
+        for i in range(count):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            parent = chain_hash(parent, tokens)
+            out.append((parent, tokens))
+        return out
+
+    def cached_prefix_blocks(self, seq: Sequence) -> list[int]:
+        """Blocks holding the longest cached prefix of ``seq``'s tokens.
+
+        At least one token is always left to compute, so the model produces logits for it.
+        """
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return []
+        usable = (seq.num_tokens - 1) // self.block_size
+        found = []
+        for block_hash, tokens in self._hashes(seq.token_ids, usable):
+            block_id = self._by_hash.get(block_hash)
+            if block_id is None or self.blocks[block_id].tokens != tokens:
+                break
+            found.append(block_id)
+        return found
+
+    def admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> None:
+        """Attach the cached prefix blocks and the blocks for the first chunk of a waiting sequence."""
+        for block_id in cached:
+            self._reuse(block_id)
+        seq.block_table = list(cached)
+        seq.num_computed = len(cached) * self.block_size
+        seq.num_hashed_blocks = len(cached)
+        seq.num_cached_prompt_tokens = min(seq.num_computed, seq.num_prompt_tokens)
+        self.prefix_hit_tokens += seq.num_computed
+        self.append_slots(seq, num_new_tokens)
+
+    def admission_cost(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> int:
+        """Free blocks admitting ``seq`` would consume (reusing a free cached block counts)."""
+        reused_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        total = self.blocks_for(len(cached) * self.block_size + num_new_tokens)
+        return reused_free + (total - len(cached))
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the blocks ``seq`` has just filled, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed, seq.num_tokens) // self.block_size
+        if full <= seq.num_hashed_blocks:
+            return
+        parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else None
+        bs = self.block_size
+        for i in range(seq.num_hashed_blocks, full):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = chain_hash(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                block.hash, block.tokens = parent, tokens
+                self._by_hash.setdefault(parent, block.block_id)
+        seq.num_hashed_blocks = full
+
+    # --- release ------------------------------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s blocks; cached content stays reusable until the block is taken."""
+        # release the tail first, so the prefix stays cached the longest
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        seq.block_table = []
+        seq.num_computed = 0
+        seq.num_hashed_blocks = 0

@@ -1,0 +1,242 @@
+"""The API process's handle on an engine: submit token ids, receive per-step deltas.
+
+Two transports behind one interface: :class:`ProcessEngineClient` runs the engine in a child
+process (production: model compute never waits on JSON, and a crash is contained);
+:class:`InProcessEngineClient` runs it on a thread of this process (tests, development).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable
+
+from .. import wire
+from ..child import exit_description, spawn
+from ..errors import LmiServeError, WorkerDied
+
+log = logging.getLogger("lmiserve.engine_client")
+
+
+class EngineStartError(Exception):
+    pass
+
+
+class RequestStream:
+    """Deltas of one request, in order, until each of its sequences has finished."""
+
+    def __init__(self, request_id: str, sequences: int):
+        self.request_id = request_id
+        self._pending = set(range(sequences))
+        self._queue: asyncio.Queue[wire.SeqDelta | LmiServeError] = asyncio.Queue()
+        self.done = False
+
+    def put(self, delta: wire.SeqDelta) -> None:
+        if self.done:
+            return
+        if delta.error is not None:
+            self._pending.clear()
+        elif delta.finish_reason is not None:
+            self._pending.discard(delta.index)
+        self._queue.put_nowait(delta)
+        if not self._pending:
+            self.done = True
+
+    def fail(self, error: LmiServeError) -> None:
+        if not self.done:
+            self.done = True
+            self._queue.put_nowait(error)
+
+    async def __aiter__(self) -> AsyncIterator[wire.SeqDelta]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, LmiServeError):
+                raise item
+            yield item
+            if self.done and self._queue.empty():
+                return
+
+
+class EngineClient:
+    """Routing of deltas to request streams; transports implement ``_send`` and ``start``/``stop``."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, RequestStream] = {}
+        self.info: dict[str, str | int | float] = {}
+        self.stats: wire.EngineStats | None = None
+        self.alive = False
+        self.on_exit: Callable[[EngineClient, str], None] | None = None
+
+    def _send(self, msg: wire.Msg) -> None:
+        raise NotImplementedError
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> RequestStream:
+        if not self.alive:
+            raise WorkerDied("the engine is not running")
+        stream = RequestStream(request_id, max(params.best_of, params.n, 1))
+        self.streams[request_id] = stream
+        self._send(wire.GenerateRequest(request_id=request_id, prompt_ids=prompt_ids, params=params))
+        return stream
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        stream = self.streams.get(request_id)
+        if index is None:
+            self.streams.pop(request_id, None)
+        if self.alive and (stream is not None and not stream.done):
+            self._send(wire.AbortRequest(request_ids=[request_id], index=index))
+
+    def _on_step(self, step: wire.EngineStep) -> None:
+        if step.stats is not None:
+            self.stats = step.stats
+        for delta in step.deltas:
+            stream = self.streams.get(delta.request_id)
+            if stream is None:
+                continue
+            stream.put(delta)
+            if stream.done:
+                self.streams.pop(delta.request_id, None)
+
+    def _gone(self, reason: str) -> None:
+        was_alive = self.alive
+        self.alive = False
+        error = WorkerDied(reason)
+        for stream in self.streams.values():
+            stream.fail(error)
+        self.streams.clear()
+        if was_alive and self.on_exit is not None:
+            self.on_exit(self, reason)
+
+
+class ProcessEngineClient(EngineClient):
+    def __init__(self, init: wire.InitEngine, env: dict[str, str] | None = None):
+        super().__init__()
+        self.init = init
+        self.env = env
+        self.process: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def start(self, timeout: float) -> None:
+        self.process, reader, self._writer = await spawn("lmiserve.rolling_batch.engine_process", self.env)
+        wire.write(self._writer, self.init)
+        try:
+            first = await asyncio.wait_for(wire.read(reader), timeout)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+            raise EngineStartError(f"the engine did not start within {timeout:.0f} s (model_loading_timeout)") from None
+        if isinstance(first, wire.EngineFailed):
+            await self.process.wait()
+            raise EngineStartError(first.error)
+        if not isinstance(first, wire.EngineReady):
+            code = await self.process.wait()
+            raise EngineStartError(f"the engine process exited while starting {exit_description(code)}")
+        self.info = dict(first.info)
+        self.alive = True
+        self._reader_task = asyncio.create_task(self._read(reader), name="engine-reader")
+
+    def _send(self, msg: wire.Msg) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise WorkerDied("the engine is not running")
+        wire.write(self._writer, msg)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            msg = await wire.read(reader)
+            if msg is None:
+                break
+            if isinstance(msg, wire.EngineStep):
+                self._on_step(msg)
+        code = None
+        if self.process is not None:
+            try:
+                code = await asyncio.wait_for(self.process.wait(), 5)
+            except TimeoutError:
+                self.process.kill()
+                code = await self.process.wait()
+        if not self.stopping:
+            log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))
+        self._gone(f"the engine process exited {exit_description(code)} while handling this request")
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self.stopping = True
+        self.alive = False
+        if self.process is None or self.process.returncode is not None:
+            return
+        try:
+            self._send(wire.Shutdown())
+            await self._writer.drain()  # type: ignore[union-attr]
+        except (ConnectionError, WorkerDied):
+            pass
+        try:
+            await asyncio.wait_for(self.process.wait(), grace)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+
+
+class InProcessEngineClient(EngineClient):
+    """The engine on a thread of this process (for tests and model development)."""
+
+    def __init__(self, engine_factory: Callable[[], object]):
+        super().__init__()
+        self._factory = engine_factory
+        self._loop_obj = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self, timeout: float = 600) -> None:
+        from .engine_process import EngineLoop
+
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def send(msg: wire.Msg) -> None:
+            if isinstance(msg, wire.EngineStep):
+                loop.call_soon_threadsafe(self._on_step, msg)
+
+        def run() -> None:
+            try:
+                engine = self._factory()
+                self._loop_obj = EngineLoop(engine, send)  # type: ignore[arg-type]
+                self.info = dict(engine.info)  # type: ignore[attr-defined]
+                loop.call_soon_threadsafe(ready.set_result, None)
+            except BaseException as exc:  # noqa: BLE001
+                detail = "".join(traceback.format_exception(exc))
+                loop.call_soon_threadsafe(ready.set_exception, EngineStartError(detail))
+                return
+            try:
+                self._loop_obj.run()
+            except BaseException:  # noqa: BLE001
+                log.exception("the engine thread failed")
+            loop.call_soon_threadsafe(self._gone, "the engine thread stopped")
+
+        self._thread = threading.Thread(target=run, name="engine", daemon=True)
+        self._thread.start()
+        await asyncio.wait_for(ready, timeout)
+        self.alive = True
+
+    def _send(self, msg: wire.Msg) -> None:
+        if self._loop_obj is None:
+            raise WorkerDied("the engine is not running")
+        self._loop_obj.inbox.put(msg)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self.alive = False
+        if self._loop_obj is not None:
+            self._loop_obj.inbox.put(wire.Shutdown())
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, grace)
+        self.alive = False

@@ -1,0 +1,304 @@
+"""The continuous-batching engine: requests in, token ids out, one step at a time.
+
+Each :meth:`Engine.step` schedules a batch (new requests join, long prompts are chunked,
+running sequences decode), runs the model once over every scheduled token, samples, and
+reports per sequence what it produced. The engine knows token ids only: text, stop strings
+and response formats live above it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import wire
+from ..devices import torch_dtype
+from .block_manager import BlockManager
+from .model_runner import ModelRunner, StepLogits
+from .models.spec import read_config, spec_from_config
+from .sampler import Sampler
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Group, Sequence
+
+log = logging.getLogger("lmiserve.engine")
+
+GIB = 1024**3
+CPU_KV_DEFAULT_BYTES = 2 * GIB
+
+
+class RequestRejected(ValueError):
+    """The engine cannot take this request (the API layer should have refused it first)."""
+
+
+@dataclass
+class EngineConfig:
+    model_dir: Path
+    dtype: str = "fp32"
+    device: str = "cpu"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    ops: str = "auto"
+
+
+def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
+    ids = list(spec_eos)
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        for t in [eos] if isinstance(eos, int) else eos or []:
+            if t not in ids:
+                ids.append(t)
+    return tuple(ids)
+
+
+def _available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        started = time.monotonic()
+        self.config = config
+        self.spec = spec_from_config(read_config(config.model_dir))
+        spec = self.spec
+        self.max_model_len = config.max_model_len or spec.max_position_embeddings
+        self.eos_token_ids = _eos_ids(config.model_dir, spec.eos_token_ids)
+        dtype = torch_dtype(config.dtype)
+        self.runner = ModelRunner(
+            config.model_dir, spec, dtype, config.device, self.max_model_len, config.block_size, config.ops
+        )
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        block_bytes = 2 * spec.num_layers * config.block_size * spec.num_kv_heads * spec.head_dim * itemsize
+        self.num_blocks = self._num_blocks(block_bytes)
+        capacity = self.num_blocks * config.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len ({self.max_model_len}); "
+                "raise option.kv_cache_memory or lower option.max_model_len"
+            )
+        self.runner.allocate_cache(self.num_blocks)
+        self.blocks = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.sampler = Sampler(config.device, self.runner.ops)
+        self.groups: dict[str, Group] = {}
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.last_step_seconds = 0.0
+        self.info = {
+            "architecture": spec.architecture,
+            "dtype": config.dtype,
+            "device": config.device,
+            "ops": self.runner.ops.name,
+            "max_model_len": self.max_model_len,
+            "block_size": config.block_size,
+            "kv_blocks": self.num_blocks,
+            "kv_tokens": capacity,
+            "kv_bytes": self.num_blocks * block_bytes,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+        }
+        log.info(
+            "engine ready in %.1f s: %s, %s on %s (%s ops); KV cache %d blocks x %d = %d tokens (%.2f GiB), "
+            "%.1f sequences of max_model_len %d",
+            time.monotonic() - started,
+            spec.architecture,
+            config.dtype,
+            config.device,
+            self.runner.ops.name,
+            self.num_blocks,
+            config.block_size,
+            capacity,
+            self.num_blocks * block_bytes / GIB,
+            capacity / self.max_model_len,
+            self.max_model_len,
+        )
+
+    def _num_blocks(self, block_bytes: int) -> int:
+        cfg = self.config
+        if cfg.kv_cache_bytes:
+            return max(1, cfg.kv_cache_bytes // block_bytes)
+        wanted = cfg.max_num_seqs * self.max_model_len
+        wanted_blocks = -(-wanted // cfg.block_size)
+        if cfg.device.startswith("cuda"):
+            free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
+            reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
+            budget = max(0, free - reserve)
+        else:
+            budget = min(CPU_KV_DEFAULT_BYTES, _available_memory() // 4)
+        floor = -(-self.max_model_len // cfg.block_size)
+        return max(floor, min(wanted_blocks, budget // block_bytes))
+
+    # --- requests -----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> None:
+        if request_id in self.groups:
+            raise RequestRejected(f"request id {request_id!r} is already running")
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestRejected(f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
+        if max(prompt_ids) >= self.spec.vocab_size or min(prompt_ids) < 0:
+            raise RequestRejected("the prompt holds token ids outside the vocabulary")
+        best_of = max(params.best_of, params.n, 1)
+        group = Group(request_id, params)
+        for index in range(best_of):
+            group.sequences.append(Sequence(group, index, list(prompt_ids), len(prompt_ids)))
+        self.groups[request_id] = group
+        self.scheduler.add(group)
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Stop a request (or one of its sequences); its blocks are free for the next step."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return
+        for seq in group.sequences:
+            if index is None or seq.index == index:
+                self.scheduler.finish(seq, "abort")
+                self.sampler.forget(seq)
+        self._maybe_done(group)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- one step -------------------------------------------------------------------------
+    def step(self) -> list[wire.SeqDelta]:
+        started = time.monotonic()
+        out = self.scheduler.schedule()
+        if not out:
+            return []
+        deltas: list[wire.SeqDelta] = []
+        self._run(out, deltas)
+        self.last_step_seconds = time.monotonic() - started
+        return deltas
+
+    def _run(self, out: SchedulerOutput, deltas: list[wire.SeqDelta]) -> None:
+        """Run ``out``; if it fails, split it until the failing sequences are found and end only those."""
+        try:
+            step = self.runner.execute(out)
+            self._advance(out, step, deltas)
+        except Exception as exc:  # noqa: BLE001 - isolate the request(s) at fault
+            items = out.scheduled
+            if len(items) == 1:
+                seq = items[0].seq
+                log.exception("request %s failed", seq.request_id)
+                deltas.append(self._fail(seq, f"{type(exc).__name__}: {exc}"))
+                return
+            log.warning("a batch of %d sequences failed (%s); retrying them in halves", len(items), exc)
+            half = len(items) // 2
+            for part in (items[:half], items[half:]):
+                live = [i for i in part if not i.seq.finished]
+                if live:
+                    self._run(SchedulerOutput.of(live), deltas)
+
+    def _fail(self, seq: Sequence, error: str) -> wire.SeqDelta:
+        self.scheduler.finish(seq, "error")
+        self.sampler.forget(seq)
+        self._maybe_done(seq.group)
+        return wire.SeqDelta(request_id=seq.request_id, index=seq.index, finish_reason="error", error=error)
+
+    def _advance(self, out: SchedulerOutput, step: StepLogits, deltas: list[wire.SeqDelta]) -> None:
+        # everything that can fail happens before any state changes, so a failed step can be retried
+        prompt_values = self._prompt_logprobs(out, step)
+        seqs = [item.seq for item in step.sampled]
+        result = None
+        if seqs:
+            result = self.sampler.sample(step.sample_logits, seqs, self.eos_token_ids)
+        self.scheduler.after_step(out)
+        self.prompt_tokens += sum(min(i.num_tokens, max(0, i.seq.num_prompt_tokens - i.start)) for i in out.prefills)
+        for seq, (values, top) in prompt_values.items():
+            seq.prompt_logprobs.extend(values)
+            seq.prompt_top_logprobs.extend(top)
+        if result is None:
+            return
+        for i, seq in enumerate(seqs):
+            token, lp = result.token_ids[i], result.logprobs[i]
+            seq.token_ids.append(token)
+            seq.cumulative_logprob += lp
+            self.generated_tokens += 1
+            reason = self._finish_reason(seq, token)
+            delta = wire.SeqDelta(
+                request_id=seq.request_id,
+                index=seq.index,
+                token_ids=[token],
+                logprobs=[lp],
+                cumulative_logprob=seq.cumulative_logprob,
+                finish_reason=reason,
+            )
+            if result.top is not None:
+                delta.top_logprobs = [[wire.TopLogprob(t, v) for t, v in result.top[i]]]
+            if seq.num_generated == 1:
+                delta.num_prompt_tokens = seq.num_prompt_tokens
+                delta.num_cached_tokens = seq.num_cached_prompt_tokens
+                if seq.params.prompt_logprobs is not None:
+                    delta.prompt_logprobs = list(seq.prompt_logprobs)
+                    if seq.params.prompt_logprobs > 0:
+                        delta.prompt_top_logprobs = [
+                            [wire.TopLogprob(t, v) for t, v in row] for row in seq.prompt_top_logprobs
+                        ]
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.sampler.forget(seq)
+                self._maybe_done(seq.group)
+            deltas.append(delta)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, step: StepLogits) -> dict[Sequence, tuple[list, list]]:
+        """This step's prompt log-probabilities (and top alternatives) per sequence that asked."""
+        found: dict[Sequence, tuple[list, list]] = {}
+        for item in out.prefills:
+            seq = item.seq
+            if seq.seq_id not in step.prompt_rows:
+                continue
+            first, count = step.prompt_rows[seq.seq_id]
+            targets, rows = [], []
+            for r in range(count):
+                pos = item.start + r
+                if pos + 1 < seq.num_prompt_tokens:
+                    targets.append(seq.token_ids[pos + 1])
+                    rows.append(first + r)
+            if targets:
+                values, top = self.sampler.prompt_logprobs(step.logits[rows], targets, seq.params.prompt_logprobs or 0)
+                found[seq] = (values, top or [])
+        return found
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if seq.num_generated >= p.min_new_tokens:
+            if token in p.stop_token_ids:
+                return "stop_sequence"
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "eos_token"
+        if seq.num_generated >= p.max_new_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _maybe_done(self, group: Group) -> None:
+        if all(s.finished for s in group.sequences):
+            self.groups.pop(group.request_id, None)
+
+    def stats(self) -> wire.EngineStats:
+        return wire.EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.blocks.num_used_blocks,
+            kv_blocks_total=self.blocks.num_blocks,
+            prefix_cache_hit_tokens=self.blocks.prefix_hit_tokens,
+            preemptions=self.scheduler.num_preemptions,
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            step_seconds=self.last_step_seconds,
+        )

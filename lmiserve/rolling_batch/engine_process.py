@@ -1,0 +1,118 @@
+"""The engine's own process: receives requests, steps the engine, streams token ids back.
+
+Started as ``python -m lmiserve.rolling_batch.engine_process --fd N`` with one end of a
+socket pair; the first message is :class:`~lmiserve.wire.InitEngine`. A reader thread
+queues incoming messages so that requests join the batch at the next step without ever
+waiting for a step to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+from .. import logs, wire
+from ..child import die_with_parent
+from .engine import Engine, RequestRejected
+from .settings import engine_config
+
+log = logging.getLogger("lmiserve.engine")
+
+
+class EngineLoop:
+    """Feeds an engine from an inbox and sends each step's output through ``send``."""
+
+    def __init__(self, engine: Engine, send):  # type: ignore[no-untyped-def]
+        self.engine = engine
+        self.send = send
+        self.inbox: queue.Queue[wire.Message | None] = queue.Queue()
+
+    def _handle(self, msg: wire.Message | None) -> bool:
+        """Apply one message; False when the loop should stop."""
+        if msg is None or isinstance(msg, wire.Shutdown):
+            return False
+        if isinstance(msg, wire.GenerateRequest):
+            try:
+                self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params)
+            except RequestRejected as exc:
+                self.send(
+                    wire.EngineStep(
+                        deltas=[wire.SeqDelta(request_id=msg.request_id, finish_reason="error", error=str(exc))]
+                    )
+                )
+        elif isinstance(msg, wire.AbortRequest):
+            for request_id in msg.request_ids:
+                self.engine.abort(request_id, msg.index)
+        return True
+
+    def run(self) -> None:
+        while True:
+            # wait for work when idle; otherwise take whatever arrived since the last step
+            block = not self.engine.has_work()
+            try:
+                msg = self.inbox.get(block=block)
+            except queue.Empty:
+                msg = ...
+            aborted = False
+            while msg is not ...:
+                if not self._handle(msg):  # type: ignore[arg-type]
+                    return
+                aborted = aborted or isinstance(msg, wire.AbortRequest)
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    msg = ...
+            deltas = self.engine.step()
+            if deltas or aborted:
+                self.send(wire.EngineStep(deltas=deltas, stats=self.engine.stats()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--fd") + 1])
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    init = wire.recv(sock)
+    if not isinstance(init, wire.InitEngine):
+        return 2
+    logs.configure(init.log_level, f"{init.model_name} engine pid {os.getpid()}")
+    try:
+        engine = Engine(engine_config(init.model_path, init.options))
+    except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops
+        detail = "".join(traceback.format_exception(exc))
+        log.error("the engine failed to start:\n%s", detail)
+        wire.send(sock, wire.EngineFailed(error=f"{type(exc).__name__}: {exc}\n{detail}"))
+        return 1
+    lock = threading.Lock()
+
+    def send(msg: wire.Msg) -> None:
+        with lock:
+            wire.send(sock, msg)
+
+    loop = EngineLoop(engine, send)
+
+    def read() -> None:
+        while True:
+            msg = wire.recv(sock)
+            loop.inbox.put(msg)
+            if msg is None:
+                return
+
+    threading.Thread(target=read, name="engine-inbox", daemon=True).start()
+    send(wire.EngineReady(info=engine.info))
+    try:
+        loop.run()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

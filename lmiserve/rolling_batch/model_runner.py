@@ -1,0 +1,147 @@
+"""Turning a scheduled step into tensors, running the model, and returning the logits to sample from."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .models.decoder import AttentionMetadata, DecoderModel
+from .models.rope import rope_tables
+from .models.spec import ModelSpec
+from .models.weights import load_state_dict
+from .ops import select_ops
+from .scheduler import ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger("lmiserve.engine")
+
+
+@dataclass
+class StepLogits:
+    """Logits of one step: first one row per sequence that samples (in ``sampled`` order),
+    then, for sequences that asked for prompt log-probabilities, their prompt rows."""
+
+    logits: torch.Tensor
+    sampled: list[ScheduledSeq]
+    prompt_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """seq_id -> (first row, count): rows predicting the chunk's next prompt tokens."""
+
+    @property
+    def sample_logits(self) -> torch.Tensor:
+        return self.logits[: len(self.sampled)]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: Path,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        device: str,
+        max_model_len: int,
+        block_size: int,
+        ops_name: str = "auto",
+    ):
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.ops = select_ops(device, ops_name)
+        tensors = load_state_dict(model_dir, dtype, device)
+        cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)
+        self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
+        del tensors
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def allocate_cache(self, num_blocks: int) -> None:
+        """The paged KV cache: per layer, K and V each (num_blocks, block_size, kv_heads, head_dim).
+
+        Allocated without being written: the OS provides pages as blocks are first used.
+        """
+        spec = self.spec
+        shape = (spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.k_cache[i], self.v_cache[i]) for i in range(spec.num_layers)]
+
+    # --- inputs ---------------------------------------------------------------------------
+    def _slots(self, seq_blocks: list[int], start: int, count: int) -> list[int]:
+        bs = self.block_size
+        return [seq_blocks[p // bs] * bs + p % bs for p in range(start, start + count)]
+
+    def _tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
+        width = max(len(i.seq.block_table) for i in items)
+        rows = [i.seq.block_table + [0] * (width - len(i.seq.block_table)) for i in items]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for item in out.decodes:
+            seq, pos = item.seq, item.start
+            ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.extend(self._slots(seq.block_table, pos, 1))
+        cu = [0]
+        for item in out.prefills:
+            seq, start, n = item.seq, item.start, item.num_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self._slots(seq.block_table, start, n))
+            cu.append(cu[-1] + n)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decodes=len(out.decodes),
+        )
+        if out.decodes:
+            meta.decode_block_tables = self._tables(out.decodes)
+            meta.decode_seq_lens = torch.tensor([i.start + 1 for i in out.decodes], dtype=torch.int32, device=dev)
+        if out.prefills:
+            meta.prefill_block_tables = self._tables(out.prefills)
+            meta.prefill_cu_q_lens = torch.tensor(cu, dtype=torch.int32, device=dev)
+            meta.prefill_seq_lens = torch.tensor(
+                [i.start + i.num_tokens for i in out.prefills], dtype=torch.int32, device=dev
+            )
+        return (
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            meta,
+        )
+
+    # --- execution ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepLogits:
+        input_ids, positions, meta = self.prepare(out)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        sampled: list[ScheduledSeq] = []
+        sample_rows: list[int] = []
+        prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)
+        for i, item in enumerate(out.decodes):
+            if item.samples:
+                sampled.append(item)
+                sample_rows.append(i)
+        offset = len(out.decodes)
+        for item in out.prefills:
+            seq = item.seq
+            if seq.params.prompt_logprobs is not None and item.start < seq.num_prompt_tokens:
+                prompt_spans.append((seq.seq_id, offset, min(item.num_tokens, seq.num_prompt_tokens - item.start)))
+            if item.samples:
+                sampled.append(item)
+                sample_rows.append(offset + item.num_tokens - 1)
+            offset += item.num_tokens
+        rows = list(sample_rows)
+        prompt_rows: dict[int, tuple[int, int]] = {}
+        for seq_id, first, count in prompt_spans:
+            prompt_rows[seq_id] = (len(rows), count)
+            rows.extend(range(first, first + count))
+        if not rows:
+            return StepLogits(hidden.new_empty((0, 0)).float(), sampled, prompt_rows)
+        if rows == list(range(len(rows))):
+            selected = hidden[: len(rows)]
+        else:
+            selected = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        return StepLogits(self.model.logits(selected), sampled, prompt_rows)

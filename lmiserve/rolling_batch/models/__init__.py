@@ -1,0 +1,9 @@
+"""Our implementations of common decoder families, over the device ops.
+
+One generic decoder covers the Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral), Qwen2/2.5
+and Qwen3; what differs between them is declared in :class:`~.spec.ModelSpec`.
+"""
+
+from .spec import ARCHITECTURES, ModelSpec, UnsupportedModel, spec_from_config, supported
+
+__all__ = ["ARCHITECTURES", "ModelSpec", "UnsupportedModel", "spec_from_config", "supported"]

@@ -1,0 +1,146 @@
+"""The generic decoder-only transformer (RMSNorm, rotary attention with GQA, SwiGLU MLP).
+
+Weights are held in plain attributes, not nn.Modules: a decode step calls each op directly,
+with no module machinery in between. Projections are fused (QKV, gate/up) so each layer runs
+three matrix multiplies before the down projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.reference import LinearWeight, ReferenceOps
+from .spec import ModelSpec
+from .weights import maybe, take
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a step goes and what it attends to. Decode tokens come first."""
+
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None = None
+    decode_seq_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
+    prefill_cu_q_lens: torch.Tensor | None = None
+    prefill_seq_lens: torch.Tensor | None = None
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: LinearWeight
+    o: LinearWeight
+    post_norm: torch.Tensor
+    gate_up: LinearWeight
+    down: LinearWeight
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+class DecoderModel:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        tensors: dict[str, torch.Tensor],
+        ops: ReferenceOps,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ):
+        self.spec = spec
+        self.ops = ops
+        self.embed = take(tensors, "embed_tokens.weight")
+        self.dtype = self.embed.dtype
+        self.cos = cos.to(self.embed.device)
+        self.sin = sin.to(self.embed.device)
+        self.layers = [self._layer(tensors, i) for i in range(spec.num_layers)]
+        self.norm = take(tensors, "norm.weight")
+        head = tensors.get("lm_head.weight")
+        self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
+        self.scale = spec.head_dim**-0.5
+        h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self._split = [h * d, kv * d, kv * d]
+
+    def _layer(self, t: dict[str, torch.Tensor], i: int) -> Layer:
+        p = f"layers.{i}."
+        a = p + "self_attn."
+        qkv_w = torch.cat([take(t, a + f"{n}_proj.weight") for n in "qkv"], dim=0)
+        qkv_b = None
+        if self.spec.qkv_bias:
+            qkv_b = torch.cat([take(t, a + f"{n}_proj.bias") for n in "qkv"], dim=0)
+        gate_up = torch.cat([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")], dim=0)
+        return Layer(
+            input_norm=take(t, p + "input_layernorm.weight"),
+            qkv=self.ops.prepare_linear(qkv_w, qkv_b),
+            o=self.ops.prepare_linear(take(t, a + "o_proj.weight")),
+            post_norm=take(t, p + "post_attention_layernorm.weight"),
+            gate_up=self.ops.prepare_linear(gate_up),
+            down=self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight")),
+            q_norm=maybe(t, a + "q_norm.weight") if self.spec.qk_norm else None,
+            k_norm=maybe(t, a + "k_norm.weight") if self.spec.qk_norm else None,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Hidden states ``(T, hidden)`` after the final norm, for every token of the step."""
+        ops, spec = self.ops, self.spec
+        eps = spec.rms_norm_eps
+        cos = self.cos[positions].to(self.dtype)
+        sin = self.sin[positions].to(self.dtype)
+        h = F.embedding(input_ids, self.embed)
+        tokens = h.shape[0]
+        nd = meta.num_decodes
+        residual = h
+        x, _ = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        last = len(self.layers) - 1
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            q, k, v = ops.linear(x, layer.qkv).split(self._split, dim=-1)
+            q = q.view(tokens, spec.num_heads, spec.head_dim)
+            k = k.view(tokens, spec.num_kv_heads, spec.head_dim)
+            v = v.view(tokens, spec.num_kv_heads, spec.head_dim)
+            if layer.q_norm is not None:
+                q, _ = ops.rms_norm(q, layer.q_norm, eps)
+                k, _ = ops.rms_norm(k, layer.k_norm, eps)
+            q, k = ops.rotary(q, k, cos, sin)
+            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            attn = self._attention(q, k_cache, v_cache, meta, tokens, nd)
+            x, residual = ops.add_rms_norm(ops.linear(attn.view(tokens, -1), layer.o), residual, layer.post_norm, eps)
+            mlp = ops.linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
+            next_norm = self.norm if i == last else self.layers[i + 1].input_norm
+            x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
+        return x
+
+    def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata, tokens: int, nd: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        ops, window = self.ops, self.spec.sliding_window
+        if nd == tokens:
+            return ops.attention_decode(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, window
+            )
+        attn = torch.empty_like(q)
+        if nd:
+            attn[:nd] = ops.attention_decode(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, window
+            )
+        attn[nd:] = ops.attention_prefill(
+            q[nd:],
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_cu_q_lens,
+            meta.prefill_seq_lens,
+            self.scale,
+            window,
+        )
+        return attn
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(hidden, self.lm_head).float()

@@ -1,0 +1,32 @@
+"""Rotary position embedding tables, computed exactly as the model family's own code does."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+
+_ROTARY_CLASSES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralRotaryEmbedding"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RotaryEmbedding"),
+}
+
+
+def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, each ``(max_len, head_dim)`` in fp32, in the half-rotation layout."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+        raise ValueError("dynamic rope scaling is not supported")
+    module_name, class_name = _ROTARY_CLASSES[architecture]
+    rotary = getattr(importlib.import_module(module_name), class_name)(config=config)
+    positions = torch.arange(max_len).unsqueeze(0)
+    probe = torch.zeros(1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = rotary(probe, positions)
+    return cos[0].contiguous(), sin[0].contiguous()

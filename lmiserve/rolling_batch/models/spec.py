@@ -1,0 +1,121 @@
+"""What a model family needs from the generic decoder, read from a Hugging Face config."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class UnsupportedModel(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+
+
+def _eos(config: dict[str, Any]) -> tuple[int, ...]:
+    eos = config.get("eos_token_id")
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(eos)
+
+
+def _common(config: dict[str, Any], architecture: str, **extra: Any) -> ModelSpec:
+    heads = config["num_attention_heads"]
+    hidden = config["hidden_size"]
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise UnsupportedModel(f"activation {config.get('hidden_act')!r} is not supported")
+    return ModelSpec(
+        architecture=architecture,
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        eos_token_ids=_eos(config),
+        **extra,
+    )
+
+
+def _window(config: dict[str, Any]) -> int:
+    if config.get("use_sliding_window") is False:
+        return 0
+    window = config.get("sliding_window")
+    return int(window) if window else 0
+
+
+def _llama(config: dict[str, Any]) -> ModelSpec:
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise UnsupportedModel("Llama models with attention or MLP biases are not supported")
+    return _common(config, "llama")
+
+
+def _mistral(config: dict[str, Any]) -> ModelSpec:
+    return _common(config, "mistral", sliding_window=_window(config))
+
+
+def _qwen2(config: dict[str, Any]) -> ModelSpec:
+    if config.get("use_sliding_window"):
+        raise UnsupportedModel("Qwen2 with use_sliding_window=true is not supported")
+    return _common(config, "qwen2", qkv_bias=True)
+
+
+def _qwen3(config: dict[str, Any]) -> ModelSpec:
+    if config.get("use_sliding_window"):
+        raise UnsupportedModel("Qwen3 with use_sliding_window=true is not supported")
+    return _common(config, "qwen3", qkv_bias=bool(config.get("attention_bias", False)), qk_norm=True)
+
+
+ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
+    "LlamaForCausalLM": _llama,
+    "MistralForCausalLM": _mistral,
+    "Qwen2ForCausalLM": _qwen2,
+    "Qwen3ForCausalLM": _qwen3,
+}
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def supported(model_dir: Path) -> bool:
+    try:
+        spec_from_config(read_config(model_dir))
+        return True
+    except (UnsupportedModel, KeyError, OSError, ValueError):
+        return False
+
+
+def spec_from_config(config: dict[str, Any]) -> ModelSpec:
+    architectures = config.get("architectures") or []
+    for name in architectures:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name](config)
+    known = ", ".join(sorted(ARCHITECTURES))
+    raise UnsupportedModel(
+        f"architecture {architectures or config.get('model_type')} is not supported (supported: {known})"
+    )

@@ -1,0 +1,144 @@
+"""The device ops tuned for CPUs.
+
+- Linear layers in bf16 use oneDNN with weights reordered once into its blocked layout
+  (the reorder otherwise happens on every call; at small batch sizes it costs more than the
+  multiply itself).
+- Decode attention reads keys and values straight from the paged cache in a small C++
+  kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
+  gathers each sequence's keys and values once and uses torch's SDPA.
+Everything else is the reference implementation, which is also the fallback when no C++
+compiler is available.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .reference import LinearWeight, ReferenceOps
+
+log = logging.getLogger("lmiserve.ops")
+
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("paged_attention.cpp", "sampling.cpp", "fused.cpp")]
+_HALF = (torch.bfloat16, torch.float16)
+PACK_BATCH_HINT = 32
+
+
+@functools.cache
+def load_kernels() -> bool:
+    """Compile (first time only) and load the C++ kernels; False if that is not possible."""
+    if os.environ.get("LMISERVE_DISABLE_CPU_KERNELS") == "1":
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        flags = ["-O3", "-fopenmp", "-ffast-math"]
+        if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":
+            flags.append("-march=native")
+        log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
+        # the name carries a hash of every source and header, so an edit always rebuilds
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:10]
+        load(
+            name=f"lmiserve_cpu_kernels_{digest}",
+            sources=[str(p) for p in _SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        return hasattr(torch.ops.lmiserve_cpu, "paged_attention_decode")
+    except Exception as exc:  # noqa: BLE001 - no compiler, no headers: use the reference ops
+        log.warning("CPU attention kernels unavailable (%s); using the reference implementation", exc)
+        return False
+
+
+def _can_pack(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+class CpuOps(ReferenceOps):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.kernels = load_kernels()
+
+    def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+        prepared = super().prepare_linear(weight, bias)
+        if _can_pack(weight):
+            prepared.packed = torch.ops.mkldnn._reorder_linear_weight(prepared.weight, PACK_BATCH_HINT)
+        return prepared
+
+    def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.packed is not None and x.dtype == torch.bfloat16:
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            if not x2.is_contiguous():
+                x2 = x2.contiguous()
+            y = torch.ops.mkldnn._linear_pointwise(x2, w.packed, w.bias, "none", [], "")
+            return y.view(*shape[:-1], y.shape[-1])
+        return F.linear(x, w.weight, w.bias)
+
+    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        if not self.kernels:
+            return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+        return torch.ops.lmiserve_cpu.paged_attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+
+    # fused element-wise ops for half-precision activations (fp32 keeps the reference ops,
+    # whose rounding matches transformers step for step)
+    def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
+        if self.kernels and x.dtype in _HALF and x.is_contiguous():
+            return torch.ops.lmiserve_cpu.rms_norm(x, weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):  # type: ignore[no-untyped-def]
+        if self.kernels and x.dtype in _HALF and x.is_contiguous() and residual.is_contiguous():
+            return torch.ops.lmiserve_cpu.add_rms_norm_(x, residual, weight, eps), residual
+        return super().add_rms_norm(x, residual, weight, eps)
+
+    def rotary(self, q, k, cos, sin, interleaved=False):  # type: ignore[no-untyped-def]
+        if self.kernels and not interleaved and q.dtype in _HALF and cos.is_contiguous():
+            torch.ops.lmiserve_cpu.rotary_(q, k, cos, sin)
+            return q, k
+        return super().rotary(q, k, cos, sin, interleaved)
+
+    def swiglu(self, gate_up):  # type: ignore[no-untyped-def]
+        if self.kernels and gate_up.dtype in _HALF and gate_up.is_contiguous():
+            return torch.ops.lmiserve_cpu.swiglu(gate_up)
+        return super().swiglu(gate_up)
+
+    def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.kernels:
+            return super().argmax_logsumexp(logits)
+        return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
+
+    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        out = torch.empty_like(q)
+        bounds = cu_q_lens.tolist()
+        block_size, kv_heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+        k_flat, v_flat = k_cache.view(-1, kv_heads, dim), v_cache.view(-1, kv_heads, dim)
+        for s, length in enumerate(seq_lens.tolist()):
+            lo, hi = bounds[s], bounds[s + 1]
+            n = hi - lo
+            positions = torch.arange(length)
+            slots = block_tables[s].long()[positions // block_size] * block_size + positions % block_size
+            # 4-D (1, heads, tokens, dim): the layout torch's fused CPU attention takes
+            k = k_flat.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            v = v_flat.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            qs = q[lo:hi].transpose(0, 1).unsqueeze(0)
+            if n == length and window <= 0:
+                o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                q_pos = torch.arange(length - n, length).unsqueeze(1)
+                allowed = positions.unsqueeze(0) <= q_pos
+                if window > 0:
+                    allowed &= positions.unsqueeze(0) > q_pos - window
+                o = F.scaled_dot_product_attention(qs, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
+            out[lo:hi] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,153 @@
+// Fused element-wise ops for half-precision activations on the CPU: each replaces a chain
+// of small torch ops (and their temporaries) with one pass over the data. Arithmetic is
+// done in fp32 and rounded to the activation dtype where the reference implementation rounds.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "convert.h"
+
+namespace {
+
+using lmiserve::from_f32;
+using lmiserve::round_to;
+
+template <typename T>
+inline float f32(T v) {
+  return lmiserve::to_f32(v);
+}
+
+// y = weight * round(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), per row of `dim` values.
+template <typename T>
+void rms_rows(const T* x, const T* weight, T* y, float* rstd_out, int64_t rows, int64_t dim, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * dim;
+      T* yr = y + r * dim;
+      float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t d = 0; d < dim; ++d) sq += f32(xr[d]) * f32(xr[d]);
+      const float rstd = 1.f / std::sqrt(sq / static_cast<float>(dim) + eps);
+      if (rstd_out) rstd_out[r] = rstd;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) yr[d] = from_f32<T>(f32(weight[d]) * round_to<T>(f32(xr[d]) * rstd));
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm needs contiguous inputs");
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  auto y = at::empty_like(x);
+  auto rstd_shape = x.sizes().vec();
+  rstd_shape.back() = 1;
+  auto rstd = at::empty(rstd_shape, x.options().dtype(at::kFloat));
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+    rms_rows<scalar_t>(x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                       rstd.data_ptr<float>(), rows, dim, static_cast<float>(eps));
+  });
+  return {y, rstd};
+}
+
+template <typename T>
+void add_in_place(T* res, const T* xs, int64_t n) {
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) res[i] = from_f32<T>(f32(xs[i]) + f32(res[i]));
+  });
+}
+
+// residual <- round(x + residual) in place; returns rms_norm(residual).
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous(), "add_rms_norm needs contiguous inputs");
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  auto y = at::empty_like(x);
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "add_rms_norm", [&] {
+    add_in_place<scalar_t>(residual.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rows * dim);
+    rms_rows<scalar_t>(residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), nullptr,
+                       rows, dim, static_cast<float>(eps));
+  });
+  return y;
+}
+
+// x (tokens, heads, dim) rotated in place by cos/sin (tokens, dim), half-rotation layout:
+// x[i] <- x[i] cos[i] - x[i + dim/2] sin[i];  x[i + dim/2] <- x[i + dim/2] cos[i] + x[i] sin[i].
+template <typename T>
+void rotate(T* x, const T* cos, const T* sin, int64_t tokens, int64_t heads, int64_t dim, int64_t token_stride,
+            int64_t head_stride) {
+  const int64_t half = dim / 2;
+  at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + t * dim;
+      const T* s = sin + t * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = x + t * token_stride + h * head_stride;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = f32(v[i]), b = f32(v[i + half]);
+          v[i] = from_f32<T>(a * f32(c[i]) - b * f32(s[i]));
+          v[i + half] = from_f32<T>(b * f32(c[i + half]) + a * f32(s[i + half]));
+        }
+      }
+    }
+  });
+}
+
+void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1, "q and k must be (tokens, heads, dim)");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos and sin must be contiguous");
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "rotary", [&] {
+    rotate<scalar_t>(q.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), q.size(0), q.size(1),
+                     q.size(2), q.stride(0), q.stride(1));
+    rotate<scalar_t>(k.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), k.size(0), k.size(1),
+                     k.size(2), k.stride(0), k.stride(1));
+  });
+}
+
+template <typename T>
+void swiglu_rows(const T* in, T* out, int64_t rows, int64_t inner) {
+  const int64_t width = 2 * inner;
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = in + r * width;
+      const T* u = g + inner;
+      T* dst = out + r * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < inner; ++i) {
+        const float gv = f32(g[i]);
+        const float silu = round_to<T>(gv / (1.f + std::exp(-gv)));
+        dst[i] = from_f32<T>(silu * f32(u[i]));
+      }
+    }
+  });
+}
+
+// gate_up (tokens, 2 * inner) -> silu(gate) * up (tokens, inner)
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous(), "swiglu needs a contiguous input");
+  const int64_t width = gate_up.size(-1), inner = width / 2, rows = gate_up.numel() / width;
+  auto shape = gate_up.sizes().vec();
+  shape.back() = inner;
+  auto out = at::empty(shape, gate_up.options());
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(gate_up.scalar_type(), "swiglu", [&] {
+    swiglu_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inner);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.def("add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
+  m.impl("add_rms_norm_", c10::DispatchKey::CPU, &add_rms_norm_);
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
+  m.impl("rotary_", c10::DispatchKey::CPU, &rotary_);
+  m.def("swiglu(Tensor gate_up) -> Tensor");
+  m.impl("swiglu", c10::DispatchKey::CPU, &swiglu);
+}

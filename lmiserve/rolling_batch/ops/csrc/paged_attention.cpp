@@ -1,0 +1,279 @@
+// Paged attention for one query token per sequence (decode), on the CPU.
+//
+// The KV cache of one layer is K and V, each (num_blocks, block_size, num_kv_heads, head_dim).
+// Sequence b's token t lives in block block_tables[b][t / block_size], slot t % block_size.
+// Query heads are grouped contiguously over KV heads (head h uses KV head h / (H / KVH)).
+// Scores and the softmax are computed in fp32 with a running (online) maximum, reading each
+// key and value once, straight from the cache: nothing is gathered or copied.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "convert.h"
+
+namespace {
+
+template <typename T>
+inline float as_float(T v) {
+  return lmiserve::to_f32(v);
+}
+
+template <typename scalar_t>
+void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
+            const int32_t* block_tables, const int32_t* seq_lens, int64_t batch, int64_t heads,
+            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t max_blocks, int64_t q_stride_b,
+            int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  const int64_t slot_stride = kv_heads * dim;
+  const int64_t block_stride = block_size * slot_stride;
+  // a finite "minus infinity": the kernel is built with -ffast-math, which assumes finite values
+  constexpr float kLowest = -1e30f;
+  // One task is a sequence and a range of its KV heads. With enough sequences a task takes
+  // every head, so each cache block is read front to back in one pass (what the hardware
+  // prefetcher likes); with few sequences the heads are split to keep every thread busy.
+  const int64_t threads = at::get_num_threads();
+  const int64_t splits = batch >= 2 * threads ? 1 : kv_heads;
+  const int64_t heads_per_task = kv_heads / splits;
+
+  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(heads * dim), acc(heads * dim);
+    std::vector<float> run_max(heads), run_sum(heads), scores(heads * block_size);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / splits;
+      const int64_t h0 = (task % splits) * heads_per_task;
+      const int64_t h1 = h0 + heads_per_task;
+      const int64_t len = seq_lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+        const scalar_t* src = q + b * q_stride_b + qh * q_stride_h;
+        for (int64_t d = 0; d < dim; ++d) qf[qh * dim + d] = as_float(src[d]) * scale;
+        run_max[qh] = kLowest;
+        run_sum[qh] = 0.f;
+      }
+      std::fill(acc.begin() + h0 * group * dim, acc.begin() + h1 * group * dim, 0.f);
+      const int32_t* table = block_tables + b * max_blocks;
+
+      for (int64_t t0 = (first / block_size) * block_size; t0 < len; t0 += block_size) {
+        const int64_t block = table[t0 / block_size];
+        const int64_t lo = std::max(t0, first) - t0;
+        const int64_t hi = std::min(t0 + block_size, len) - t0;
+        const scalar_t* kb = k_cache + block * block_stride;
+        const scalar_t* vb = v_cache + block * block_stride;
+        // scores of every query head against the block's keys, reading the block in order
+        for (int64_t s = lo; s < hi; ++s) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const scalar_t* kr = kb + s * slot_stride + h * dim;
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t qh = h * group + g;
+              const float* qv = qf.data() + qh * dim;
+              float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+              for (int64_t d = 0; d < dim; ++d) dot += qv[d] * as_float(kr[d]);
+              scores[qh * block_size + s] = dot;
+            }
+          }
+        }
+        // online softmax: rescale what was accumulated when the running maximum grows
+        for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+          float* sc = scores.data() + qh * block_size;
+          float block_max = run_max[qh];
+          for (int64_t s = lo; s < hi; ++s) block_max = std::max(block_max, sc[s]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t s = lo; s < hi; ++s) {
+            sc[s] = std::exp(sc[s] - block_max);
+            sum += sc[s];
+          }
+          const float correction = std::exp(run_max[qh] - block_max);
+          run_sum[qh] = run_sum[qh] * correction + sum;
+          run_max[qh] = block_max;
+          float* av = acc.data() + qh * dim;
+#pragma omp simd
+          for (int64_t d = 0; d < dim; ++d) av[d] *= correction;
+        }
+        for (int64_t s = lo; s < hi; ++s) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const scalar_t* vr = vb + s * slot_stride + h * dim;
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t qh = h * group + g;
+              const float p = scores[qh * block_size + s];
+              float* av = acc.data() + qh * dim;
+#pragma omp simd
+              for (int64_t d = 0; d < dim; ++d) av[d] += p * as_float(vr[d]);
+            }
+          }
+        }
+      }
+      for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+        scalar_t* dst = out + b * out_stride_b + qh * out_stride_h;
+        const float inv = run_sum[qh] > 0.f ? 1.f / run_sum[qh] : 0.f;
+        const float* av = acc.data() + qh * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = lmiserve::from_f32<scalar_t>(av[d] * inv);
+      }
+    }
+  });
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+// 16 bf16 values -> 16 fp32 lanes
+inline __m512 load_bf16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// The same computation as decode<>, for bf16 caches with head_dim a multiple of 16, using
+// AVX-512 registers explicitly: each key and value row is converted once and used by every
+// query head of its group; per-block scores and softmax run 16 lanes wide.
+void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
+                        const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* seq_lens,
+                        int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                        int64_t max_blocks, int64_t q_stride_b, int64_t q_stride_h, int64_t out_stride_b,
+                        int64_t out_stride_h, float scale, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  const int64_t lanes = dim / 16;
+  const int64_t slot_stride = kv_heads * dim;
+  const int64_t block_stride = block_size * slot_stride;
+  constexpr float kLowest = -1e30f;
+  const int64_t threads = at::get_num_threads();
+  const int64_t splits = batch >= 2 * threads ? 1 : kv_heads;
+  const int64_t heads_per_task = kv_heads / splits;
+
+  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(heads * dim), acc(heads * dim), run_max(heads), run_sum(heads);
+    std::vector<float> scores(heads * block_size);
+    std::vector<float> rowbuf(dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / splits;
+      const int64_t h0 = (task % splits) * heads_per_task, h1 = h0 + heads_per_task;
+      const int64_t len = seq_lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+        const c10::BFloat16* src = q + b * q_stride_b + qh * q_stride_h;
+        for (int64_t d = 0; d < dim; ++d) qf[qh * dim + d] = lmiserve::to_f32(src[d]) * scale;
+        run_max[qh] = kLowest;
+        run_sum[qh] = 0.f;
+      }
+      std::fill(acc.begin() + h0 * group * dim, acc.begin() + h1 * group * dim, 0.f);
+      const int32_t* table = block_tables + b * max_blocks;
+      __m512 kv[16];  // one key or value row (dim <= 256)
+
+      for (int64_t t0 = (first / block_size) * block_size; t0 < len; t0 += block_size) {
+        const int64_t block = table[t0 / block_size];
+        const int64_t lo = std::max(t0, first) - t0, hi = std::min(t0 + block_size, len) - t0;
+        const c10::BFloat16* kb = k_cache + block * block_stride;
+        const c10::BFloat16* vb = v_cache + block * block_stride;
+        if (t0 + block_size < len) {  // ask for the next block while this one is computed
+          const int64_t next = table[t0 / block_size + 1];
+          const char* nk = reinterpret_cast<const char*>(k_cache + next * block_stride);
+          const char* nv = reinterpret_cast<const char*>(v_cache + next * block_stride);
+          const int64_t bytes = block_stride * static_cast<int64_t>(sizeof(c10::BFloat16));
+          for (int64_t off = 0; off < bytes; off += 64) {
+            _mm_prefetch(nk + off, _MM_HINT_T0);
+            _mm_prefetch(nv + off, _MM_HINT_T0);
+          }
+        }
+        for (int64_t s = lo; s < hi; ++s) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const c10::BFloat16* kr = kb + s * slot_stride + h * dim;
+            for (int64_t l = 0; l < lanes; ++l) kv[l] = load_bf16(kr + 16 * l);
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t qh = h * group + g;
+              const float* qv = qf.data() + qh * dim;
+              __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qv), kv[0]);
+              for (int64_t l = 1; l < lanes; ++l) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * l), kv[l], dot);
+              scores[qh * block_size + s] = _mm512_reduce_add_ps(dot);
+            }
+          }
+        }
+        for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+          float* sc = scores.data() + qh * block_size;
+          float block_max = run_max[qh];
+          for (int64_t s = lo; s < hi; ++s) block_max = std::max(block_max, sc[s]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t s = lo; s < hi; ++s) {
+            sc[s] = std::exp(sc[s] - block_max);
+            sum += sc[s];
+          }
+          const float correction = std::exp(run_max[qh] - block_max);
+          run_sum[qh] = run_sum[qh] * correction + sum;
+          run_max[qh] = block_max;
+          if (correction != 1.f) {
+            const __m512 c = _mm512_set1_ps(correction);
+            float* av = acc.data() + qh * dim;
+            for (int64_t l = 0; l < lanes; ++l) _mm512_storeu_ps(av + 16 * l, _mm512_mul_ps(_mm512_loadu_ps(av + 16 * l), c));
+          }
+        }
+        for (int64_t s = lo; s < hi; ++s) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const c10::BFloat16* vr = vb + s * slot_stride + h * dim;
+            for (int64_t l = 0; l < lanes; ++l) kv[l] = load_bf16(vr + 16 * l);
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t qh = h * group + g;
+              const __m512 p = _mm512_set1_ps(scores[qh * block_size + s]);
+              float* av = acc.data() + qh * dim;
+              for (int64_t l = 0; l < lanes; ++l)
+                _mm512_storeu_ps(av + 16 * l, _mm512_fmadd_ps(p, kv[l], _mm512_loadu_ps(av + 16 * l)));
+            }
+          }
+        }
+      }
+      for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
+        c10::BFloat16* dst = out + b * out_stride_b + qh * out_stride_h;
+        const float inv = run_sum[qh] > 0.f ? 1.f / run_sum[qh] : 0.f;
+        const float* av = acc.data() + qh * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = lmiserve::from_f32<c10::BFloat16>(av[d] * inv);
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                                  int64_t window) {
+  TORCH_CHECK(q.dim() == 3, "q must be (batch, heads, head_dim)");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches must be contiguous (blocks, block_size, kv_heads, head_dim)");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
+              "block_tables and seq_lens must be int32");
+  TORCH_CHECK(q.stride(2) == 1, "q's last dimension must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and the cache must share a dtype");
+  const auto tables = block_tables.contiguous();
+  const auto lens = seq_lens.contiguous();
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0, "head shapes do not match");
+  auto out = at::empty({batch, heads, dim}, q.options());
+#if defined(__AVX512F__)
+  if (q.scalar_type() == at::kBFloat16 && dim % 16 == 0 && dim <= 256) {
+    decode_bf16_avx512(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
+                       v_cache.data_ptr<c10::BFloat16>(), tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(),
+                       batch, heads, kv_heads, dim, block_size, tables.size(1), q.stride(0), q.stride(1),
+                       out.stride(0), out.stride(1), static_cast<float>(scale), window);
+    return out;
+  }
+#endif
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_decode", [&] {
+    decode<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                     v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), batch,
+                     heads, kv_heads, dim, block_size, tables.size(1), q.stride(0), q.stride(1), out.stride(0),
+                     out.stride(1), static_cast<float>(scale), window);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lmiserve_cpu, m) {
+  m.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_lens, float scale, int window) -> Tensor");
+  m.impl("paged_attention_decode", c10::DispatchKey::CPU, &paged_attention_decode);
+}

@@ -1,0 +1,172 @@
+"""The device ops in plain torch: the definition of correct (CPU and CUDA).
+
+KV cache of one layer: K and V, each ``(num_blocks, block_size, num_kv_heads, head_dim)``.
+Token ``pos`` of sequence ``s`` lives in slot
+``block_tables[s][pos // block_size] * block_size + pos % block_size``.
+Query heads are grouped contiguously over KV heads: head ``h`` reads KV head
+``h // (num_heads // num_kv_heads)``. Softmax is computed in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ...generation.sampling import apply_top_k_top_p_min_p
+
+
+@dataclass
+class LinearWeight:
+    """A weight prepared for :meth:`ReferenceOps.linear` (backends may pack it)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    packed: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+
+def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    positions = torch.arange(length, device=block_table.device)
+    return block_table.long()[positions // block_size] * block_size + positions % block_size
+
+
+class ReferenceOps:
+    name = "reference"
+
+    # --- linear layers -----------------------------------------------------------------
+    def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+        return LinearWeight(weight.contiguous(), None if bias is None else bias.contiguous())
+
+    def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        return F.linear(x, w.weight, w.bias)
+
+    # --- normalisation, activation, rotary ----------------------------------------------
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, rstd)``: ``y = weight * (x / rms(x))`` computed in fp32 then cast back, as HF does."""
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * (xf * rstd).to(x.dtype), rstd
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(residual + x), residual + x)``: the residual connection and the next norm."""
+        h = residual + x
+        return self.rms_norm(h, weight, eps)[0], h
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q ``(T, H, D)`` and k ``(T, KVH, D)`` by per-token ``cos``/``sin`` ``(T, D)``.
+
+        Half layout (Llama/Qwen): pairs are ``(x[i], x[i + D/2])`` and cos/sin repeat their
+        first half. Interleaved layout (GPT-J): pairs are ``(x[2i], x[2i+1])``.
+        """
+        cos = cos.unsqueeze(1)
+        sin = sin.unsqueeze(1)
+        return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
+
+    # --- KV cache ---------------------------------------------------------------------
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Store each token's key and value at its slot; slot -1 means "do not store"."""
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+        kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+    # --- attention --------------------------------------------------------------------
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        kv_len: int,
+        scale: float,
+        window: int,
+    ) -> torch.Tensor:
+        """Attention of ``q`` (n, H, D), the last n positions of a sequence of ``kv_len`` tokens."""
+        n, heads, dim = q.shape
+        block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+        slots = _slots(block_table, kv_len, block_size)
+        k = k_cache.view(-1, kv_heads, dim)[slots].float()
+        v = v_cache.view(-1, kv_heads, dim)[slots].float()
+        group = heads // kv_heads
+        k = k.repeat_interleave(group, dim=1)  # (L, H, D): head h reads KV head h // group
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+        q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+        allowed = k_pos <= q_pos  # causal, aligned to the bottom right
+        if window > 0:
+            allowed &= k_pos > q_pos - window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+
+    def attention_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
+        """One query token per sequence: q ``(B, H, D)``; ``seq_lens`` count that token."""
+        out = torch.empty_like(q)
+        for b, length in enumerate(seq_lens.tolist()):
+            out[b] = self._attend(q[b : b + 1], k_cache, v_cache, block_tables[b], length, scale, window)[0]
+        return out
+
+    def attention_prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_q_lens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
+        """Prompt chunks: q ``(T, H, D)`` with sequence ``s`` at rows ``cu_q_lens[s]:cu_q_lens[s+1]``,
+        continuing a cached prefix so that the sequence holds ``seq_lens[s]`` tokens in all."""
+        out = torch.empty_like(q)
+        bounds = cu_q_lens.tolist()
+        for s, length in enumerate(seq_lens.tolist()):
+            lo, hi = bounds[s], bounds[s + 1]
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
+        return out
+
+    # --- sampling ---------------------------------------------------------------------
+    def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of fp32 logits: the index of the first maximum and log(sum(exp))."""
+        return torch.argmax(logits, dim=-1), torch.logsumexp(logits, dim=-1)
+
+    def top_k_top_p(self, logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+        return apply_top_k_top_p_min_p(logits, top_k, top_p)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        c, s = cos[..., 0::2], sin[..., 0::2]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

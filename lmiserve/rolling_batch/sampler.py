@@ -1,0 +1,158 @@
+"""Choosing each sequence's next token from its logits, with per-request parameters.
+
+Rows are processed together; parameters that are neutral for a row leave it untouched, so a
+greedy request gets exactly the argmax whatever else is in the batch, and a seeded request
+draws from its own generator, so it gets the same tokens whatever else is in the batch.
+Log-probabilities are those of the model's distribution (before temperature and filtering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from ..generation.sampling import (
+    apply_penalties,
+    apply_temperature,
+    apply_top_k_top_p_min_p,
+    apply_typical_p,
+    sample_rows,
+)
+from .sequence import Sequence
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]] | None
+    """Per row, the ``k`` most likely tokens with log-probabilities (when any row asked)."""
+
+
+def _penalized(seqs: Seq[Sequence]) -> list[int]:
+    return [
+        i
+        for i, s in enumerate(seqs)
+        if s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
+    ]
+
+
+class Sampler:
+    def __init__(self, device: str, ops=None):  # type: ignore[no-untyped-def]
+        self.device = device
+        self.ops = ops
+        self.generators: dict[int, torch.Generator] = {}
+
+    def generator_for(self, seq: Sequence) -> torch.Generator:
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            seed = seq.params.seed
+            if seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed((seed + seq.index) % 2**63)
+            self.generators[seq.seq_id] = gen
+        return gen
+
+    def forget(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: Seq[Sequence], rows: list[int]) -> None:
+        """Repetition penalty over prompt and output (as transformers does); presence and
+        frequency penalties over the output only (as OpenAI does)."""
+        dev = logits.device
+        sub = logits[rows]
+        rep = [seqs[i].params.repetition_penalty for i in rows]
+        if any(r != 1.0 for r in rep):
+            histories = [seqs[i].token_ids for i in rows]
+            ids, mask = _pad(histories, dev)
+            sub = apply_penalties(sub, ids, mask, repetition=torch.tensor(rep, device=dev))
+        pres = [seqs[i].params.presence_penalty for i in rows]
+        freq = [seqs[i].params.frequency_penalty for i in rows]
+        if any(pres) or any(freq):
+            outputs = [seqs[i].token_ids[seqs[i].num_prompt_tokens :] for i in rows]
+            ids, mask = _pad(outputs, dev)
+            sub = apply_penalties(
+                sub, ids, mask, presence=torch.tensor(pres, device=dev), frequency=torch.tensor(freq, device=dev)
+            )
+        logits[rows] = sub
+
+    def _suppress_early_stop(self, logits: torch.Tensor, seqs: Seq[Sequence], eos: Seq[int]) -> None:
+        for i, s in enumerate(seqs):
+            if s.num_generated < s.params.min_new_tokens:
+                banned = list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else list(eos))
+                if banned:
+                    logits[i, banned] = float("-inf")
+
+    def sample(self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()) -> SampleResult:
+        """One token per row of ``logits`` (row i belongs to ``seqs[i]``)."""
+        argmax, lse = self.ops.argmax_logsumexp(logits) if self.ops else _argmax_logsumexp(logits)
+        lse = lse.unsqueeze(1)
+        scores = logits
+        penalized = _penalized(seqs)
+        if penalized or any(s.params.min_new_tokens for s in seqs):
+            scores = logits.clone()
+            if penalized:
+                self._apply_penalties(scores, seqs, penalized)
+            self._suppress_early_stop(scores, seqs, eos_token_ids)
+            tokens = torch.argmax(scores, dim=-1)
+        else:
+            tokens = argmax
+        sampled = [i for i, s in enumerate(seqs) if s.params.do_sample]
+        if sampled:
+            tokens[sampled] = self._draw(scores[sampled], [seqs[i] for i in sampled])
+        chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
+        top = None
+        k = max(s.params.logprobs for s in seqs)
+        if k > 0:
+            values, indices = logits.topk(k, dim=-1)
+            values = values - lse
+            top = [
+                list(zip(indices[i, : seqs[i].params.logprobs].tolist(), values[i, : seqs[i].params.logprobs].tolist()))
+                for i in range(len(seqs))
+            ]
+        return SampleResult(tokens.tolist(), chosen.tolist(), top)
+
+    def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        dev = scores.device
+        params = [s.params for s in seqs]
+        scores = apply_temperature(scores, torch.tensor([p.temperature for p in params], device=dev))
+        if any(p.typical_p < 1.0 for p in params):
+            scores = apply_typical_p(scores, torch.tensor([p.typical_p for p in params], device=dev))
+        top_k = torch.tensor([p.top_k for p in params], device=dev) if any(p.top_k > 0 for p in params) else None
+        top_p = torch.tensor([p.top_p for p in params], device=dev) if any(p.top_p < 1 for p in params) else None
+        min_p = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p > 0 for p in params) else None
+        scores = apply_top_k_top_p_min_p(scores, top_k, top_p, min_p)
+        probs = torch.softmax(scores, dim=-1)
+        return sample_rows(probs, [self.generator_for(s) for s in seqs])
+
+    def prompt_logprobs(
+        self, logits: torch.Tensor, targets: list[int], k: int
+    ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+        """Log-probability of each target token under the row before it, and the top ``k``."""
+        lp = torch.log_softmax(logits, dim=-1)
+        index = torch.tensor(targets, device=lp.device).unsqueeze(1)
+        chosen = lp.gather(1, index).squeeze(1).tolist()
+        top = None
+        if k > 0:
+            values, indices = lp.topk(k, dim=-1)
+            top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        return chosen, top
+
+
+def _argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.argmax(logits, dim=-1), torch.logsumexp(logits, dim=-1)
+
+
+def _pad(lists: list[list[int]], device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(x) for x in lists))
+    ids = torch.zeros((len(lists), width), dtype=torch.long, device=device)
+    mask = torch.zeros((len(lists), width), dtype=torch.bool, device=device)
+    for i, x in enumerate(lists):
+        if x:
+            ids[i, : len(x)] = torch.tensor(x, device=device)
+            mask[i, : len(x)] = True
+    return ids, mask

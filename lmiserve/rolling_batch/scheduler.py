@@ -1,0 +1,192 @@
+"""Which sequences run in the next step, and how many of their tokens.
+
+Every step has a token budget (``max_num_batched_tokens``). Running sequences that decode
+(one token each) go first, then running sequences still prefilling continue with a chunk of
+their prompt, then waiting sequences are admitted in arrival order while the budget, the
+running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
+across steps alongside the decodes. When the cache runs out, the most recently admitted
+running sequence is preempted: its blocks are freed and it goes back to the front of the
+waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
+cache is never an error.
+
+Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Group, Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int
+    start: int = 0
+    """Position of the first token run this step."""
+    samples: bool = False
+    """Whether this step reaches the end of the sequence, so a token is sampled."""
+    decode: bool = False
+
+    @classmethod
+    def of(cls, seq: Sequence, num_tokens: int, decode: bool = False) -> ScheduledSeq:
+        return cls(seq, num_tokens, seq.num_computed, seq.num_computed + num_tokens == seq.num_tokens, decode)
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(s.num_tokens for s in self.prefills)
+
+    @classmethod
+    def of(cls, items: list[ScheduledSeq]) -> SchedulerOutput:
+        return cls(decodes=[i for i in items if i.decode], prefills=[i for i in items if not i.decode])
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        # every running sequence must be able to decode in every step
+        self.max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # --- queues ---------------------------------------------------------------------------
+    def add(self, group: Group) -> None:
+        for seq in group.sequences:
+            seq.status = Status.WAITING
+            self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.finished:
+            return
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.blocks.free(seq)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        found = [s for s in [*self.running, *self.waiting] if s.request_id == request_id]
+        for seq in found:
+            self.finish(seq, "abort")
+        return found
+
+    # --- one step ------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput, protected: set[int]) -> bool:
+        """Preempt the newest running sequences until ``seq`` can grow; False if ``seq`` itself went."""
+        while not self.blocks.can_append(seq, num_tokens):
+            victims = [s for s in self.running if s.seq_id not in protected]
+            victim = victims[-1] if victims else seq
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _blocked_sibling(self, seq: Sequence) -> bool:
+        """Siblings (best_of > 1) wait until the first sequence has filled the prefix cache."""
+        if seq.index == 0 or not self.blocks.enable_prefix_caching:
+            return False
+        leader = seq.group.leader
+        return not leader.finished and leader.num_computed < leader.num_prompt_tokens
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        protected: set[int] = set()
+
+        # 1. running sequences that decode one token each
+        for seq in [s for s in self.running if s.num_pending == 1]:
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:  # preempted to make room for an earlier one
+                continue
+            if not self._make_room(seq, 1, out, protected):
+                continue
+            self.blocks.append_slots(seq, 1)
+            protected.add(seq.seq_id)
+            out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
+            budget -= 1
+
+        # 2. running sequences still prefilling (chunked prefill)
+        for seq in [s for s in self.running if s.num_pending > 1]:
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue
+            n = min(seq.num_pending, budget)
+            if not self._make_room(seq, n, out, protected):
+                continue
+            self.blocks.append_slots(seq, n)
+            protected.add(seq.seq_id)
+            out.prefills.append(ScheduledSeq.of(seq, n))
+            budget -= n
+
+        # 3. admit waiting sequences, oldest first; none while others had to be preempted
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            if self._blocked_sibling(seq):
+                skipped.append(self.waiting.popleft())
+                continue
+            cached = self.blocks.cached_prefix_blocks(seq)
+            n = min(seq.num_tokens - len(cached) * self.blocks.block_size, budget)
+            if self.blocks.admission_cost(seq, cached, n) > self.blocks.num_free_blocks:
+                break
+            self.waiting.popleft()
+            self.blocks.admit(seq, cached, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            protected.add(seq.seq_id)
+            out.prefills.append(ScheduledSeq.of(seq, n))
+            budget -= n
+        for seq in reversed(skipped):
+            self.waiting.appendleft(seq)
+        return out
+
+    def after_step(self, out: SchedulerOutput) -> None:
+        """Record that the scheduled tokens are now in the cache."""
+        for item in out.scheduled:
+            item.seq.num_computed += item.num_tokens
+            self.blocks.commit(item.seq)

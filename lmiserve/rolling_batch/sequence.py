@@ -1,0 +1,93 @@
+"""A sequence being generated: its tokens, how many of them are in the KV cache, and its blocks.
+
+Plain Python, no torch: the scheduler and block manager are tested on their own.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..wire import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Group:
+    """The sequences of one request (``best_of`` of them)."""
+
+    request_id: str
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def leader(self) -> Sequence:
+        return self.sequences[0]
+
+
+@dataclass(eq=False)
+class Sequence:
+    group: Group
+    index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    num_computed: int = 0
+    """Tokens whose keys and values are in the cache."""
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0
+    """Leading full blocks already registered for prefix caching."""
+    num_cached_prompt_tokens: int = 0
+    """Prompt tokens found in the prefix cache at admission."""
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    cumulative_logprob: float = 0.0
+    num_preemptions: int = 0
+    prompt_logprobs: list[float | None] = field(default_factory=lambda: [None])
+    """Log-probability of each prompt token (the first has none), when the request asks."""
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+    @property
+    def request_id(self) -> str:
+        return self.group.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.group.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_pending == 1 and self.num_computed >= self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id}#{self.index}, tokens={self.num_tokens}, computed={self.num_computed}, "
+            f"blocks={len(self.block_table)}, {self.status.value})"
+        )

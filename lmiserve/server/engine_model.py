@@ -1,0 +1,184 @@
+"""A model served by the continuous-batching engine: tokenizer here, engine in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from .. import wire
+from ..config import Settings
+from ..errors import ModelNotReady, ValidationFailed
+from ..generation.output_processor import OutputProcessor
+from ..generation.request import GenerationRequest, RequestOutput
+from ..model_store import resolve_model
+from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngineClient
+from ..rolling_batch.models.spec import read_config, spec_from_config
+from ..rolling_batch.settings import engine_options
+from .handler_model import ModelLoadError
+
+log = logging.getLogger("lmiserve.model")
+
+MAX_RESTARTS = 3
+
+
+def engine_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+class EngineModel:
+    kind = "engine"
+
+    def __init__(self, settings: Settings, backend: str = "lmi"):
+        self.settings = settings
+        self.name = settings.model_name
+        self.backend = backend
+        self.path: Path | None = None
+        self.tokenizer: Any = None
+        self.client: EngineClient | None = None
+        self.failure: str | None = None
+        self.max_model_len = 0
+        self._ever_ready = False
+        self._closing = False
+        self._restarts = 0
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- state -------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        if self.failure is not None:
+            return "Failed"
+        if self.client is not None and self.client.alive:
+            return "Healthy"
+        return "Unhealthy" if self._ever_ready else "Loading"
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.client.stats if self.client else None
+        return {
+            "modelName": self.name,
+            "status": self.status,
+            "backend": self.backend,
+            "engine": dict(self.client.info) if self.client else {},
+            "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def _load_files(self) -> None:
+        cfg = self.settings.model
+
+        def load() -> tuple[Path, Any]:
+            from transformers import AutoTokenizer
+
+            path = resolve_model(cfg.model_id, self.settings.model_dir)
+            spec_from_config(read_config(path))  # refuses unsupported architectures early
+            return path, AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+
+        self.path, self.tokenizer = await asyncio.to_thread(load)
+
+    async def _start_engine(self) -> None:
+        assert self.path is not None
+        init = wire.InitEngine(
+            model_name=self.name,
+            model_path=str(self.path),
+            options=engine_options(self.settings.model, self.settings.engine),
+            log_level=self.settings.server.log_level,
+        )
+        client = ProcessEngineClient(init, env=engine_env())
+        await client.start(timeout=float(self.settings.model.model_loading_timeout))
+        client.on_exit = self._on_exit
+        self.client = client
+        self.max_model_len = int(client.info["max_model_len"])
+        self._ever_ready = True
+
+    async def start(self) -> None:
+        try:
+            await self._load_files()
+            await self._start_engine()
+        except (EngineStartError, Exception) as exc:
+            self.failure = str(exc)
+            raise ModelLoadError(self.failure) from None
+        log.info("model %s: engine ready (pid %s): %s", self.name, getattr(self.client, "pid", None), self.client.info)
+
+    def _on_exit(self, client: EngineClient, reason: str) -> None:
+        if self._closing:
+            return
+        task = asyncio.create_task(self._restart())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self) -> None:
+        while not self._closing:
+            self._restarts += 1
+            log.warning("model %s: restarting the engine (attempt %d)", self.name, self._restarts)
+            try:
+                await self._start_engine()
+                self._restarts = 0
+                return
+            except EngineStartError as exc:
+                if self._restarts >= MAX_RESTARTS:
+                    self.failure = str(exc)
+                    log.error("model %s: the engine cannot be restarted: %s", self.name, exc)
+                    return
+                await asyncio.sleep(min(30.0, 2.0**self._restarts))
+
+    async def stop(self) -> None:
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self.client is not None:
+            await self.client.stop()
+
+    # --- generation ---------------------------------------------------------------------
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        ids = request.prompt_ids
+        if ids is None:
+            ids = self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+        if request.truncate is not None and len(ids) > request.truncate:
+            ids = ids[-request.truncate :]
+        if not ids:
+            raise ValidationFailed("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValidationFailed(
+                f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
+            )
+        return ids
+
+    def new_request_id(self) -> str:
+        return f"{self.name}-{next(self._ids)}"
+
+    def submit(self, request: GenerationRequest) -> tuple[str, OutputProcessor, Any]:
+        """Validate, tokenize and hand to the engine; errors raise before anything is sent."""
+        if self.failure is not None:
+            raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
+        client = self.client
+        if client is None or not client.alive:
+            raise ModelNotReady(f"model {self.name} is not ready")
+        ids = self.tokenize(request)
+        request_id = self.new_request_id()
+        processor = OutputProcessor(self.tokenizer, request_id, request, ids)
+        stream = client.submit(request_id, ids, request.params)
+        return request_id, processor, stream
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Updates of the request's output until it is finished. Abandoning the iterator
+        (a client that went away) aborts the request in the engine."""
+        request_id, processor, stream = self.submit(request)
+        client = self.client
+        try:
+            async for delta in stream:
+                if processor.apply(delta) and client is not None:
+                    client.abort(request_id, delta.index)
+                yield processor.output
+                if processor.output.finished:
+                    break
+        finally:
+            if client is not None:
+                client.abort(request_id)  # a no-op when the engine has finished it already

@@ -1,0 +1,70 @@
+"""Driving the engine in-process and comparing with transformers."""
+
+from __future__ import annotations
+
+import torch
+
+from lmiserve.rolling_batch.engine import Engine, EngineConfig
+from lmiserve.wire import SamplingParams
+
+
+def make_engine(model_dir, **overrides) -> Engine:
+    cfg = dict(
+        model_dir=model_dir,
+        dtype="fp32",
+        device="cpu",
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+        max_model_len=256,
+        block_size=16,
+        kv_cache_bytes=None,
+    )
+    cfg.update(overrides)
+    return Engine(EngineConfig(**cfg))
+
+
+def run(engine: Engine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]], max_steps: int = 2000):
+    """Add requests at the given steps; return {request_id: {index: [token ids]}} and the deltas."""
+    tokens: dict[str, dict[int, list[int]]] = {}
+    finish: dict[str, dict[int, str]] = {}
+    deltas = []
+    step = 0
+    while step < max_steps:
+        for rid, prompt, params in arrivals.get(step, []):
+            engine.add_request(rid, prompt, params)
+            tokens[rid] = {}
+            finish[rid] = {}
+        if not engine.has_work() and step > max(arrivals):
+            break
+        for d in engine.step():
+            deltas.append(d)
+            tokens[d.request_id].setdefault(d.index, []).extend(d.token_ids)
+            if d.finish_reason:
+                finish[d.request_id][d.index] = d.finish_reason
+        step += 1
+    return tokens, finish, deltas
+
+
+def hf_greedy(model_dir, prompt_ids: list[int], max_new: int) -> list[int]:
+
+    model = _hf(model_dir)
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new, do_sample=False)
+    gen = out[0, len(prompt_ids) :].tolist()
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    for i, t in enumerate(gen):
+        if t in eos:
+            return gen[: i + 1]
+    return gen
+
+
+_cache: dict = {}
+
+
+def _hf(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    key = str(model_dir)
+    if key not in _cache:
+        _cache[key] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return _cache[key]

@@ -1,0 +1,193 @@
+"""Device ops against straightforward dense attention."""
+
+import math
+
+import pytest
+import torch
+
+from lmiserve.rolling_batch.ops.cpu import CpuOps
+from lmiserve.rolling_batch.ops.reference import ReferenceOps
+
+BS = 16
+
+
+def dense_attention(q, k, v, causal_offset, window=0):
+    """q (n, H, D), k/v (L, KVH, D): plain softmax attention, query i at position offset + i."""
+    n, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    out = torch.zeros(n, heads, dim, dtype=torch.float64)
+    for h in range(heads):
+        kh, vh = k[:, h // group].double(), v[:, h // group].double()
+        for i in range(n):
+            pos = causal_offset + i
+            lo = max(0, pos - window + 1) if window else 0
+            s = (kh[lo : pos + 1] @ q[i, h].double()) / math.sqrt(dim)
+            out[i, h] = torch.softmax(s, 0) @ vh[lo : pos + 1]
+    return out
+
+
+def paged(lengths, kv_heads, dim, num_blocks=64, seed=0, dtype=torch.float32):
+    """Random K/V for sequences of ``lengths``, scattered over shuffled blocks."""
+    g = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(num_blocks, BS, kv_heads, dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, BS, kv_heads, dim, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    max_blocks = max(-(-n // BS) for n in lengths)
+    tables = torch.zeros(len(lengths), max_blocks, dtype=torch.int32)
+    dense = []
+    for s, n in enumerate(lengths):
+        blocks = [order.pop() for _ in range(-(-n // BS))]
+        tables[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        slots = torch.tensor([blocks[p // BS] * BS + p % BS for p in range(n)])
+        dense.append((k_cache.view(-1, kv_heads, dim)[slots], v_cache.view(-1, kv_heads, dim)[slots]))
+    return k_cache, v_cache, tables, dense
+
+
+OPS = [ReferenceOps(), CpuOps()]
+LENGTHS = [1, 15, 16, 17, 127, 128, 129]
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (32, 8), (4, 4)])
+def test_decode_attention_matches_dense(ops, heads, kv_heads):
+    dim = 32
+    k_cache, v_cache, tables, dense = paged(LENGTHS, kv_heads, dim, num_blocks=128)
+    q = torch.randn(len(LENGTHS), heads, dim)
+    out = ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor(LENGTHS, dtype=torch.int32), dim**-0.5)
+    for s, n in enumerate(LENGTHS):
+        expected = dense_attention(q[s : s + 1], *dense[s], causal_offset=n - 1)
+        assert torch.allclose(out[s : s + 1].double(), expected, atol=1e-5), (ops.name, n)
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda o: o.name)
+def test_decode_attention_sliding_window(ops):
+    dim, window = 16, 20
+    lengths = [5, 33, 70]
+    k_cache, v_cache, tables, dense = paged(lengths, 2, dim)
+    q = torch.randn(3, 4, dim)
+    out = ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), dim**-0.5, window)
+    for s, n in enumerate(lengths):
+        expected = dense_attention(q[s : s + 1], *dense[s], causal_offset=n - 1, window=window)
+        assert torch.allclose(out[s : s + 1].double(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("ops", OPS, ids=lambda o: o.name)
+def test_chunked_prefill_over_a_cached_prefix(ops):
+    """Each sequence's new chunk attends to its cached prefix and causally to itself."""
+    dim, heads, kv_heads = 32, 8, 2
+    totals = [17, 129, 40, 16]
+    chunks = [17, 1, 25, 16]  # whole prompt, one token, a chunk after a prefix, exactly one block
+    k_cache, v_cache, tables, dense = paged(totals, kv_heads, dim, num_blocks=64)
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(chunks), heads, dim)
+    out = ops.attention_prefill(q, k_cache, v_cache, tables, cu, torch.tensor(totals, dtype=torch.int32), dim**-0.5)
+    for s, (total, n) in enumerate(zip(totals, chunks)):
+        lo = int(cu[s])
+        expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n)
+        assert torch.allclose(out[lo : lo + n].double(), expected, atol=1e-5), (ops.name, total, n)
+
+
+def test_cpu_kernel_bf16_close_to_reference():
+    dim = 64
+    k_cache, v_cache, tables, _ = paged(LENGTHS, 3, dim, num_blocks=128, dtype=torch.bfloat16)
+    q = torch.randn(len(LENGTHS), 9, dim).bfloat16()
+    lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    ref = ReferenceOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5)
+    fast = CpuOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5)
+    assert torch.allclose(ref.float(), fast.float(), atol=2e-2)
+
+
+def test_write_kv_uses_slot_formula_and_skips_minus_one():
+    ops = ReferenceOps()
+    k_cache = torch.zeros(4, BS, 2, 8)
+    v_cache = torch.zeros(4, BS, 2, 8)
+    k = torch.arange(3 * 16, dtype=torch.float32).view(3, 2, 8)
+    v = -k
+    table = [2, 0]
+    positions = [0, 17, 5]
+    slots = torch.tensor([table[p // BS] * BS + p % BS for p in positions[:2]] + [-1])
+    ops.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache[2, 0], k[0]) and torch.equal(k_cache[0, 1], k[1])
+    assert torch.equal(v_cache[0, 1], v[1])
+    assert int((k_cache != 0).any(-1).any(-1).sum()) == 2  # the third token was not stored
+
+
+def test_rms_norm_returns_rstd():
+    x = torch.randn(5, 64)
+    w = torch.rand(64)
+    y, rstd = ReferenceOps().rms_norm(x, w, 1e-6)
+    expected_rstd = 1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(rstd, expected_rstd) and torch.allclose(y, w * x * expected_rstd, atol=1e-6)
+
+
+def test_rotary_half_and_interleaved_agree_on_pairs():
+    dim = 8
+    pos = torch.arange(3).float().unsqueeze(1)
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = pos * inv
+    half_cos, half_sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    inter_cos, inter_sin = freqs.repeat_interleave(2, -1).cos(), freqs.repeat_interleave(2, -1).sin()
+    x = torch.randn(3, 1, dim)
+    ops = ReferenceOps()
+    half_q, _ = ops.rotary(x, x, half_cos, half_sin)
+    # the same rotation expressed in the interleaved layout
+    perm = torch.stack([torch.arange(dim // 2), torch.arange(dim // 2) + dim // 2], -1).flatten()
+    inter_q, _ = ops.rotary(x[..., perm], x[..., perm], inter_cos, inter_sin, interleaved=True)
+    assert torch.allclose(half_q[..., perm], inter_q, atol=1e-6)
+    # rotation keeps the norm of each pair
+    assert torch.allclose(half_q.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+
+
+def test_swiglu():
+    gu = torch.randn(4, 10)
+    assert torch.allclose(ReferenceOps().swiglu(gu), torch.nn.functional.silu(gu[:, :5]) * gu[:, 5:])
+
+
+def test_packed_bf16_linear_matches_plain():
+    ops = CpuOps()
+    w = torch.randn(96, 64).bfloat16()
+    b = torch.randn(96).bfloat16()
+    lw = ops.prepare_linear(w, b)
+    for m in (1, 7, 33):
+        x = torch.randn(m, 64).bfloat16()
+        assert torch.allclose(ops.linear(x, lw).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_half_precision_ops_match_reference(dtype):
+    ref, cpu = ReferenceOps(), CpuOps()
+    assert cpu.kernels
+    x = torch.randn(7, 96).to(dtype)
+    w = (torch.rand(96) + 0.5).to(dtype)
+    y_ref, rstd_ref = ref.rms_norm(x, w, 1e-5)
+    y, rstd = cpu.rms_norm(x, w, 1e-5)
+    assert torch.allclose(y.float(), y_ref.float(), atol=2e-2, rtol=1e-2)
+    assert torch.allclose(rstd, rstd_ref, rtol=1e-3)
+
+    residual = torch.randn(7, 96).to(dtype)
+    y_ref, h_ref = ref.add_rms_norm(x, residual.clone(), w, 1e-5)
+    y, h = cpu.add_rms_norm(x, residual.clone(), w, 1e-5)
+    assert torch.equal(h, h_ref)
+    assert torch.allclose(y.float(), y_ref.float(), atol=2e-2, rtol=1e-2)
+
+    q = torch.randn(5, 4, 16).to(dtype)
+    k = torch.randn(5, 2, 16).to(dtype)
+    angles = torch.rand(5, 8) * 6
+    cos = torch.cat([angles, angles], -1).cos().to(dtype)
+    sin = torch.cat([angles, angles], -1).sin().to(dtype)
+    q_ref, k_ref = ref.rotary(q.clone(), k.clone(), cos, sin)
+    q_out, k_out = cpu.rotary(q.clone(), k.clone(), cos, sin)
+    assert torch.allclose(q_out.float(), q_ref.float(), atol=3e-2)
+    assert torch.allclose(k_out.float(), k_ref.float(), atol=3e-2)
+
+    gu = torch.randn(3, 40).to(dtype)
+    assert torch.allclose(cpu.swiglu(gu).float(), ref.swiglu(gu).float(), atol=2e-2, rtol=1e-2)
+
+
+def test_argmax_logsumexp_kernel():
+    logits = torch.randn(4, 1000)
+    logits[2, 17] = 50.0
+    idx, lse = CpuOps().argmax_logsumexp(logits)
+    assert torch.equal(idx, logits.argmax(-1)) and int(idx[2]) == 17
+    assert torch.allclose(lse, torch.logsumexp(logits, -1), atol=1e-5)

@@ -1,0 +1,129 @@
+"""The scheduler with a fake model: each step appends token 1 to every sequence that samples."""
+
+from lmiserve.rolling_batch.block_manager import BlockManager
+from lmiserve.rolling_batch.scheduler import Scheduler
+from lmiserve.rolling_batch.sequence import Group, Sequence, Status
+from lmiserve.wire import SamplingParams
+
+BS = 4
+
+
+def request(rid, prompt_len, max_new=4, best_of=1, first_token=0):
+    group = Group(rid, SamplingParams(max_new_tokens=max_new, best_of=best_of, n=1))
+    for i in range(best_of):
+        prompt = list(range(first_token, first_token + prompt_len))
+        group.sequences.append(Sequence(group, i, prompt, prompt_len))
+    return group
+
+
+def step(sched: Scheduler):
+    out = sched.schedule()
+    sched.after_step(out)
+    for item in out.scheduled:
+        if item.samples:
+            s = item.seq
+            s.token_ids.append(1)
+            if s.num_generated >= s.params.max_new_tokens:
+                sched.finish(s, "length")
+    return out
+
+
+def run(sched: Scheduler, max_steps=500):
+    steps = []
+    while sched.has_work() and len(steps) < max_steps:
+        steps.append(step(sched))
+    assert not sched.has_work()
+    return steps
+
+
+def test_long_prompt_is_prefilled_in_chunks_beside_running_decodes():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=8, max_model_len=256)
+    short = request("short", 3, max_new=10)
+    sched.add(short)
+    step(sched)  # short prefilled, now decoding
+    long = request("long", 20, max_new=2)
+    sched.add(long)
+    chunks = []
+    for _ in range(3):
+        out = step(sched)
+        assert [d.seq.request_id for d in out.decodes] == ["short"]  # the decode runs every step
+        chunks.append([p.num_tokens for p in out.prefills if p.seq.request_id == "long"])
+        assert out.num_tokens <= 8
+    assert chunks == [[7], [7], [6]]
+    assert long.leader.num_computed == 20 and long.leader.num_generated == 1
+
+
+def test_preempted_sequence_is_recomputed_and_finishes():
+    # room for 6 blocks of 4 tokens: two sequences cannot both grow to 16 tokens
+    sched = Scheduler(BlockManager(6, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    a, b = request("a", 6, max_new=10), request("b", 6, max_new=10, first_token=50)
+    sched.add(a)
+    sched.add(b)
+    steps = run(sched)
+    preempted = [s for out in steps for s in out.preempted]
+    assert preempted and all(s.request_id == "b" for s in preempted)  # the newest one gives way
+    assert a.leader.finish_reason == "length" and b.leader.finish_reason == "length"
+    assert a.leader.num_generated == 10 and b.leader.num_generated == 10
+    assert sched.blocks.num_free_blocks == 6
+    assert sched.num_preemptions == len(preempted)
+
+
+def test_waiting_request_waits_for_blocks_instead_of_failing():
+    sched = Scheduler(BlockManager(4, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16)
+    a, b = request("a", 12, max_new=2), request("b", 12, max_new=2, first_token=40)
+    sched.add(a)
+    sched.add(b)
+    first = step(sched)
+    assert [p.seq.request_id for p in first.prefills] == ["a"]
+    assert b.leader.status is Status.WAITING
+    run(sched)
+    assert b.leader.finish_reason == "length"
+
+
+def test_running_limit():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    groups = [request(f"r{i}", 3, max_new=3, first_token=10 * i) for i in range(5)]
+    for g in groups:
+        sched.add(g)
+    for out in run(sched):
+        assert len(sched.running) <= 2
+        assert len(out.scheduled) <= 2
+    assert all(g.leader.finish_reason == "length" for g in groups)
+
+
+def test_abort_frees_blocks_by_the_next_step():
+    sched = Scheduler(BlockManager(16, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    g = request("gone", 9, max_new=50)
+    sched.add(g)
+    step(sched)
+    assert sched.blocks.num_used_blocks == 3
+    sched.abort("gone")
+    assert sched.blocks.num_free_blocks == 16
+    assert g.leader.finish_reason == "abort"
+    assert not sched.schedule()
+
+
+def test_siblings_wait_for_the_leader_then_hit_the_prefix_cache():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    g = request("n", 10, max_new=3, best_of=3)
+    sched.add(g)
+    first = step(sched)
+    assert [p.seq.index for p in first.prefills] == [0]
+    second = step(sched)
+    siblings = [p for p in second.prefills if p.seq.index > 0]
+    assert [p.num_tokens for p in siblings] == [2, 2]  # 8 of 10 prompt tokens came from the cache
+    assert all(p.seq.num_cached_prompt_tokens == 8 for p in siblings)
+    run(sched)
+    assert all(s.finish_reason == "length" for s in g.sequences)
+
+
+def test_prefix_cache_hits_across_requests():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    first = request("a", 13, max_new=1)
+    sched.add(first)
+    run(sched)
+    again = request("b", 13, max_new=1)
+    sched.add(again)
+    out = sched.schedule()
+    assert out.prefills[0].num_tokens == 1
+    assert again.leader.num_cached_prompt_tokens == 12
