@@ -266,6 +266,8 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
                 if p.decoder_input_details and out.prompt_tokens is not None:
                     details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
                 line["details"] = details
+            elif tgi:
+                line["details"] = None
         elif tgi:
             line["generated_text"] = None
             line["details"] = None

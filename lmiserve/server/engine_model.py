@@ -66,6 +66,7 @@ class EngineModel:
             "modelName": self.name,
             "status": self.status,
             "backend": self.backend,
+            "enginePid": getattr(self.client, "pid", None),
             "engine": dict(self.client.info) if self.client else {},
             "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
         }

@@ -5,34 +5,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.server_process import ServerProcess
 
+from .conftest import MAX_NEW, PROMPTS
+
 pytestmark = pytest.mark.e2e
 
+
 REPO = Path(__file__).resolve().parents[2]
-PROMPTS = [
-    "What is Deep Learning?",
-    "Write a haiku about the sea.",
-    "The capital of France is",
-    "List three primary colors:",
-]
-MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    out = {}
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt")["input_ids"]
-        gen = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
-        out[prompt] = tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)
-    return out
+def expected(smollm2_expected):
+    return {p: text for p, (_, text) in smollm2_expected.items()}
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,9 @@ def run(engine: Engine, arrivals: dict[int, list[tuple[str, list[int], SamplingP
             break
         for d in engine.step():
             deltas.append(d)
-            tokens[d.request_id].setdefault(d.index, []).extend(d.token_ids)
+            tokens.setdefault(d.request_id, {}).setdefault(d.index, []).extend(d.token_ids)
             if d.finish_reason:
-                finish[d.request_id][d.index] = d.finish_reason
+                finish.setdefault(d.request_id, {})[d.index] = d.finish_reason
         step += 1
     return tokens, finish, deltas
 

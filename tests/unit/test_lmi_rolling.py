@@ -1,0 +1,195 @@
+"""The LMI rolling-batch schema, byte for byte against golden fixtures."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lmiserve.errors import BadRequest, ValidationFailed
+from lmiserve.formatters import lmi_rolling as fmt
+from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lmi_rolling"
+PROMPT = "What is Deep Learning?"
+TOKENS = [(29602, "Deep", -0.0524), (5663, " Learning", -1.2865), (314, " is", -0.0074), (253, " a", -0.25)]
+
+
+def golden(name: str, data: bytes) -> None:
+    """Compare with the fixture; LMISERVE_UPDATE_GOLDEN=1 rewrites it (review the diff)."""
+    path = FIXTURES / name
+    if os.environ.get("LMISERVE_UPDATE_GOLDEN") == "1":
+        path.write_bytes(data)
+    assert path.exists(), f"missing fixture {name}"
+    assert data == path.read_bytes(), f"{name} changed"
+
+
+def parse(body: dict, **defaults) -> fmt.ParsedRequest:
+    import json
+
+    return fmt.parse_request(json.dumps(body).encode(), fmt.Defaults(**defaults))
+
+
+def output(finish="length", prefill=False, top=False, sequences=1) -> RequestOutput:
+    seqs = []
+    for index in range(sequences):
+        toks = [
+            TokenOutput(
+                i,
+                t,
+                lp - index,
+                top=[TokenOutput(i, t, lp - index), TokenOutput(2, "<|im_end|>", -3.5, True)] if top else None,
+            )
+            for i, t, lp in TOKENS[: 4 - index]
+        ]
+        seq = SequenceOutput(
+            index, "".join(t.text for t in toks), toks, list(toks), finish, sum(t.logprob for t in toks)
+        )
+        seqs.append(seq)
+    out = RequestOutput("r", PROMPT, [1780, 314, 12584, 5663, 47], seqs)
+    if prefill:
+        out.prompt_tokens = [
+            TokenOutput(1780, "What", None),
+            TokenOutput(314, " is", -3.93),
+            TokenOutput(12584, " Deep", -11.9),
+            TokenOutput(5663, " Learning", -1.67),
+            TokenOutput(47, "?", -0.79),
+        ]
+    return out
+
+
+def stream_bytes(out: RequestOutput, req: fmt.ParsedRequest) -> bytes:
+    """Replay ``out`` one token per update, as the server does."""
+    seq = out.sequences[0]
+    tokens, final = list(seq.tokens), seq.finish_reason
+    chunks = []
+    for i, token in enumerate(tokens):
+        seq.new_tokens = [token]
+        seq.tokens = tokens[: i + 1]
+        seq.text = "".join(t.text for t in seq.tokens)
+        seq.finish_reason = final if i == len(tokens) - 1 else None
+        chunks.append(fmt.stream_chunks(out, req, first=i == 0))
+    return b"".join(chunks)
+
+
+def test_plain_json():
+    golden("plain.json", fmt.final_body(output(), parse({"inputs": PROMPT})))
+
+
+def test_details_with_prefill_and_top_tokens():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True, "decoder_input_details": True, "top_n_tokens": 2}})
+    golden("details.json", fmt.final_body(output(prefill=True, top=True), req))
+
+
+def test_best_of_sequences():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True, "n": 2, "do_sample": True}})
+    golden("best_of.json", fmt.final_body(output(sequences=2), req))
+
+
+def test_return_full_text():
+    req = parse({"inputs": PROMPT, "parameters": {"return_full_text": True}})
+    assert fmt.final_body(output(), req) == b'{"generated_text":"What is Deep Learning?Deep Learning is a"}'
+
+
+def test_tgi_compat_json_is_a_list_with_logprob():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True}}, tgi_compat=True)
+    golden("tgi_compat.json", fmt.final_body(output(finish="eos_token"), req))
+
+
+def test_jsonlines_stream():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True}, "stream": True})
+    assert req.content_type == "application/jsonlines"
+    golden("stream.jsonl", stream_bytes(output(), req))
+
+
+def test_sse_stream_from_configuration_and_parameter():
+    req = parse({"inputs": PROMPT, "stream": True}, output_formatter="sse")
+    assert req.content_type == "text/event-stream"
+    golden("stream.sse", stream_bytes(output(), req))
+    req = parse({"inputs": PROMPT, "parameters": {"output_formatter": "sse"}, "stream": True})
+    assert req.output_format == "sse"
+
+
+def test_tgi_compat_streams_sse_by_default():
+    req = parse({"inputs": PROMPT, "stream": True}, tgi_compat=True)
+    assert req.output_format == "sse"
+    golden("tgi_compat_stream.sse", stream_bytes(output(), req))
+
+
+def test_streaming_configuration():
+    assert parse({"inputs": "x"}, enable_streaming=True).stream
+    assert parse({"inputs": "x"}, output_formatter="jsonlines").stream
+    assert not parse({"inputs": "x", "stream": False}, enable_streaming=True).stream
+    assert not parse({"inputs": "x"}).stream
+
+
+def test_error_payloads():
+    golden("validation_error.json", fmt.validation_error_body("parameters.top_p: bad"))
+    golden("generation_error.json", fmt.generation_error_body(parse({"inputs": "x"})))
+    golden("stream_error.jsonl", fmt.stream_error_chunk(parse({"inputs": "x", "stream": True}), "boom"))
+    golden(
+        "tgi_stream_error.sse", fmt.stream_error_chunk(parse({"inputs": "x", "stream": True}, tgi_compat=True), "boom")
+    )
+
+
+def test_parameters_map_to_sampling():
+    req = parse(
+        {
+            "inputs": "x",
+            "parameters": {
+                "do_sample": True,
+                "temperature": 0.7,
+                "top_k": -1,
+                "top_p": 0.9,
+                "seed": 5,
+                "max_new_tokens": 7,
+                "stop_sequences": ["\n"],
+                "ignore_eos_token": True,
+                "decoder_input_details": True,
+                "top_n_tokens": 3,
+                "n": 2,
+                "best_of": 3,
+                "repetition_penalty": 1.2,
+                "stop_token_ids": [9],
+            },
+        }
+    )
+    p = req.generation.params
+    assert (p.do_sample, p.temperature, p.top_k, p.top_p, p.seed, p.max_new_tokens) == (True, 0.7, 0, 0.9, 5, 7)
+    assert (p.ignore_eos, p.prompt_logprobs, p.logprobs, p.n, p.best_of, p.repetition_penalty) == (
+        True,
+        3,
+        3,
+        2,
+        3,
+        1.2,
+    )
+    assert p.stop_token_ids == [9] and req.generation.stop == ["\n"]
+
+
+@pytest.mark.parametrize(
+    "params,where",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"n": 3, "best_of": 2}, "best_of (2) must be at least n (3)"),
+        ({"num_beams": 2}, "beam search"),
+        ({"typical_p": 1.5}, "typical_p"),
+        ({"top_n_tokens": 99}, "top_n_tokens"),
+    ],
+)
+def test_out_of_range_values_are_validation_errors(params, where):
+    with pytest.raises(ValidationFailed) as err:
+        parse({"inputs": "x", "parameters": params})
+    assert where in err.value.detail
+
+
+def test_n_with_streaming_is_refused():
+    with pytest.raises(ValidationFailed, match="without streaming"):
+        parse({"inputs": "x", "parameters": {"n": 2}, "stream": True})
+
+
+@pytest.mark.parametrize("body", [b"nope", b"[]", b'{"prompt": "x"}'])
+def test_malformed_bodies(body):
+    with pytest.raises(BadRequest):
+        fmt.parse_request(body, fmt.Defaults())
