@@ -34,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the resolved settings and where each came from")
     _add_model_flags(show)
+    from .bench.command import add_arguments
+
+    bench = sub.add_parser("bench", help="load a running server at several concurrency levels and report")
+    add_arguments(bench)
     return parser
 
 
@@ -45,6 +49,10 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded from a model hub at run time
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        from .bench.command import run as run_bench
+
+        return run_bench(args)
     try:
         settings = _settings(args)
     except ConfigError as exc:

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -38,6 +39,11 @@ def load_kernels() -> bool:
         return False
     try:
         from torch.utils.cpp_extension import load
+
+        # ninja may be installed next to this Python rather than on PATH
+        bindir = os.path.dirname(sys.executable)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
         flags = ["-O3", "-fopenmp", "-ffast-math"]
         if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":

@@ -1,0 +1,81 @@
+"""How each client protocol asks for a streamed generation and reports its tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str
+    path: str
+
+    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def tokens_in(self, line: str) -> int:
+        """Generated tokens carried by one line of the stream (0 for framing)."""
+        raise NotImplementedError
+
+
+class LmiApi(Api):
+    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+        return {
+            "inputs": prompt,
+            "parameters": {"max_new_tokens": max_new_tokens, "ignore_eos_token": True, "do_sample": False},
+            "stream": True,
+        }
+
+    def tokens_in(self, line: str) -> int:
+        line = line.removeprefix("data:").strip()
+        if not line:
+            return 0
+        data = json.loads(line)
+        if data.get("details", {}) and (data.get("details") or {}).get("finish_reason") == "error":
+            raise RuntimeError("the server reported a generation error")
+        return 1 if "token" in data else 0
+
+
+class TgiApi(Api):
+    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+        return {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False}}
+
+    def tokens_in(self, line: str) -> int:
+        if not line.startswith("data:"):
+            return 0
+        data = json.loads(line[len("data:") :])
+        if "error" in data:
+            raise RuntimeError(data["error"])
+        return 1 if "token" in data else 0
+
+
+class OpenAiApi(Api):
+    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+        return {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+
+    def tokens_in(self, line: str) -> int:
+        if not line.startswith("data:"):
+            return 0
+        payload = line[len("data:") :].strip()
+        if payload == "[DONE]":
+            return 0
+        data = json.loads(payload)
+        if "error" in data:
+            raise RuntimeError(str(data["error"]))
+        return 1 if data.get("choices") and data["choices"][0].get("text") is not None else 0
+
+
+APIS: dict[str, Api] = {
+    "lmi": LmiApi("lmi", "/invocations"),
+    "tgi": TgiApi("tgi", "/generate_stream"),
+    "openai": OpenAiApi("openai", "/v1/completions"),
+}

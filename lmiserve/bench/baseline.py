@@ -1,0 +1,44 @@
+"""transformers' own ``generate`` on the same model and prompts: static batches, no server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def run_baseline(
+    model_path: Path, dtype: str, prompts: list[list[int]], concurrencies: list[int], max_new_tokens: int
+) -> list[dict[str, object]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..devices import torch_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype)).eval()
+    pad = model.generation_config.pad_token_id
+    if pad is None:
+        pad = 0
+    results = []
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, do_sample=False, pad_token_id=pad)  # warm up
+        for batch in concurrencies:
+            ids = torch.tensor([prompts[i % len(prompts)] for i in range(batch)])
+            started = time.perf_counter()
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+            seconds = time.perf_counter() - started
+            results.append(
+                {
+                    "concurrency": batch,
+                    "output_tokens": batch * max_new_tokens,
+                    "seconds": seconds,
+                    "output_tokens_per_s": batch * max_new_tokens / seconds,
+                }
+            )
+    return results

@@ -1,0 +1,95 @@
+"""``lmiserve bench``: sweep concurrency levels against a server, then (optionally) measure
+transformers generate on the same prompts, and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .apis import APIS
+from .load import run_level
+from .prompts import as_text, make_prompts
+from .report import plot, table, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="the running server")
+    parser.add_argument("--api", choices=sorted(APIS), default="lmi", help="protocol to load the server with")
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrency levels")
+    parser.add_argument("--prompt-tokens", type=int, default=190)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=0, help="measured requests per level (default: max(8, 3 x c))")
+    parser.add_argument("--warmup", type=int, default=-1, help="unmeasured requests first (default: c)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="model name (default: the server's only model)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the served model's)")
+    parser.add_argument("--baseline", action="store_true", help="also measure transformers generate (batch = c)")
+    parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
+    parser.add_argument("--out", default="bench-results", help="directory for report.json and report.png")
+
+
+def _server_model(url: str, name: str | None) -> dict:
+    models = httpx.get(url.rstrip("/") + "/models", timeout=30).json()["models"]
+    name = name or models[0]["modelName"]
+    return httpx.get(url.rstrip("/") + f"/models/{name}", timeout=30).json()[0]
+
+
+def _model_path(info: dict, tokenizer: str | None) -> Path:
+    from ..config import load_settings
+    from ..model_store import resolve_model
+
+    if tokenizer:
+        return Path(tokenizer)
+    settings = load_settings(info["modelUrl"], env={})
+    return resolve_model(settings.model.model_id, settings.model_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    info = _server_model(args.url, args.model)
+    path = _model_path(info, args.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    count = max([args.requests or max(8, 3 * c) for c in levels])
+    ids = make_prompts(tokenizer, count, args.prompt_tokens, args.seed)
+    texts = as_text(tokenizer, ids)
+    report: dict = {
+        "config": {
+            "url": args.url,
+            "api": args.api,
+            "model": info["modelName"],
+            "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed,
+            "engine": info.get("engine"),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+        "server": [],
+    }
+    api = APIS[args.api]
+    for c in levels:
+        n = args.requests or max(8, 3 * c)
+        warmup = c if args.warmup < 0 else args.warmup
+        print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
+        row = asyncio.run(run_level(args.url, api, texts[:n], c, warmup, args.max_new_tokens, info["modelName"]))
+        report["server"].append(row)
+    if args.baseline:
+        from .baseline import run_baseline
+
+        dtype = args.dtype or (info.get("engine") or {}).get("dtype") or "fp32"
+        print(f"transformers generate ({dtype}), batch sizes {levels} ...", file=sys.stderr, flush=True)
+        report["baseline"] = run_baseline(path, dtype, ids, levels, args.max_new_tokens)
+        report["config"]["baseline_dtype"] = dtype
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(report, out / "report.json")
+    plot(report, out / "report.png")
+    print(table(report))
+    print(f"\nwrote {out / 'report.json'} and {out / 'report.png'}", file=sys.stderr)
+    return 0 if all(row.get("errors", 1) == 0 for row in report["server"]) else 1

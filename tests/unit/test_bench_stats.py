@@ -1,0 +1,37 @@
+import pytest
+
+from lmiserve.bench.apis import APIS
+from lmiserve.bench.prompts import make_prompts
+from lmiserve.bench.stats import RequestRecord, level_report, percentile
+
+
+def test_percentiles_interpolate():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 90) == 4.6
+    assert percentile([], 50) is None
+
+
+def test_level_report_counts_tokens_over_the_measured_window():
+    a = RequestRecord(start=0.0, end=2.0, first_token=0.5, token_times=[0.5, 1.0, 1.5], tokens=3)
+    b = RequestRecord(start=1.0, end=4.0, first_token=1.2, token_times=[1.2, 2.2], tokens=2)
+    bad = RequestRecord(start=0.0, end=0.1, error="HTTP 503")
+    row = level_report(2, [a, b, bad])
+    assert row["output_tokens"] == 5 and row["seconds"] == 4.0
+    assert row["output_tokens_per_s"] == 1.25 and row["errors"] == 1
+    assert row["ttft_s"]["p50"] == pytest.approx(0.35)
+    assert row["itl_s"]["p50"] == 0.5
+
+
+def test_prompts_have_the_requested_length_and_are_seeded(tiny_tokenizer):
+    a = make_prompts(tiny_tokenizer, 3, 40, seed=1)
+    assert [len(p) for p in a] == [40, 40, 40] and len({tuple(p) for p in a}) == 3
+    assert make_prompts(tiny_tokenizer, 3, 40, seed=1) == a
+
+
+def test_stream_lines_are_counted_per_protocol():
+    assert APIS["lmi"].tokens_in('{"token": {"id": 1, "text": "a", "log_prob": -1}}') == 1
+    assert APIS["lmi"].tokens_in('data:{"token": {"id": 1}}') == 1
+    assert APIS["tgi"].tokens_in('data:{"token": {"id": 1}, "generated_text": null}') == 1
+    assert APIS["openai"].tokens_in('data: {"choices": [{"text": "a"}]}') == 1
+    assert APIS["openai"].tokens_in("data: [DONE]") == 0
