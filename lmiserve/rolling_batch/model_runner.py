@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .hugepages import advise_huge_pages
 from .models.decoder import AttentionMetadata, DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
@@ -64,6 +65,8 @@ class ModelRunner:
         shape = (spec.num_layers, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        advise_huge_pages(self.k_cache)
+        advise_huge_pages(self.v_cache)
         self.kv_caches = [(self.k_cache[i], self.v_cache[i]) for i in range(spec.num_layers)]
 
     # --- inputs ---------------------------------------------------------------------------

@@ -88,13 +88,16 @@ def test_chunked_prefill_over_a_cached_prefix(ops):
         assert torch.allclose(out[lo : lo + n].double(), expected, atol=1e-5), (ops.name, total, n)
 
 
-def test_cpu_kernel_bf16_close_to_reference():
-    dim = 64
-    k_cache, v_cache, tables, _ = paged(LENGTHS, 3, dim, num_blocks=128, dtype=torch.bfloat16)
-    q = torch.randn(len(LENGTHS), 9, dim).bfloat16()
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,window",
+    [(9, 3, 64, 0), (8, 2, 64, 20), (32, 8, 128, 0), (4, 4, 64, 0), (12, 2, 64, 0), (6, 3, 32, 0), (16, 1, 128, 50)],
+)
+def test_cpu_kernel_bf16_close_to_reference(heads, kv_heads, dim, window):
+    k_cache, v_cache, tables, _ = paged(LENGTHS, kv_heads, dim, num_blocks=128, dtype=torch.bfloat16)
+    q = torch.randn(len(LENGTHS), heads, dim).bfloat16()
     lens = torch.tensor(LENGTHS, dtype=torch.int32)
-    ref = ReferenceOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5)
-    fast = CpuOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5)
+    ref = ReferenceOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, window)
+    fast = CpuOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, window)
     assert torch.allclose(ref.float(), fast.float(), atol=2e-2)
 
 
