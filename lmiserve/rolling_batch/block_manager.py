@@ -6,6 +6,10 @@ it, so two sequences that share a prompt prefix (a system prompt, a chat history
 the blocks of that prefix instead of computing them again. Freed blocks keep their content
 and stay findable until the space is needed (least recently freed first).
 
+Free blocks without reusable content are handed out last-freed-first, in address order, so
+a sequence's blocks tend to be neighbours in memory and recently used memory is reused while
+it is still in the CPU caches.
+
 Plain Python, no torch.
 """
 
@@ -38,18 +42,19 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._clean: list[int] = list(reversed(range(num_blocks)))  # a stack: block 0 is taken first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # free blocks with content, oldest first
         self._by_hash: dict[int, int] = {}
         self.prefix_hit_tokens = 0
 
     # --- accounting ---------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._clean) + len(self._cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -63,7 +68,10 @@ class BlockManager:
 
     # --- allocation ---------------------------------------------------------------------
     def _take_free(self) -> int:
-        block_id, _ = self._free.popitem(last=False)
+        if self._clean:
+            block_id = self._clean.pop()
+        else:
+            block_id, _ = self._cached.popitem(last=False)  # evict the least recently freed content
         block = self.blocks[block_id]
         if block.hash is not None and self._by_hash.get(block.hash) == block_id:
             del self._by_hash[block.hash]
@@ -75,7 +83,7 @@ class BlockManager:
     def _reuse(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self._free[block_id]
+            del self._cached[block_id]
         block.ref_count += 1
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
@@ -148,12 +156,16 @@ class BlockManager:
     # --- release ------------------------------------------------------------------------
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; cached content stays reusable until the block is taken."""
-        # release the tail first, so the prefix stays cached the longest
+        # release the tail first: cached content of the prefix stays the longest, and blocks
+        # without content go back on the stack so the head is taken first next time
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
+                if block.hash is None:
+                    self._clean.append(block_id)
+                else:
+                    self._cached[block_id] = None
         seq.block_table = []
         seq.num_computed = 0
         seq.num_hashed_blocks = 0
