@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=0, help="measured requests per level (default: max(8, 3 x c))")
     parser.add_argument("--warmup", type=int, default=-1, help="unmeasured requests first (default: c)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompt texts")
+    parser.add_argument(
+        "--no-salt", action="store_true", help="do not start prompts with a per-run tag (prefix-cache hits across runs)"
+    )
     parser.add_argument("--model", default=None, help="model name (default: the server's only model)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the served model's)")
     parser.add_argument("--baseline", action="store_true", help="also measure transformers generate (batch = c)")
@@ -56,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     info = _server_model(args.url, args.model)
     path = _model_path(info, args.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    count = max([args.requests or max(8, 3 * c) for c in levels])
-    ids = make_prompts(tokenizer, count, args.prompt_tokens, args.seed)
+    plan = [(c, args.requests or max(8, 3 * c), c if args.warmup < 0 else args.warmup) for c in levels]
+    salt = "" if args.no_salt else f"run {random.Random().randrange(10**6)}:"
+    # every request of the run gets a prompt of its own: no request finds another's in the prefix cache
+    ids = make_prompts(tokenizer, sum(n + w for _, n, w in plan), args.prompt_tokens, args.seed, salt)
     texts = as_text(tokenizer, ids)
     report: dict = {
         "config": {
@@ -67,17 +73,19 @@ def run(args: argparse.Namespace) -> int:
             "prompt_tokens": args.prompt_tokens,
             "max_new_tokens": args.max_new_tokens,
             "seed": args.seed,
+            "salt": salt,
             "engine": info.get("engine"),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "server": [],
     }
     api = APIS[args.api]
-    for c in levels:
-        n = args.requests or max(8, 3 * c)
-        warmup = c if args.warmup < 0 else args.warmup
+    used = 0
+    for c, n, warmup in plan:
         print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
-        row = asyncio.run(run_level(args.url, api, texts[:n], c, warmup, args.max_new_tokens, info["modelName"]))
+        batch = texts[used : used + warmup + n]
+        used += warmup + n
+        row = asyncio.run(run_level(args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"]))
         report["server"].append(row)
     if args.baseline:
         from .baseline import run_baseline

@@ -38,9 +38,9 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, api: Api) -> Req
 async def run_level(
     base_url: str, api: Api, prompts: list[str], concurrency: int, warmup: int, max_new_tokens: int, model: str
 ) -> dict[str, object]:
-    """Send ``warmup + len(prompts)`` requests with ``concurrency`` clients; report the measured ones."""
+    """Send one request per prompt with ``concurrency`` clients; the first ``warmup`` are not measured."""
     url = base_url.rstrip("/") + api.path
-    queue = [(i < warmup, prompts[i % len(prompts)]) for i in range(warmup + len(prompts))]
+    queue = [(i < warmup, prompt) for i, prompt in enumerate(prompts)]
     measured: list[RequestRecord] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:

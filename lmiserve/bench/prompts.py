@@ -12,16 +12,21 @@ WORDS = (
 ).split()
 
 
-def make_prompts(tokenizer: Any, count: int, length: int, seed: int = 0) -> list[list[int]]:
-    """``count`` different prompts of exactly ``length`` token ids (seeded)."""
+def make_prompts(tokenizer: Any, count: int, length: int, seed: int = 0, salt: str = "") -> list[list[int]]:
+    """``count`` different prompts of exactly ``length`` token ids (seeded).
+
+    ``salt`` (a few words) starts every prompt: a server that has seen the same prompts in an
+    earlier run then finds nothing of them in its prefix cache.
+    """
     rng = random.Random(seed)
+    head = tokenizer(salt, add_special_tokens=False)["input_ids"] if salt else []
     prompts = []
     for _ in range(count):
         ids: list[int] = []
         while len(ids) < length:
             words = " ".join(rng.choice(WORDS) for _ in range(length))
-            ids = tokenizer(words, add_special_tokens=False)["input_ids"]
-        prompts.append(ids[:length])
+            ids = tokenizer(" " + words, add_special_tokens=False)["input_ids"]
+        prompts.append((head + ids)[:length])
     return prompts
 
 

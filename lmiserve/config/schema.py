@@ -110,8 +110,9 @@ class ModelSettings(_Area):
     rolling_batch: Literal["auto", "lmi", "npu", "vllm", "disable"] = setting(
         "auto",
         "option.rolling_batch",
-        "Continuous-batching backend: lmi (our engine), npu, vllm, or disable (dynamic batching through "
-        "transformers generate). auto picks the best available for the model.",
+        "Continuous-batching backend: lmi (our engine) or disable (dynamic batching through transformers "
+        "generate); auto picks lmi for the architectures it supports (Llama, Mistral, Qwen2, Qwen3). npu and "
+        "vllm are not in this build.",
         allowed="auto, lmi, npu, vllm, disable",
     )
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(

@@ -35,3 +35,10 @@ def test_stream_lines_are_counted_per_protocol():
     assert APIS["tgi"].tokens_in('data:{"token": {"id": 1}, "generated_text": null}') == 1
     assert APIS["openai"].tokens_in('data: {"choices": [{"text": "a"}]}') == 1
     assert APIS["openai"].tokens_in("data: [DONE]") == 0
+
+
+def test_salt_starts_every_prompt(tiny_tokenizer):
+    salted = make_prompts(tiny_tokenizer, 2, 30, seed=1, salt="run 7:")
+    head = tiny_tokenizer("run 7:", add_special_tokens=False)["input_ids"]
+    assert all(p[: len(head)] == head and len(p) == 30 for p in salted)
+    assert make_prompts(tiny_tokenizer, 2, 30, seed=1, salt="run 8:") != salted
