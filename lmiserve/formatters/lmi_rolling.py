@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from ..errors import BadRequest, ValidationFailed
+from ..errors import BadRequest, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import SamplingParams
 from .validation import describe
@@ -276,6 +276,35 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
 
 
 # --- errors ------------------------------------------------------------------------------
+
+
+class LmiResponder:
+    """The rolling-batch schema as a server Responder."""
+
+    def __init__(self, req: ParsedRequest):
+        self.req = req
+        self.stream = req.stream
+        self.media_type = req.content_type
+        self._started = False
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes:
+        data = stream_chunks(out, self.req, first=not self._started)
+        self._started = self._started or bool(out.sequences[0].new_tokens)
+        return data
+
+    def end(self, outs: list[RequestOutput]) -> bytes:
+        return b""
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        return final_body(outs[0], self.req)
+
+    def error_chunk(self, message: str) -> bytes:
+        return stream_error_chunk(self.req, message)
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        if isinstance(err, ValidationFailed):
+            return 424, validation_error_body(err.detail)
+        return (err.status if err.status >= 400 else 500), generation_error_body(self.req)
 
 
 def validation_error_body(message: str) -> bytes:

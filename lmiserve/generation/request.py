@@ -62,6 +62,10 @@ class RequestOutput:
     arrival: float = 0.0
     first_token_at: float | None = None
     finished_at: float | None = None
+    batch_sizes: list[int] = field(default_factory=list)
+    """Per generated position, the size of the engine step that produced it."""
+    queue_us: list[int] = field(default_factory=list)
+    """Per generated position, microseconds waited for that step."""
 
     @property
     def finished(self) -> bool:

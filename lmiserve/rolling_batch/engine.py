@@ -100,6 +100,8 @@ class Engine:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.last_step_seconds = 0.0
+        self._step_started = 0.0
+        self._step_size = 0
         self.info = {
             "architecture": spec.architecture,
             "dtype": config.dtype,
@@ -182,8 +184,17 @@ class Engine:
         if not out:
             return []
         deltas: list[wire.SeqDelta] = []
+        self._step_started = started
+        self._step_size = len(out.scheduled)
+        for item in out.scheduled:
+            if item.seq.first_scheduled is None:
+                item.seq.first_scheduled = started
         self._run(out, deltas)
-        self.last_step_seconds = time.monotonic() - started
+        ended = time.monotonic()
+        for item in out.scheduled:
+            if item.samples:
+                item.seq.ready_since = ended
+        self.last_step_seconds = ended - started
         return deltas
 
     def _run(self, out: SchedulerOutput, deltas: list[wire.SeqDelta]) -> None:
@@ -238,6 +249,8 @@ class Engine:
                 logprobs=[lp],
                 cumulative_logprob=seq.cumulative_logprob,
                 finish_reason=reason,
+                batch_size=self._step_size,
+                queue_us=self._queue_us(seq),
             )
             if result.top is not None:
                 delta.top_logprobs = [[wire.TopLogprob(t, v) for t, v in result.top[i]]]
@@ -255,6 +268,15 @@ class Engine:
                 self.sampler.forget(seq)
                 self._maybe_done(seq.group)
             deltas.append(delta)
+
+    def _queue_us(self, seq: Sequence) -> int:
+        """How long the sequence waited for this token: before its first step for the first
+        token, then between the step that produced its previous token and this one."""
+        if seq.num_generated == 1:
+            waited = (seq.first_scheduled or self._step_started) - seq.ready_since
+        else:
+            waited = self._step_started - seq.ready_since
+        return max(0, int(waited * 1e6))
 
     def _prompt_logprobs(self, out: SchedulerOutput, step: StepLogits) -> dict[Sequence, tuple[list, list]]:
         """This step's prompt log-probabilities (and top alternatives) per sequence that asked."""

@@ -53,6 +53,10 @@ class Sequence:
     finish_reason: str | None = None
     cumulative_logprob: float = 0.0
     num_preemptions: int = 0
+    ready_since: float = field(default_factory=time.monotonic)
+    """When the sequence last became ready for a step: its arrival, then the end of each step
+    that produced one of its tokens."""
+    first_scheduled: float | None = None
     prompt_logprobs: list[float | None] = field(default_factory=lambda: [None])
     """Log-probability of each prompt token (the first has none), when the request asks."""
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

@@ -13,7 +13,7 @@ from ..config import Settings
 from . import errors
 from .middleware import BodyLimitMiddleware, RequestIdMiddleware
 from .registry import ModelRegistry
-from .routes import inference, management, ping
+from .routes import inference, management, ping, tgi
 
 StartupHook = Callable[[], Awaitable[None]]
 
@@ -39,6 +39,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.include_router(ping.router)
     app.include_router(inference.router)
     app.include_router(management.router)
+    app.include_router(tgi.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from .. import wire
 from ..config import Settings
 from ..errors import ModelNotReady, ValidationFailed
 from ..generation.output_processor import OutputProcessor
-from ..generation.request import GenerationRequest, RequestOutput
+from ..generation.request import GenerationRequest
 from ..model_store import resolve_model
 from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngineClient
 from ..rolling_batch.models.spec import read_config, spec_from_config
@@ -168,18 +167,6 @@ class EngineModel:
         stream = client.submit(request_id, ids, request.params)
         return request_id, processor, stream
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
-        """Updates of the request's output until it is finished. Abandoning the iterator
-        (a client that went away) aborts the request in the engine."""
-        request_id, processor, stream = self.submit(request)
-        client = self.client
-        try:
-            async for delta in stream:
-                if processor.apply(delta) and client is not None:
-                    client.abort(request_id, delta.index)
-                yield processor.output
-                if processor.output.finished:
-                    break
-        finally:
-            if client is not None:
-                client.abort(request_id)  # a no-op when the engine has finished it already
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        if self.client is not None:
+            self.client.abort(request_id, index)

@@ -13,7 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from ..errors import LmiServeError
+from ..errors import BadRequest, LmiServeError
+from ..formatters import errors as protocol_errors
 
 log = logging.getLogger("lmiserve.server")
 
@@ -22,8 +23,14 @@ def lmi_error_body(err: LmiServeError) -> dict[str, object]:
     return {"code": err.status, "message": err.title, "error": err.detail}
 
 
-def error_response(err: LmiServeError) -> JSONResponse:
-    return JSONResponse(lmi_error_body(err), status_code=err.status, headers=err.headers)
+def error_response(err: LmiServeError, protocol: str = "lmi") -> JSONResponse:
+    """The error in the body shape of ``protocol`` (see lmiserve.formatters.errors)."""
+    status, body = protocol_errors.PROTOCOLS[protocol](err)
+    return JSONResponse(body, status_code=status, headers=err.headers)
+
+
+def protocol_of(request: Request) -> str:
+    return getattr(request.state, "protocol", "lmi")
 
 
 def stream_error_chunk(err: LmiServeError, content_type: str) -> bytes:
@@ -36,7 +43,7 @@ def stream_error_chunk(err: LmiServeError, content_type: str) -> bytes:
 
 async def _lmiserve_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LmiServeError)
-    return error_response(exc)
+    return error_response(exc, protocol_of(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -54,7 +61,7 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
     detail = f"{where}: {first.get('msg', 'invalid request')}" if where else str(first.get("msg", "invalid request"))
-    return JSONResponse({"code": 400, "message": "Bad Request", "error": detail}, status_code=400)
+    return error_response(BadRequest(detail), protocol_of(request))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

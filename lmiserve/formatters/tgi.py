@@ -1,0 +1,268 @@
+"""Text Generation Inference (TGI) and MindIE's TGI-style API: ``/``, ``/generate``,
+``/generate_stream``, ``/tokenize``, ``/info``.
+
+Requests ``{"inputs", "parameters", "stream"}``; ``/generate`` answers one object, ``/``
+a one-element list (what TGI's Python client reads), streams are SSE events
+``data:{"token", "generated_text", "details"}``. Values are checked against the ranges the
+MindIE document gives; failures answer TGI's ``{"error", "error_type": "validation"}`` (422).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+
+from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..wire import SamplingParams
+from . import errors
+from .validation import describe
+
+MAX_U64 = 2**64 - 1
+MAX_I32 = 2**31 - 1
+MAX_STOP_SEQUENCES = 1024
+MAX_BEST_OF = 16
+MAX_TOP_N_TOKENS = 5
+SSE = "text/event-stream"
+
+
+class TgiParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    best_of: int | None = Field(None, gt=0, le=MAX_BEST_OF)
+    decoder_input_details: bool = False
+    details: bool = False
+    do_sample: bool | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    max_new_tokens: int = Field(20, gt=0, le=MAX_I32)
+    repetition_penalty: float | None = Field(None, gt=0)
+    return_full_text: bool = False
+    seed: int | None = Field(None, gt=0, le=MAX_U64)
+    stop: tuple[StrictStr, ...] = ()
+    temperature: float | None = Field(None, gt=1e-6)
+    top_k: int | None = Field(None, gt=0, le=MAX_I32)
+    top_p: float | None = Field(None, gt=1e-6, lt=1.0)
+    truncate: int | None = Field(None, gt=0, le=MAX_I32)
+    typical_p: float | None = Field(None, gt=0.0, le=1.0)
+    watermark: bool = False
+    adapter_id: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9._/-]*$")
+    top_n_tokens: int | None = Field(None, ge=0, le=MAX_TOP_N_TOKENS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+            if isinstance(data.get("stop"), str):
+                data["stop"] = [data["stop"]]
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(v) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(not 1 <= len(s) <= 1024 for s in v):
+            raise ValueError("each stop sequence must have 1 to 1024 characters")
+        if sum(len(s) for s in v) > 32768:
+            raise ValueError("stop sequences may have 32768 characters in all")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> TgiParameters:
+        if self.watermark:
+            raise ValueError("watermark is not supported by this server")
+        if self.adapter_id not in (None, "", "None"):
+            raise ValueError(f"adapter_id {self.adapter_id!r}: no LoRA adapters are loaded")
+        if (self.best_of or 1) > 1 and not self.sampling:
+            raise ValueError("best_of > 1 needs sampling (do_sample, temperature, top_k, top_p or typical_p)")
+        return self
+
+    @property
+    def sampling(self) -> bool:
+        """TGI samples when asked to, or when any sampling parameter is set."""
+        if self.do_sample is not None:
+            return self.do_sample
+        return any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.typical_p))
+
+
+class TgiRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    inputs: StrictStr = Field(min_length=1, max_length=4 * 1024 * 1024)
+    parameters: TgiParameters = TgiParameters()
+    stream: bool = False
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+class ParsedTgi:
+    def __init__(self, request: TgiRequest, stream: bool):
+        self.request = request
+        p = request.parameters
+        self.parameters = p
+        self.stream = stream
+        self.seed = p.seed if p.seed is not None else random.randrange(1, 2**63)
+        self.generation = GenerationRequest(
+            prompt=request.inputs,
+            params=SamplingParams(
+                max_new_tokens=p.max_new_tokens,
+                do_sample=p.sampling,
+                temperature=p.temperature or 1.0,
+                top_k=p.top_k or 0,
+                top_p=p.top_p or 1.0,
+                typical_p=p.typical_p or 1.0,
+                repetition_penalty=p.repetition_penalty or 1.0,
+                frequency_penalty=p.frequency_penalty or 0.0,
+                seed=self.seed,
+                best_of=p.best_of or 1,
+                n=1,
+                logprobs=p.top_n_tokens or 0,
+                prompt_logprobs=(p.top_n_tokens or 0) if p.decoder_input_details else None,
+            ),
+            stop=list(p.stop),
+            truncate=p.truncate,
+        )
+
+
+def parse(body: bytes, stream: bool | None = None) -> ParsedTgi:
+    """``stream`` None: the body decides (``/``); True/False: the route decides."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object with 'inputs'")
+    try:
+        request = TgiRequest.model_validate(data)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err)) from None
+    wants_stream = request.stream if stream is None else stream
+    p = request.parameters
+    if wants_stream and p.decoder_input_details:
+        raise ValidationFailed("decoder_input_details == true is not supported when streaming tokens")
+    if wants_stream and (p.best_of or 1) > 1:
+        raise ValidationFailed("best_of > 1 is not supported when streaming tokens")
+    return ParsedTgi(request, wants_stream)
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def token(t: TokenOutput) -> dict[str, Any]:
+    return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
+
+
+def _prefill(out: RequestOutput) -> list[dict[str, Any]]:
+    if out.prompt_tokens is None:
+        return []
+    return [{"id": t.id, "text": t.text, "logprob": t.logprob} for t in out.prompt_tokens]
+
+
+def _top_tokens(seq: SequenceOutput, parsed: ParsedTgi) -> list[list[dict[str, Any]]] | None:
+    if not parsed.parameters.top_n_tokens:
+        return None
+    return [[token(a) for a in t.top or []] for t in seq.tokens]
+
+
+def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
+    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
+
+
+def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
+    """One ``GenerateResponse``: ``generated_text``, plus ``details`` when asked for."""
+    p = parsed.parameters
+    ranked = out.ranked()
+    best = ranked[0]
+    body: dict[str, Any] = {"generated_text": _text(out, best, parsed)}
+    if p.details or p.decoder_input_details:
+        details: dict[str, Any] = {
+            "prompt_tokens": len(out.prompt_token_ids),
+            "finish_reason": best.finish_reason,
+            "generated_tokens": len(best.tokens),
+            "seed": parsed.seed,
+            "prefill": _prefill(out),
+            "tokens": [token(t) for t in best.tokens],
+        }
+        top = _top_tokens(best, parsed)
+        if top is not None:
+            details["top_tokens"] = top
+        if len(ranked) > 1:
+            details["best_of_sequences"] = [
+                {
+                    "generated_text": _text(out, s, parsed),
+                    "finish_reason": s.finish_reason,
+                    "generated_tokens": len(s.tokens),
+                    "seed": parsed.seed + s.index,
+                    "prefill": _prefill(out),
+                    "tokens": [token(t) for t in s.tokens],
+                    **({"top_tokens": _top_tokens(s, parsed)} if p.top_n_tokens else {}),
+                }
+                for s in ranked[1:]
+            ]
+        body["details"] = details
+    return body
+
+
+class TgiResponder:
+    """TGI answers as a server Responder; ``as_list`` for ``/`` (TGI's compat route)."""
+
+    def __init__(self, parsed: ParsedTgi, as_list: bool):
+        self.parsed = parsed
+        self.stream = parsed.stream
+        self.media_type = SSE if parsed.stream else "application/json"
+        self.as_list = as_list
+        self._first = True
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes:
+        seq = out.sequences[0]
+        p = self.parsed.parameters
+        events = []
+        for i, t in enumerate(seq.new_tokens):
+            tok = token(t)
+            if self._first and p.return_full_text:
+                tok["text"] = out.prompt + tok["text"]
+            self._first = False
+            event: dict[str, Any] = {"token": tok, "generated_text": None, "details": None}
+            if p.top_n_tokens:
+                event["top_tokens"] = [token(a) for a in t.top or []]
+            if seq.finished and i == len(seq.new_tokens) - 1:
+                event["generated_text"] = _text(out, seq, self.parsed)
+                if p.details:
+                    event["details"] = {
+                        "prompt_tokens": len(out.prompt_token_ids),
+                        "finish_reason": seq.finish_reason,
+                        "generated_tokens": len(seq.tokens),
+                        "seed": self.parsed.seed,
+                    }
+            events.append(b"data:" + orjson.dumps(event) + b"\n\n")
+        return b"".join(events)
+
+    def end(self, outs: list[RequestOutput]) -> bytes:
+        return b""
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        body = generate_body(outs[0], self.parsed)
+        return orjson.dumps([body] if self.as_list else body)
+
+    def error_chunk(self, message: str) -> bytes:
+        return b"data:" + orjson.dumps({"error": message, "error_type": "generation"}) + b"\n\n"
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        status, body = errors.tgi(err)
+        return status, orjson.dumps(body)
+
+
+def tokenize_body(text: str, encoding: Any) -> bytes:
+    """``/tokenize``: each token with its text and character offsets."""
+    ids = encoding["input_ids"]
+    offsets = encoding["offset_mapping"]
+    return orjson.dumps(
+        [{"id": i, "text": text[start:stop], "start": start, "stop": stop} for i, (start, stop) in zip(ids, offsets)]
+    )

@@ -1,0 +1,198 @@
+"""Running generation requests for a route and answering in the route's protocol.
+
+Every text-generation route works the same way: parse, submit one or more
+:class:`GenerationRequest`s to the engine, then either stream each update through the
+protocol's formatter or wait for the end and send one body. Protocol differences live in a
+:class:`Responder` (in ``lmiserve.formatters``); HTTP concerns (status codes, disconnects,
+headers) live here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..errors import LmiServeError
+from ..generation.output_processor import OutputProcessor
+from ..generation.request import GenerationRequest, RequestOutput
+from .engine_model import EngineModel
+
+
+class Responder(Protocol):
+    """A protocol's view of one HTTP request's generations (see lmiserve.formatters)."""
+
+    stream: bool
+    media_type: str
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes: ...
+
+    def end(self, outs: list[RequestOutput]) -> bytes: ...
+
+    def body(self, outs: list[RequestOutput]) -> bytes: ...
+
+    def error_chunk(self, message: str) -> bytes: ...
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]: ...
+
+
+@dataclass
+class Generation:
+    request_id: str
+    processor: OutputProcessor
+    stream: Any
+
+    @property
+    def output(self) -> RequestOutput:
+        return self.processor.output
+
+
+def submit_all(model: EngineModel, requests: list[GenerationRequest]) -> list[Generation]:
+    """Hand every request to the engine; if one is refused, the ones already sent are aborted."""
+    started: list[Generation] = []
+    try:
+        for req in requests:
+            started.append(Generation(*model.submit(req)))
+    except LmiServeError:
+        for g in started:
+            model.abort(g.request_id)
+        raise
+    return started
+
+
+async def updates(model: EngineModel, gens: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Updates of every generation as they happen; raises the first error. Each delta is
+    applied just before its update is yielded, so the consumer sees every update in turn.
+    Closing the iterator (a client that went away) aborts whatever is still running."""
+    iterators = [g.stream.__aiter__() for g in gens]
+    waiting = {asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: waiting[t]):
+                index = waiting.pop(task)
+                try:
+                    delta = task.result()
+                except StopAsyncIteration:
+                    continue
+                g = gens[index]
+                if g.processor.apply(delta):
+                    model.abort(g.request_id, delta.index)
+                yield index, g.output
+                if not g.output.finished:
+                    waiting[asyncio.ensure_future(iterators[index].__anext__())] = index
+    finally:
+        for task in waiting:
+            task.cancel()
+        for g in gens:
+            if not g.output.finished:
+                model.abort(g.request_id)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def timing_headers(outs: list[RequestOutput]) -> dict[str, str]:
+    """TGI's timing headers: queue and inference time (ms), time per token, token counts."""
+    if not outs:
+        return {}
+    arrival = min(o.arrival for o in outs)
+    end = max(o.finished_at or o.arrival for o in outs)
+    queue_ms = max((o.queue_us[0] if o.queue_us else 0) for o in outs) / 1000
+    generated = sum(o.generated_tokens for o in outs)
+    total_ms = (end - arrival) * 1000
+    inference_ms = max(0.0, total_ms - queue_ms)
+    return {
+        "x-queue-time": str(int(queue_ms)),
+        "x-inference-time": str(int(inference_ms)),
+        "x-time-per-token": str(int(inference_ms / generated)) if generated else "0",
+        "x-prompt-tokens": str(sum(len(o.prompt_token_ids) for o in outs)),
+        "x-generated-tokens": str(generated),
+    }
+
+
+async def respond(
+    model: EngineModel, requests: list[GenerationRequest], responder: Responder, request: Request
+) -> Response:
+    """Run ``requests`` and answer with ``responder``'s protocol."""
+    try:
+        gens = submit_all(model, requests)
+    except LmiServeError as err:
+        status, body = responder.error_body(err)
+        return Response(body, status_code=status, media_type="application/json", headers=err.headers)
+    stream = updates(model, gens)
+    outs = [g.output for g in gens]
+    if responder.stream:
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except LmiServeError as err:
+            status, body = responder.error_body(err)
+            return Response(body, status_code=status, media_type="application/json")
+        return StreamingResponse(_stream(responder, stream, first, outs), media_type=responder.media_type)
+
+    consume = asyncio.ensure_future(_drain(stream))
+    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({consume, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not consume.done():
+        consume.cancel()
+        await asyncio.gather(consume, return_exceptions=True)
+        await stream.aclose()
+        return Response(status_code=499)
+    err = consume.exception()
+    if isinstance(err, LmiServeError):
+        status, body = responder.error_body(err)
+        return Response(body, status_code=status, media_type="application/json")
+    if err is not None:
+        raise err
+    failed = next((o for o in outs if o.error is not None), None)
+    if failed is not None:
+        status, body = responder.error_body(LmiServeError(failed.error or "generation failed"))
+        return Response(body, status_code=status, media_type="application/json")
+    return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
+
+
+async def _drain(stream: AsyncIterator[tuple[int, RequestOutput]]) -> None:
+    async for _ in stream:
+        pass
+
+
+async def _stream(
+    responder: Responder,
+    stream: AsyncIterator[tuple[int, RequestOutput]],
+    first: tuple[int, RequestOutput] | None,
+    outs: list[RequestOutput],
+) -> AsyncIterator[bytes]:
+    try:
+        pending = [first] if first is not None else []
+        while True:
+            for index, out in pending:
+                if out.error is not None:
+                    yield responder.error_chunk(out.error)
+                    return
+                data = responder.chunk(index, out)
+                if data:
+                    yield data
+            try:
+                pending = [await stream.__anext__()]
+            except StopAsyncIteration:
+                break
+        tail = responder.end(outs)
+        if tail:
+            yield tail
+    except LmiServeError as err:
+        yield responder.error_chunk(err.detail)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,97 @@
+"""TGI / MindIE text generation: ``POST /``, ``/generate``, ``/generate_stream``, ``/tokenize``;
+``GET /info``, ``/health``."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ... import __version__
+from ...errors import BadRequest, ModelNotReady, NotFound
+from ...formatters import tgi
+from ..bodies import read_body
+from ..engine_model import EngineModel
+from ..generation import respond
+
+router = APIRouter()
+
+
+def engine_model(request: Request, name: str | None = None) -> EngineModel:
+    model = request.app.state.registry.resolve(name)
+    if not isinstance(model, EngineModel):
+        raise NotFound(f"model {model.name} is served by a handler, not a text-generation engine")
+    return model
+
+
+async def _generate(request: Request, stream: bool | None, as_list: bool) -> Response:
+    request.state.protocol = "tgi"
+    model = engine_model(request)
+    parsed = tgi.parse(await read_body(request), stream)
+    return await respond(model, [parsed.generation], tgi.TgiResponder(parsed, as_list), request)
+
+
+@router.post("/")
+async def compat_generate(request: Request) -> Response:
+    """TGI's compat route: a one-element list, or SSE when the body says ``"stream": true``."""
+    return await _generate(request, None, as_list=True)
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    return await _generate(request, False, as_list=False)
+
+
+@router.post("/generate_stream")
+async def generate_stream(request: Request) -> Response:
+    return await _generate(request, True, as_list=False)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    request.state.protocol = "tgi"
+    model = engine_model(request)
+    data = orjson.loads(await read_body(request) or b"{}")
+    text = data.get("inputs") if isinstance(data, dict) else None
+    if not isinstance(text, str):
+        raise BadRequest('the body must be {"inputs": "..."}')
+    if model.tokenizer is None:
+        raise ModelNotReady(f"model {model.name} is not ready")
+    encoding = model.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    return Response(tgi.tokenize_body(text, encoding), media_type="application/json")
+
+
+@router.get("/info")
+async def info(request: Request) -> Response:
+    request.state.protocol = "tgi"
+    model = engine_model(request)
+    engine = dict(model.client.info) if model.client else {}
+    max_len = int(engine.get("max_model_len", 0))
+    body = {
+        "model_id": model.name,
+        "model_sha": None,
+        "model_dtype": engine.get("dtype"),
+        "model_device_type": engine.get("device"),
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": model.settings.model.job_queue_size,
+        "max_best_of": tgi.MAX_BEST_OF,
+        "max_stop_sequences": tgi.MAX_STOP_SEQUENCES,
+        "max_input_tokens": max(0, max_len - 1),
+        "max_input_length": max(0, max_len - 1),
+        "max_total_tokens": max_len,
+        "max_batch_total_tokens": engine.get("kv_tokens"),
+        "max_batch_size": engine.get("max_num_seqs"),
+        "max_client_batch_size": 1,
+        "validation_workers": 1,
+        "router": "lmiserve",
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    healthy, _ = request.app.state.registry.ping()
+    return Response(status_code=200 if healthy else 503)
