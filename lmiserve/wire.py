@@ -82,6 +82,14 @@ class Shutdown(Msg):
 # --- the rolling-batch engine process ----------------------------------------------------
 
 
+class GuidedDecoding(msgspec.Struct, frozen=True):
+    """Constrain the output: ``json_schema`` (value: the schema as JSON), ``json_object`` (any
+    JSON object) or ``regex`` (value: the pattern)."""
+
+    kind: str
+    value: str = ""
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """How one request is decoded. The engine sees token ids only: stop strings live above it."""
 
@@ -105,6 +113,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     """Alternatives reported per generated token (0: only the chosen token's log-probability)."""
     prompt_logprobs: int | None = None
     """None: no prompt log-probabilities; k >= 0: each prompt token's, plus k alternatives."""
+    guided: GuidedDecoding | None = None
 
 
 class InitEngine(Msg):
@@ -154,6 +163,8 @@ class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[TopLogprob]] | None = None
     error: str | None = None
+    error_kind: str = ""
+    """"validation" when the request itself was refused; otherwise an internal failure."""
     batch_size: int = 0
     """Sequences in the engine step that produced these tokens."""
     queue_us: int = 0

@@ -37,7 +37,11 @@ class OutputProcessor:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _alternatives(self, top: list[TopLogprob]) -> list[TokenOutput]:
-        return [TokenOutput(t.token_id, self._text(t.token_id), t.logprob, t.token_id in self.special) for t in top]
+        out = []
+        for t in top:
+            text = self._text(t.token_id)
+            out.append(TokenOutput(t.token_id, text, t.logprob, t.token_id in self.special, token=text))
+        return out
 
     def _prompt_details(self, delta: SeqDelta) -> None:
         if delta.prompt_logprobs is None or self.output.prompt_tokens is not None:
@@ -48,7 +52,8 @@ class OutputProcessor:
         for i, token_id in enumerate(ids):
             lp = delta.prompt_logprobs[i] if i < len(delta.prompt_logprobs) else None
             top = self._alternatives(tops[i - 1]) if 0 < i <= len(tops) else None
-            tokens.append(TokenOutput(token_id, self._text(token_id), lp, token_id in self.special, top))
+            text = self._text(token_id)
+            tokens.append(TokenOutput(token_id, text, lp, token_id in self.special, top, token=text))
         self.output.prompt_tokens = tokens
 
     def apply(self, delta: SeqDelta) -> bool:
@@ -57,12 +62,14 @@ class OutputProcessor:
         out = self.output
         if delta.error is not None:
             out.error = delta.error
+            out.error_kind = delta.error_kind
             for seq in out.sequences:
                 if not seq.finished:
                     seq.finish_reason = "error"
             out.finished_at = time.monotonic()
             return False
         seq = out.sequences[delta.index]
+        out.last_index = delta.index
         seq.new_tokens = []
         if seq.finished:
             return False
@@ -81,11 +88,14 @@ class OutputProcessor:
             top = self._alternatives(delta.top_logprobs[i]) if delta.top_logprobs else None
             lp = delta.logprobs[i] if i < len(delta.logprobs) else None
             token = TokenOutput(token_id, piece, lp, token_id in self.special, top)
+            if self.request.token_strings:
+                token.token = self._text(token_id)
             seq.tokens.append(token)
             seq.new_tokens.append(token)
             seq.text += piece
             if stops.matched is not None:
                 seq.finish_reason = "stop_sequence"
+                seq.stop_reason = stops.matched
                 stopped_here = True
                 break
         seq.cumulative_logprob = delta.cumulative_logprob
@@ -96,6 +106,8 @@ class OutputProcessor:
                     seq.new_tokens[-1].text += tail
                 seq.text += tail
             seq.finish_reason = delta.finish_reason
+            if delta.finish_reason == "stop_sequence" and seq.tokens:
+                seq.stop_reason = seq.tokens[-1].id  # a stop token id
         if out.finished:
             out.finished_at = time.monotonic()
         return stopped_here

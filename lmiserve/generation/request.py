@@ -22,15 +22,23 @@ class GenerationRequest:
     """Keep only the last ``truncate`` prompt tokens."""
     prompt_ids: list[int] | None = None
     """Set when the client sent token ids, or after tokenization."""
+    token_strings: bool = False
+    """Record each token's own text (OpenAI logprobs list tokens as strings)."""
+    add_special_tokens: bool = True
+    """Let the tokenizer add its special tokens (False for chat prompts, whose template has them)."""
 
 
 @dataclass
 class TokenOutput:
     id: int
     text: str
+    """What this token added to the sequence's text (empty while a character is incomplete
+    or while a possible stop string is held back)."""
     logprob: float | None
     special: bool = False
     top: list[TokenOutput] | None = None
+    token: str | None = None
+    """The token's own text, when the request asked for token strings."""
 
 
 @dataclass
@@ -41,6 +49,8 @@ class SequenceOutput:
     new_tokens: list[TokenOutput] = field(default_factory=list)
     """Tokens added by the latest update (what a streaming formatter sends)."""
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    """The stop string or stop token id that ended the sequence, if one did."""
     cumulative_logprob: float = 0.0
 
     @property
@@ -58,10 +68,13 @@ class RequestOutput:
     """Each prompt token with its log-probability, when the request asked for them."""
     num_cached_tokens: int = 0
     error: str | None = None
+    error_kind: str = ""
     seed: int | None = None
     arrival: float = 0.0
     first_token_at: float | None = None
     finished_at: float | None = None
+    last_index: int = 0
+    """The sequence the latest update was about (its ``new_tokens`` are that update's)."""
     batch_sizes: list[int] = field(default_factory=list)
     """Per generated position, the size of the engine step that produced it."""
     queue_us: list[int] = field(default_factory=list)

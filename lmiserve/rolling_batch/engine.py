@@ -19,6 +19,7 @@ import torch
 from .. import wire
 from ..devices import torch_dtype
 from .block_manager import BlockManager
+from .guided import GuidedDecoder
 from .model_runner import ModelRunner, StepLogits
 from .models.spec import read_config, spec_from_config
 from .sampler import Sampler
@@ -95,7 +96,8 @@ class Engine:
         self.runner.allocate_cache(self.num_blocks)
         self.blocks = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
-        self.sampler = Sampler(config.device, self.runner.ops)
+        self.guided = GuidedDecoder(config.model_dir, spec.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(config.device, self.runner.ops, self.guided)
         self.groups: dict[str, Group] = {}
         self.prompt_tokens = 0
         self.generated_tokens = 0
@@ -156,6 +158,11 @@ class Engine:
             raise RequestRejected(f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
         if max(prompt_ids) >= self.spec.vocab_size or min(prompt_ids) < 0:
             raise RequestRejected("the prompt holds token ids outside the vocabulary")
+        if params.guided is not None:
+            try:
+                self.guided.check(params.guided)
+            except ValueError as exc:
+                raise RequestRejected(str(exc)) from None
         best_of = max(params.best_of, params.n, 1)
         group = Group(request_id, params)
         for index in range(best_of):
@@ -239,6 +246,7 @@ class Engine:
         for i, seq in enumerate(seqs):
             token, lp = result.token_ids[i], result.logprobs[i]
             seq.token_ids.append(token)
+            self.guided.accept(seq, token)
             seq.cumulative_logprob += lp
             self.generated_tokens += 1
             reason = self._finish_reason(seq, token)

@@ -41,11 +41,10 @@ class EngineLoop:
             try:
                 self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params)
             except RequestRejected as exc:
-                self.send(
-                    wire.EngineStep(
-                        deltas=[wire.SeqDelta(request_id=msg.request_id, finish_reason="error", error=str(exc))]
-                    )
+                refused = wire.SeqDelta(
+                    request_id=msg.request_id, finish_reason="error", error=str(exc), error_kind="validation"
                 )
+                self.send(wire.EngineStep(deltas=[refused]))
         elif isinstance(msg, wire.AbortRequest):
             for request_id in msg.request_ids:
                 self.engine.abort(request_id, msg.index)

@@ -40,9 +40,10 @@ def _penalized(seqs: Seq[Sequence]) -> list[int]:
 
 
 class Sampler:
-    def __init__(self, device: str, ops=None):  # type: ignore[no-untyped-def]
+    def __init__(self, device: str, ops=None, guided=None):  # type: ignore[no-untyped-def]
         self.device = device
         self.ops = ops
+        self.guided = guided
         self.generators: dict[int, torch.Generator] = {}
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
@@ -59,6 +60,8 @@ class Sampler:
 
     def forget(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+        if self.guided is not None:
+            self.guided.forget(seq)
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: Seq[Sequence], rows: list[int]) -> None:
         """Repetition penalty over prompt and output (as transformers does); presence and
@@ -93,11 +96,14 @@ class Sampler:
         lse = lse.unsqueeze(1)
         scores = logits
         penalized = _penalized(seqs)
-        if penalized or any(s.params.min_new_tokens for s in seqs):
+        guided = self.guided is not None and any(s.params.guided is not None for s in seqs)
+        if penalized or guided or any(s.params.min_new_tokens for s in seqs):
             scores = logits.clone()
             if penalized:
                 self._apply_penalties(scores, seqs, penalized)
             self._suppress_early_stop(scores, seqs, eos_token_ids)
+            if guided:
+                self.guided.mask(scores, list(seqs))
             tokens = torch.argmax(scores, dim=-1)
         else:
             tokens = argmax

@@ -140,7 +140,7 @@ class EngineModel:
     def tokenize(self, request: GenerationRequest) -> list[int]:
         ids = request.prompt_ids
         if ids is None:
-            ids = self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+            ids = self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
         if request.truncate is not None and len(ids) > request.truncate:
             ids = ids[-request.truncate :]
         if not ids:
@@ -150,6 +150,29 @@ class EngineModel:
                 f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
             )
         return ids
+
+    def chat_prompt(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The conversation rendered with the model's chat template."""
+        if self.tokenizer is None:
+            raise ModelNotReady(f"model {self.name} is not ready")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValidationFailed(f"model {self.name} has no chat template; use the completions API")
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=[{"type": "function", "function": t} for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
+            raise ValidationFailed(f"the chat template cannot render these messages: {exc}") from None
 
     def new_request_id(self) -> str:
         return f"{self.name}-{next(self._ids)}"
@@ -162,6 +185,8 @@ class EngineModel:
         if client is None or not client.alive:
             raise ModelNotReady(f"model {self.name} is not ready")
         ids = self.tokenize(request)
+        if not request.prompt:
+            request.prompt = self.tokenizer.decode(ids)
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, request, ids)
         stream = client.submit(request_id, ids, request.params)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from fastapi import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import LmiServeError
+from ..errors import GenerationError, LmiServeError, ValidationFailed
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest, RequestOutput
 from .engine_model import EngineModel
@@ -100,6 +100,12 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
+def output_error(out: RequestOutput) -> LmiServeError:
+    """The error an output ended with: a refused request is a validation error."""
+    message = out.error or "generation failed"
+    return ValidationFailed(message) if out.error_kind == "validation" else GenerationError(message)
+
+
 def timing_headers(outs: list[RequestOutput]) -> dict[str, str]:
     """TGI's timing headers: queue and inference time (ms), time per token, token counts."""
     if not outs:
@@ -138,6 +144,10 @@ async def respond(
         except LmiServeError as err:
             status, body = responder.error_body(err)
             return Response(body, status_code=status, media_type="application/json")
+        if first is not None and first[1].error is not None:  # refused before the first byte
+            await stream.aclose()
+            status, body = responder.error_body(output_error(first[1]))
+            return Response(body, status_code=status, media_type="application/json")
         return StreamingResponse(_stream(responder, stream, first, outs), media_type=responder.media_type)
 
     consume = asyncio.ensure_future(_drain(stream))
@@ -159,7 +169,7 @@ async def respond(
         raise err
     failed = next((o for o in outs if o.error is not None), None)
     if failed is not None:
-        status, body = responder.error_body(LmiServeError(failed.error or "generation failed"))
+        status, body = responder.error_body(output_error(failed))
         return Response(body, status_code=status, media_type="application/json")
     return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
 

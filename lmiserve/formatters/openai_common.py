@@ -1,0 +1,134 @@
+"""Pieces shared by the OpenAI-style protocols (completions, chat, Databricks)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+
+from ..generation.request import RequestOutput, SequenceOutput
+from ..wire import SamplingParams
+
+MAX_SEED = 2**64 - 1
+DONE = b"data: [DONE]\n\n"
+SSE = "text/event-stream"
+
+FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "abort": "stop"}
+
+
+def finish_reason(seq: SequenceOutput) -> str | None:
+    if seq.finish_reason is None:
+        return None
+    return FINISH_REASONS.get(seq.finish_reason, seq.finish_reason)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:
+    """Token counts for a response (every choice of every prompt), with MindIE's per-token
+    ``batch_size`` and ``queue_wait_time`` (µs) lists."""
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    body: dict[str, Any] = {"prompt_tokens": prompt}
+    if completion:
+        generated = sum(o.generated_tokens for o in outs)
+        body["completion_tokens"] = generated
+        body["total_tokens"] = prompt + generated
+    else:
+        body["total_tokens"] = prompt
+    if mindie and completion:
+        longest = max(outs, key=lambda o: len(o.batch_sizes))
+        body["batch_size"] = list(longest.batch_sizes)
+        body["queue_wait_time"] = list(longest.queue_us)
+    return body
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields every OpenAI-style request shares (OpenAI, vLLM and MindIE extras)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=1e-6, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: tuple[StrictStr, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    n: int = Field(1, ge=1, le=128)
+    best_of: int | None = Field(None, ge=1, le=128)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    min_tokens: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+            if isinstance(data.get("stop"), str):
+                data["stop"] = [data["stop"]]
+        return data
+
+    @model_validator(mode="after")
+    def _choices(self) -> SamplingFields:
+        best_of = self.best_of or self.n
+        if best_of < self.n:
+            raise ValueError(f"best_of ({best_of}) must be at least n ({self.n})")
+        if best_of > 1 and self.temperature == 0 and not getattr(self, "use_beam_search", False):
+            raise ValueError("n or best_of above 1 needs temperature above 0")
+        if self.stream and self.best_of is not None and self.best_of != self.n:
+            raise ValueError("when streaming, best_of must equal n")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def sampling(self, max_tokens: int, logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
+        greedy = self.temperature == 0
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            do_sample=not greedy,
+            temperature=self.temperature if not greedy else 1.0,
+            top_k=max(self.top_k, 0),
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed if self.seed is None else self.seed % 2**63,
+            n=self.n,
+            best_of=self.best_of or self.n,
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            min_new_tokens=self.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
+
+
+def chosen(out: RequestOutput, n: int) -> list[SequenceOutput]:
+    """The ``n`` sequences to return: all of them, or the best ``n`` of ``best_of``."""
+    if len(out.sequences) <= n:
+        return out.sequences
+    return sorted(out.ranked()[:n], key=lambda s: s.index)

@@ -1,0 +1,233 @@
+"""OpenAI ``/v1/completions`` (with MindIE's and vLLM's extra fields).
+
+``prompt`` is a string, a list of strings, a list of token ids or a list of those; each
+prompt gets ``n`` choices (the best ``n`` of ``best_of``). Streaming sends SSE chunks and then
+``data: [DONE]``. ``usage`` counts every choice and carries MindIE's per-token ``batch_size``
+and ``queue_wait_time`` lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from . import errors
+from .openai_common import DONE, SSE, SamplingFields, chosen, finish_reason, new_id, now, sse, usage
+from .validation import describe
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Prompt) -> Prompt:
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("prompt must not be empty")
+        elif not v:
+            raise ValueError("prompt must hold at least one prompt")
+        elif isinstance(v[0], list) and any(not p for p in v):  # type: ignore[union-attr]
+            raise ValueError("a token-id prompt must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _beam(self) -> CompletionRequest:
+        if self.use_beam_search and self.stop:
+            raise ValueError("use_beam_search cannot be combined with stop")
+        return self
+
+    def prompts(self) -> list[tuple[str, list[int] | None]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [(p, None)]
+        if all(isinstance(x, str) for x in p):
+            return [(x, None) for x in p]  # type: ignore[misc]
+        if all(isinstance(x, int) for x in p):
+            return [("", list(p))]  # type: ignore[arg-type]
+        return [("", list(x)) for x in p]  # type: ignore[union-attr]
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def parse(data: dict[str, Any]) -> CompletionRequest:
+    if "prompt" not in data:
+        raise ValidationFailed("'prompt' is required")
+    try:
+        return CompletionRequest.model_validate(data)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err)) from None
+
+
+def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
+    k = req.logprobs
+    params = req.sampling(
+        req.max_tokens,
+        logprobs=k or 0,
+        prompt_logprobs=(k or 0) if (req.echo and k is not None) else None,
+    )
+    return [
+        GenerationRequest(
+            prompt=text,
+            prompt_ids=ids,
+            params=params,
+            stop=list(req.stop),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+            token_strings=k is not None,
+        )
+        for text, ids in req.prompts()
+    ]
+
+
+def _top(t: TokenOutput) -> dict[str, float]:
+    entries = {a.token or a.text: a.logprob for a in t.top or [] if a.logprob is not None}
+    entries.setdefault(t.token or t.text, t.logprob)  # type: ignore[arg-type]
+    return entries
+
+
+def logprobs(tokens: list[TokenOutput], start: int = 0) -> dict[str, Any]:
+    """The legacy completions logprobs object for ``tokens``, offsets counted from ``start``."""
+    offsets, offset = [], start
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.text)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [t.logprob for t in tokens],
+        "tokens": [t.token if t.token is not None else t.text for t in tokens],
+        "top_logprobs": [_top(t) if t.logprob is not None else None for t in tokens],
+    }
+
+
+class CompletionResponder:
+    def __init__(
+        self, req: CompletionRequest, model: str, object_name: str = "text_completion", mindie_usage: bool = True
+    ):
+        self.req = req
+        self.model = model
+        self.object = object_name
+        self.stream = req.stream
+        self.media_type = SSE if req.stream else "application/json"
+        self.id = new_id("cmpl")
+        self.created = now()
+        self.mindie_usage = mindie_usage
+        self._offsets: dict[tuple[int, int], int] = {}
+        self._echoed: set[tuple[int, int]] = set()
+
+    def _choice_index(self, prompt_index: int, seq_index: int) -> int:
+        return prompt_index * self.req.n + seq_index
+
+    def _text(self, out: RequestOutput, seq: SequenceOutput) -> str:
+        text = (out.prompt if self.req.echo else "") + seq.text
+        if self.req.suffix and seq.finished:
+            text += self.req.suffix
+        return text
+
+    def _choice(self, prompt_index: int, out: RequestOutput, seq: SequenceOutput, rank: int) -> dict[str, Any]:
+        lp = None
+        if self.req.logprobs is not None:
+            tokens = list(seq.tokens)
+            if self.req.echo and out.prompt_tokens is not None:
+                tokens = list(out.prompt_tokens) + tokens
+            lp = logprobs(tokens)
+        return {
+            "index": self._choice_index(prompt_index, rank),
+            "text": self._text(out, seq),
+            "logprobs": lp,
+            "finish_reason": finish_reason(seq),
+            "stop_reason": seq.stop_reason,
+        }
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        choices = []
+        for i, out in enumerate(outs):
+            for rank, seq in enumerate(chosen(out, self.req.n)):
+                choices.append(self._choice(i, out, seq, rank))
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "object": self.object,
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                "usage": usage(outs, mindie=self.mindie_usage),
+            }
+        )
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes:
+        seq = out.sequences[out.last_index]
+        if not seq.new_tokens and not seq.finished:
+            return b""
+        key = (index, seq.index)
+        text = "".join(t.text for t in seq.new_tokens)
+        tokens = list(seq.new_tokens)
+        start = self._offsets.get(key, 0)
+        if self.req.echo and key not in self._echoed:
+            self._echoed.add(key)
+            text = out.prompt + text
+            if out.prompt_tokens is not None:
+                tokens = list(out.prompt_tokens) + tokens
+        lp = logprobs(tokens, start) if self.req.logprobs is not None else None
+        self._offsets[key] = start + len(text)
+        if seq.finished and self.req.suffix:
+            text += self.req.suffix
+        choice = {
+            "index": self._choice_index(index, seq.index),
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": finish_reason(seq),
+            "stop_reason": seq.stop_reason,
+        }
+        chunk = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        return sse(chunk)
+
+    def end(self, outs: list[RequestOutput]) -> bytes:
+        tail = b""
+        if self.req.include_usage:
+            tail += sse(
+                {
+                    "id": self.id,
+                    "object": self.object,
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage(outs, mindie=self.mindie_usage),
+                }
+            )
+        return tail + DONE
+
+    def error_chunk(self, message: str) -> bytes:
+        status, body = errors.openai(LmiServeError(message))
+        return sse(body) + DONE
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        status, body = errors.openai(err)
+        return status, orjson.dumps(body)

@@ -1,0 +1,119 @@
+"""Tool calls: the JSON schemas that force them, and reading them back out of model text.
+
+``tool_choice`` ``"required"`` or a named function is enforced by constrained decoding with
+the schema built here, so the output is always a valid call. With ``"auto"`` the model may
+answer in prose or call tools the way its chat template taught it: ``<tool_call>{...}</tool_call>``
+blocks (Hermes, Qwen), or a bare JSON object / array of ``{"name", "arguments"|"parameters"}``
+(Llama 3.1 style).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+OPEN_TAG = "<tool_call>"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def parameters_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    params = tool.get("parameters")
+    return params if isinstance(params, dict) and params else {"type": "object"}
+
+
+def named_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """Output = the arguments of this one function."""
+    return parameters_schema(tool)
+
+
+def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
+    """Output = a JSON array of one or more calls of the given functions."""
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["name"]}, "arguments": parameters_schema(t)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+    }
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": call}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _call(obj: Any, names: set[str]) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters"))
+    if not isinstance(name, str) or name not in names or args is None:
+        return None
+    return ToolCall(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def parse_forced(text: str, tools: list[dict[str, Any]], named: str | None) -> list[ToolCall]:
+    """Calls from constrained output (always valid JSON by construction)."""
+    if named is not None:
+        return [ToolCall(named, text.strip())]
+    items = json.loads(text)
+    names = {t["name"] for t in tools}
+    return [c for c in (_call(item, names) for item in items) if c is not None]
+
+
+def parse_auto(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ToolCall]]:
+    """``(content, calls)`` found in free model text; content is None when it was all calls."""
+    names = {t["name"] for t in tools}
+    tagged = _TAGGED.findall(text)
+    if tagged:
+        calls = []
+        for block in tagged:
+            try:
+                call = _call(json.loads(block), names)
+            except json.JSONDecodeError:
+                call = None
+            if call is not None:
+                calls.append(call)
+        if calls:
+            rest = _TAGGED.sub("", text).strip()
+            return (rest or None), calls
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            value = json.loads(stripped)
+        except json.JSONDecodeError:
+            return text, []
+        items = value if isinstance(value, list) else [value]
+        calls = [_call(item, names) for item in items]
+        if items and all(c is not None for c in calls):
+            return None, [c for c in calls if c is not None]
+    return text, []
+
+
+def may_become_call(text: str) -> bool:
+    """Whether streamed text so far could still turn out to be a tool call (hold it back)."""
+    stripped = text.lstrip()
+    if not stripped:
+        return True
+    if stripped[0] in "{[":
+        return True
+    return OPEN_TAG.startswith(stripped[: len(OPEN_TAG)]) or stripped.startswith(OPEN_TAG)

@@ -1,0 +1,103 @@
+"""Constrained decoding: only tokens that keep the output valid for a grammar can be sampled.
+
+Grammars (a JSON schema, any JSON object, a regular expression) are compiled once with
+xgrammar against the model's tokenizer and cached; every constrained sequence has a matcher
+that masks its logits before sampling and advances with each chosen token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..wire import GuidedDecoding
+from .sequence import Sequence
+
+log = logging.getLogger("lmiserve.engine")
+
+
+class GuidedUnavailable(ValueError):
+    pass
+
+
+class GuidedDecoder:
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self.model_dir = model_dir
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._compiler: Any = None
+        self._matchers: dict[int, Any] = {}
+
+    def _xgr(self) -> Any:
+        try:
+            import xgrammar
+        except ImportError as exc:
+            raise GuidedUnavailable("constrained decoding needs the xgrammar package") from exc
+        return xgrammar
+
+    def _compile_cache(self) -> Any:
+        if self._compiler is None:
+            from transformers import AutoTokenizer
+
+            xgr = self._xgr()
+            tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            info = xgr.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids) or None
+            )
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - one decoder per engine, grammars are few
+    def _compiled(self, kind: str, value: str) -> Any:
+        compiler = self._compile_cache()
+        if kind == "json_schema":
+            json.loads(value)  # a clear error for a schema that is not JSON
+            return compiler.compile_json_schema(value, any_whitespace=False)
+        if kind == "json_object":
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if kind == "regex":
+            return compiler.compile_regex(value)
+        raise ValueError(f"unknown constraint {kind!r}")
+
+    def check(self, spec: GuidedDecoding) -> None:
+        """Compile now, so that a bad schema is refused when the request arrives."""
+        try:
+            self._compiled(spec.kind, spec.value)
+        except GuidedUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises various types for bad input
+            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {exc}") from None
+
+    def start(self, seq: Sequence) -> None:
+        spec = seq.params.guided
+        if spec is not None and seq.seq_id not in self._matchers:
+            xgr = self._xgr()
+            matcher = xgr.GrammarMatcher(self._compiled(spec.kind, spec.value))
+            for token in seq.token_ids[seq.num_prompt_tokens :]:  # a resumed sequence
+                matcher.accept_token(token)
+            self._matchers[seq.seq_id] = matcher
+
+    def mask(self, scores: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Set the logits of every token a constrained sequence may not produce to -inf."""
+        rows = [i for i, s in enumerate(seqs) if s.params.guided is not None]
+        if not rows:
+            return
+        xgr = self._xgr()
+        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
+        for i in rows:
+            self.start(seqs[i])
+            self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, i)
+        xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=rows)
+
+    def accept(self, seq: Sequence, token: int) -> None:
+        matcher = self._matchers.get(seq.seq_id)
+        if matcher is not None and not matcher.is_terminated():
+            matcher.accept_token(token)
+
+    def forget(self, seq: Sequence) -> None:
+        self._matchers.pop(seq.seq_id, None)

@@ -1,0 +1,220 @@
+"""OpenAI-compatible routes with the official openai client, on a tiny random Llama."""
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from .engine_server import Reference, start
+
+PROMPT = "What is Deep Learning?"
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": [1, 2, 3]}, "ok": {"type": "boolean"}},
+    "required": ["color", "size", "ok"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir):
+    return Reference(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    with start(tmp_path_factory.mktemp("openai") / "m", tiny_llama_dir) as s:
+        yield s.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=60)
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_completion_greedy_matches_generate(client, reference):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert r.object == "text_completion" and r.model == "tiny"
+    assert r.choices[0].text == reference.text(PROMPT, 12)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    prompt_tokens = len(reference.tokenizer(PROMPT)["input_ids"])
+    assert r.usage.prompt_tokens == prompt_tokens
+    assert r.usage.total_tokens == prompt_tokens + r.usage.completion_tokens
+    extra = r.usage.model_extra
+    assert len(extra["batch_size"]) == len(extra["queue_wait_time"]) == r.usage.completion_tokens
+
+
+def test_completion_list_prompt_n_and_logprobs(client):
+    r = client.completions.create(
+        model="tiny", prompt=[PROMPT, "Hi"], max_tokens=5, n=2, temperature=0.8, seed=3, logprobs=2
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(lp.top_logprobs)
+    assert "".join(lp.tokens) == r.choices[0].text or len(lp.tokens) == 5
+    assert lp.text_offset[0] == 0 and all(len(d) >= 1 for d in lp.top_logprobs)
+
+
+def test_completion_echo_with_logprobs(client):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    choice = r.choices[0]
+    assert choice.text.startswith(PROMPT)
+    assert choice.logprobs.token_logprobs[0] is None  # the first prompt token has no log-probability
+
+
+def test_completion_stream(client, reference):
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == reference.text(PROMPT, 10)
+    assert chunks[-1].usage.completion_tokens == len(reference.ids(PROMPT, 10))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+
+
+def test_completion_stop_string(client, reference):
+    full = reference.text(PROMPT, 20)
+    stop = full[3:6]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop])
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == stop
+
+
+def test_chat_greedy_matches_templated_generate(client, reference):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+    prompt = reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = reference.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    expected = reference.tokenizer.decode(
+        reference.model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+    )
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == expected
+
+
+def test_chat_stream_and_logprobs(client):
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert entries and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+
+
+def test_response_format_json_schema_validates(client):
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Describe a thing"}],
+        max_tokens=60,
+        temperature=0.7,
+        seed=1,
+        response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}},
+    )
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_named_tool_choice_yields_a_valid_call(client):
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_required_tool_choice_streamed(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Time?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=60,
+            temperature=0,
+            stream=True,
+        )
+    )
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(tc.function.name in ("get_weather", "get_time") for tc in calls)
+    for tc in calls:
+        json.loads(tc.function.arguments)
+
+
+def test_openai_errors(server, client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=5)
+    assert "temperature" in str(err.value)
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 2})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "word " * 400})
+    assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}},
+            },
+        },
+    )
+    assert r.status_code == 400, r.text
