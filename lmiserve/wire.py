@@ -114,6 +114,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     prompt_logprobs: int | None = None
     """None: no prompt log-probabilities; k >= 0: each prompt token's, plus k alternatives."""
     guided: GuidedDecoding | None = None
+    num_beams: int = 1
+    """Beam search with this many beams when above 1 (the best ``n`` hypotheses are returned)."""
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
 
 class InitEngine(Msg):

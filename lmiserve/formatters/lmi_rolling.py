@@ -47,7 +47,9 @@ class RollingParameters(BaseModel):
     ignore_eos_token: bool = False
     n: int = Field(1, ge=1)
     best_of: int | None = Field(None, ge=1)
-    num_beams: int = Field(1, ge=1)
+    num_beams: int = Field(1, ge=1, le=16)
+    length_penalty: float = 1.0
+    early_stopping: bool = False
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -69,8 +71,8 @@ class RollingParameters(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RollingParameters:
-        if self.num_beams > 1:
-            raise ValueError("num_beams > 1 (beam search) is not supported by this backend")
+        if self.num_beams > 1 and self.n > self.num_beams:
+            raise ValueError(f"n ({self.n}) must not exceed num_beams ({self.num_beams})")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
         return self
@@ -112,6 +114,17 @@ class ParsedRequest:
 
 
 def _sampling(p: RollingParameters) -> SamplingParams:
+    if p.num_beams > 1:
+        return SamplingParams(
+            max_new_tokens=p.max_new_tokens,
+            n=p.n,
+            best_of=p.n,
+            num_beams=p.num_beams,
+            length_penalty=p.length_penalty,
+            early_stopping=p.early_stopping,
+            ignore_eos=p.ignore_eos_token,
+            logprobs=p.top_n_tokens,
+        )
     return SamplingParams(
         max_new_tokens=p.max_new_tokens,
         do_sample=p.do_sample,
@@ -163,8 +176,8 @@ def parse_request(body: bytes, defaults: Defaults) -> ParsedRequest:
         stream = defaults.enable_streaming or fmt in ("jsonlines", "sse")
     if stream and fmt == "json":
         fmt = "sse" if defaults.tgi_compat else "jsonlines"
-    if stream and (p.n > 1 or (p.best_of or 1) > 1):
-        raise ValidationFailed("n and best_of greater than 1 work only without streaming")
+    if stream and (p.n > 1 or (p.best_of or 1) > 1 or p.num_beams > 1):
+        raise ValidationFailed("n, best_of and num_beams greater than 1 work only without streaming")
     generation = GenerationRequest(
         prompt=request.inputs,
         params=_sampling(p),
@@ -222,7 +235,7 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
             details["top_tokens"] = [_top(t, tgi) for t in best.tokens]
         if p.decoder_input_details and out.prompt_tokens is not None:
             details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
-        count = p.n if p.n > 1 else (p.best_of or 1)
+        count = p.n if p.n > 1 or p.num_beams > 1 else (p.best_of or 1)
         if count > 1:
             details["best_of_sequences"] = [
                 {**_sequence_details(s, req), "generated_text": _full_text(out, s, p)} for s in ranked[1:count]

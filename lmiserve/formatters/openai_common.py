@@ -79,6 +79,9 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     min_tokens: int = Field(0, ge=0)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -94,10 +97,12 @@ class SamplingFields(BaseModel):
         best_of = self.best_of or self.n
         if best_of < self.n:
             raise ValueError(f"best_of ({best_of}) must be at least n ({self.n})")
-        if best_of > 1 and self.temperature == 0 and not getattr(self, "use_beam_search", False):
+        if best_of > 1 and self.temperature == 0 and not self.use_beam_search:
             raise ValueError("n or best_of above 1 needs temperature above 0")
-        if self.stream and self.best_of is not None and self.best_of != self.n:
+        if self.stream and self.best_of is not None and self.best_of != self.n and not self.use_beam_search:
             raise ValueError("when streaming, best_of must equal n")
+        if self.use_beam_search and self.stop:
+            raise ValueError("use_beam_search cannot be combined with stop")
         return self
 
     @property
@@ -105,6 +110,19 @@ class SamplingFields(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
     def sampling(self, max_tokens: int, logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
+        if self.use_beam_search:
+            width = max(self.best_of or self.n, self.n)
+            return SamplingParams(
+                max_new_tokens=max_tokens,
+                n=self.n,
+                best_of=self.n,
+                num_beams=width,
+                length_penalty=self.length_penalty,
+                early_stopping=self.early_stopping,
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
         greedy = self.temperature == 0
         return SamplingParams(
             max_new_tokens=max_tokens,

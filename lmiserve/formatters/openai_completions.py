@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
 from ..errors import BadRequest, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
@@ -28,9 +28,6 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
-    early_stopping: bool = False
 
     @field_validator("prompt")
     @classmethod
@@ -43,12 +40,6 @@ class CompletionRequest(SamplingFields):
         elif isinstance(v[0], list) and any(not p for p in v):  # type: ignore[union-attr]
             raise ValueError("a token-id prompt must not be empty")
         return v
-
-    @model_validator(mode="after")
-    def _beam(self) -> CompletionRequest:
-        if self.use_beam_search and self.stop:
-            raise ValueError("use_beam_search cannot be combined with stop")
-        return self
 
     def prompts(self) -> list[tuple[str, list[int] | None]]:
         p = self.prompt

@@ -60,8 +60,33 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """New blocks ``seq`` needs to hold ``num_new_tokens`` more computed tokens."""
-        return max(0, self.blocks_for(seq.num_computed + num_new_tokens) - len(seq.block_table))
+        """New blocks ``seq`` needs to hold ``num_new_tokens`` more computed tokens (a shared
+        block about to be written counts: it is copied first)."""
+        grow = max(0, self.blocks_for(seq.num_computed + num_new_tokens) - len(seq.block_table))
+        return grow + (1 if self.needs_copy(seq) else 0)
+
+    # --- forks (beam search) -------------------------------------------------------------
+    def fork(self, parent: Sequence) -> list[int]:
+        """A block table sharing every block of ``parent`` (reference counted)."""
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        return list(parent.block_table)
+
+    def needs_copy(self, seq: Sequence) -> bool:
+        index = seq.num_computed // self.block_size
+        return index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1
+
+    def make_writable(self, seq: Sequence) -> tuple[int, int] | None:
+        """Copy-on-write: give ``seq`` its own copy of the shared block its next token goes
+        into. Returns ``(source, copy)`` for the cache to copy, or None."""
+        if not self.needs_copy(seq):
+            return None
+        index = seq.num_computed // self.block_size
+        source = seq.block_table[index]
+        copy = self._take_free()
+        self.blocks[source].ref_count -= 1
+        seq.block_table[index] = copy
+        return source, copy
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks

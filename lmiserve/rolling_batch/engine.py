@@ -18,13 +18,14 @@ import torch
 
 from .. import wire
 from ..devices import torch_dtype
+from .beam_search import BeamState
 from .block_manager import BlockManager
 from .guided import GuidedDecoder
 from .model_runner import ModelRunner, StepLogits
 from .models.spec import read_config, spec_from_config
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Group, Sequence
+from .sequence import Group, Sequence, Status
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -163,10 +164,18 @@ class Engine:
                 self.guided.check(params.guided)
             except ValueError as exc:
                 raise RequestRejected(str(exc)) from None
-        best_of = max(params.best_of, params.n, 1)
         group = Group(request_id, params)
-        for index in range(best_of):
-            group.sequences.append(Sequence(group, index, list(prompt_ids), len(prompt_ids)))
+        if params.num_beams > 1:
+            if params.n > params.num_beams:
+                raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
+            seq = Sequence(group, 0, list(prompt_ids), len(prompt_ids))
+            group.sequences.append(seq)
+            group.beam = BeamState(
+                params.num_beams, params.n, params.length_penalty, params.early_stopping, [seq], [0.0]
+            )
+        else:
+            for index in range(max(params.best_of, params.n, 1)):
+                group.sequences.append(Sequence(group, index, list(prompt_ids), len(prompt_ids)))
         self.groups[request_id] = group
         self.scheduler.add(group)
 
@@ -232,15 +241,23 @@ class Engine:
     def _advance(self, out: SchedulerOutput, step: StepLogits, deltas: list[wire.SeqDelta]) -> None:
         # everything that can fail happens before any state changes, so a failed step can be retried
         prompt_values = self._prompt_logprobs(out, step)
-        seqs = [item.seq for item in step.sampled]
+        rows = {item.seq.seq_id: i for i, item in enumerate(step.sampled)}
+        beam_groups = {id(i.seq.group): i.seq.group for i in step.sampled if i.seq.group.beam is not None}
+        seqs = [item.seq for item in step.sampled if item.seq.group.beam is None]
         result = None
         if seqs:
-            result = self.sampler.sample(step.sample_logits, seqs, self.eos_token_ids)
+            logits = step.sample_logits
+            if beam_groups:
+                keep = torch.tensor([rows[s.seq_id] for s in seqs], dtype=torch.long, device=logits.device)
+                logits = logits.index_select(0, keep)
+            result = self.sampler.sample(logits, seqs, self.eos_token_ids)
         self.scheduler.after_step(out)
         self.prompt_tokens += sum(min(i.num_tokens, max(0, i.seq.num_prompt_tokens - i.start)) for i in out.prefills)
         for seq, (values, top) in prompt_values.items():
             seq.prompt_logprobs.extend(values)
             seq.prompt_top_logprobs.extend(top)
+        for group in beam_groups.values():
+            self._beam_step(group, step.sample_logits, rows, deltas)
         if result is None:
             return
         for i, seq in enumerate(seqs):
@@ -276,6 +293,70 @@ class Engine:
                 self.sampler.forget(seq)
                 self._maybe_done(seq.group)
             deltas.append(delta)
+
+    # --- beam search ----------------------------------------------------------------------
+    def _beam_step(self, group: Group, logits: torch.Tensor, rows: dict[int, int], deltas: list[wire.SeqDelta]) -> None:
+        state = group.beam
+        assert state is not None
+        p = group.params
+        beams = state.running
+        index = torch.tensor([rows[s.seq_id] for s in beams], dtype=torch.long, device=logits.device)
+        logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        at_limit = [s.num_generated + 1 >= p.max_new_tokens or s.num_tokens + 1 >= self.max_model_len for s in beams]
+        eos = frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
+        survivors = state.step(logprobs, eos, at_limit)
+        # a beam chosen once continues in place; chosen again, it is forked (before it grows)
+        taken: set[int] = set()
+        children: list[Sequence] = []
+        for candidate in survivors:
+            parent = beams[candidate.parent]
+            if candidate.parent in taken:
+                children.append(self._fork(parent))
+            else:
+                taken.add(candidate.parent)
+                children.append(parent)
+        for child, candidate in zip(children, survivors):
+            child.token_ids.append(candidate.token)
+            child.token_logprobs.append(candidate.logprob)
+            child.cumulative_logprob = candidate.cumulative
+            self.generated_tokens += 1
+        for i, seq in enumerate(beams):
+            if i not in taken:
+                self.scheduler.finish(seq, "pruned")
+        state.running, state.scores = children, [c.cumulative for c in survivors]
+        if not state.done:
+            return
+        for seq in children:
+            self.scheduler.finish(seq, "pruned")
+        leader = group.leader
+        for rank, hyp in enumerate(state.results()):
+            delta = wire.SeqDelta(
+                request_id=group.request_id,
+                index=rank,
+                token_ids=hyp.tokens,
+                logprobs=hyp.logprobs,
+                cumulative_logprob=hyp.score,
+                finish_reason=hyp.finish_reason,
+                num_prompt_tokens=leader.num_prompt_tokens,
+                num_cached_tokens=leader.num_cached_prompt_tokens,
+                batch_size=self._step_size,
+            )
+            deltas.append(delta)
+        self._maybe_done(group)
+
+    def _fork(self, parent: Sequence) -> Sequence:
+        group = parent.group
+        child = Sequence(group, len(group.sequences), list(parent.token_ids), parent.num_prompt_tokens)
+        child.block_table = self.blocks.fork(parent)
+        child.num_computed = parent.num_computed
+        child.num_hashed_blocks = parent.num_hashed_blocks
+        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.token_logprobs = list(parent.token_logprobs)
+        child.first_scheduled = parent.first_scheduled
+        child.status = Status.RUNNING
+        group.sequences.append(child)
+        self.scheduler.running.append(child)
+        return child
 
     def _queue_us(self, seq: Sequence) -> int:
         """How long the sequence waited for this token: before its first step for the first

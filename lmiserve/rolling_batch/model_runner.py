@@ -116,8 +116,18 @@ class ModelRunner:
         )
 
     # --- execution ------------------------------------------------------------------------
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks in every layer (copy-on-write of blocks shared by beams)."""
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        self.k_cache[:, dst] = self.k_cache[:, src]
+        self.v_cache[:, dst] = self.v_cache[:, src]
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepLogits:
+        if out.copies:
+            self.copy_blocks(out.copies)
+            out.copies = []  # a retried step must not copy again
         input_ids, positions, meta = self.prepare(out)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
         sampled: list[ScheduledSeq] = []

@@ -41,6 +41,8 @@ class SchedulerOutput:
     decodes: list[ScheduledSeq] = field(default_factory=list)
     prefills: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    """KV blocks to copy (source, destination) before the step runs (copy-on-write)."""
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
@@ -114,15 +116,40 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
+    def _victims(self, protected: set[int]) -> list[Sequence]:
+        """Sequences that may be preempted: not scheduled this step, not part of a beam search
+        (whose beams advance together)."""
+        return [s for s in self.running if s.seq_id not in protected and s.group.beam is None]
+
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput, protected: set[int]) -> bool:
         """Preempt the newest running sequences until ``seq`` can grow; False if ``seq`` itself went."""
         while not self.blocks.can_append(seq, num_tokens):
-            victims = [s for s in self.running if s.seq_id not in protected]
+            victims = self._victims(protected)
             victim = victims[-1] if victims else seq
             self._preempt(victim, out)
             if victim is seq:
                 return False
         return True
+
+    def _schedule_beams(self, group: Group, out: SchedulerOutput, protected: set[int]) -> int:
+        """All running beams of a beam search decode in the same step, or none of them."""
+        beams = [s for s in group.beam.running if s.status is Status.RUNNING]  # type: ignore[union-attr]
+        if not beams or any(s.num_pending != 1 for s in beams):
+            return 0
+        needed = sum(self.blocks.blocks_needed(s, 1) for s in beams)
+        while needed > self.blocks.num_free_blocks:
+            victims = self._victims(protected | {s.seq_id for s in beams})
+            if not victims:
+                return 0
+            self._preempt(victims[-1], out)
+        for seq in beams:
+            copy = self.blocks.make_writable(seq)
+            if copy is not None:
+                out.copies.append(copy)
+            self.blocks.append_slots(seq, 1)
+            protected.add(seq.seq_id)
+            out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
+        return len(beams)
 
     def _blocked_sibling(self, seq: Sequence) -> bool:
         """Siblings (best_of > 1) wait until the first sequence has filled the prefix cache."""
@@ -136,10 +163,16 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         protected: set[int] = set()
 
-        # 1. running sequences that decode one token each
+        # 1. running sequences that decode one token each; beam searches as a whole
+        seen_groups: set[int] = set()
         for seq in [s for s in self.running if s.num_pending == 1]:
             if budget <= 0:
                 break
+            if seq.group.beam is not None and seq.num_computed >= seq.num_prompt_tokens:
+                if id(seq.group) not in seen_groups:
+                    seen_groups.add(id(seq.group))
+                    budget -= self._schedule_beams(seq.group, out, protected)
+                continue
             if seq.status is not Status.RUNNING:  # preempted to make room for an earlier one
                 continue
             if not self._make_room(seq, 1, out, protected):

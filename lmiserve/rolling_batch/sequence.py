@@ -9,8 +9,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..wire import SamplingParams
+
+if TYPE_CHECKING:
+    from .beam_search import BeamState
 
 _ids = itertools.count()
 
@@ -29,6 +33,8 @@ class Group:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
+    beam: BeamState | None = None
+    """The search state of a beam-search request."""
 
     @property
     def leader(self) -> Sequence:
@@ -60,6 +66,8 @@ class Sequence:
     prompt_logprobs: list[float | None] = field(default_factory=lambda: [None])
     """Log-probability of each prompt token (the first has none), when the request asks."""
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    """Log-probability of each generated token (kept for beam search, whose output comes at the end)."""
 
     @property
     def request_id(self) -> str:

@@ -218,3 +218,30 @@ def test_openai_errors(server, client):
         },
     )
     assert r.status_code == 400, r.text
+
+
+def test_beam_search_completions(client, reference):
+    ids = reference.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    out = reference.model.generate(ids, max_new_tokens=8, num_beams=3, num_return_sequences=2, do_sample=False)
+    expected = [reference.tokenizer.decode(row[ids.shape[1] :], skip_special_tokens=True) for row in out]
+    r = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=8, n=2, best_of=3, temperature=0, extra_body={"use_beam_search": True}
+    )
+    assert [c.text for c in r.choices] == expected
+    stream = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=8,
+            n=2,
+            best_of=3,
+            temperature=0,
+            stream=True,
+            extra_body={"use_beam_search": True},
+        )
+    )
+    streamed = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[0], streamed[1]] == expected

@@ -173,7 +173,7 @@ def test_parameters_map_to_sampling():
         ({"top_p": 0}, "top_p"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"n": 3, "best_of": 2}, "best_of (2) must be at least n (3)"),
-        ({"num_beams": 2}, "beam search"),
+        ({"num_beams": 2, "n": 3}, "must not exceed num_beams"),
         ({"typical_p": 1.5}, "typical_p"),
         ({"top_n_tokens": 99}, "top_n_tokens"),
     ],
@@ -185,6 +185,8 @@ def test_out_of_range_values_are_validation_errors(params, where):
 
 
 def test_n_with_streaming_is_refused():
+    with pytest.raises(ValidationFailed, match="without streaming"):
+        parse({"inputs": "x", "parameters": {"num_beams": 2}, "stream": True})
     with pytest.raises(ValidationFailed, match="without streaming"):
         parse({"inputs": "x", "parameters": {"n": 2}, "stream": True})
 
