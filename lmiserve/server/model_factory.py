@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import Settings
 from ..handlers.loader import HandlerLoadError, check_syntax, resolve_entry_point
 from ..model_store import ModelNotFound, architectures
@@ -11,6 +13,24 @@ from .handler_model import HandlerModel, ModelLoadError
 from .registry import ServedModel
 
 TEXT_GENERATION_HANDLER = "lmiserve.handlers.text_generation"
+EMBEDDING_HANDLER = "lmiserve.handlers.embedding"
+EMBEDDING_BATCH_SIZE = 32
+EMBEDDING_BATCH_DELAY_MS = 10
+
+
+def is_embedding_model(names: list[str]) -> bool:
+    """Encoders (BertModel, XLMRobertaModel, ...): no language-model head."""
+    return bool(names) and all(n.endswith("Model") and "For" not in n for n in names)
+
+
+def _embedding_settings(settings: Settings) -> Settings:
+    """Batch embeddings by default: many small requests make one forward pass."""
+    update = {}
+    if str(settings.sources["batch_size"]) == "default":
+        update["batch_size"] = EMBEDDING_BATCH_SIZE
+    if str(settings.sources["max_batch_delay"]) == "default":
+        update["max_batch_delay"] = EMBEDDING_BATCH_DELAY_MS
+    return dataclasses.replace(settings, model=settings.model.model_copy(update=update)) if update else settings
 
 
 def _handler_model(settings: Settings, builtin: str) -> HandlerModel:
@@ -22,6 +42,13 @@ def _handler_model(settings: Settings, builtin: str) -> HandlerModel:
     return HandlerModel(settings, entry)
 
 
+def _embedding(model_id: str | None, settings: Settings) -> bool:
+    try:
+        return is_embedding_model(architectures(model_id, settings.model_dir))
+    except (ModelNotFound, OSError, ValueError):
+        return False
+
+
 def build_model(settings: Settings) -> ServedModel:
     """The served model for these settings; raises ModelLoadError for what cannot start."""
     cfg = settings.model
@@ -30,7 +57,7 @@ def build_model(settings: Settings) -> ServedModel:
     if cfg.tensor_parallel_degree not in (1, "max"):
         raise ModelLoadError("option.tensor_parallel_degree > 1 is not available in this build")
     backend = cfg.rolling_batch
-    if backend == "disable":
+    if backend == "disable" and not _embedding(cfg.model_id, settings):
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
     if backend in ("npu", "vllm"):
         raise ModelLoadError(f"option.rolling_batch={backend} is not available in this build; use lmi, auto or disable")
@@ -38,6 +65,10 @@ def build_model(settings: Settings) -> ServedModel:
         names = architectures(cfg.model_id, settings.model_dir)
     except (ModelNotFound, OSError, ValueError) as exc:
         raise ModelLoadError(str(exc)) from None
+    if is_embedding_model(names):
+        if backend == "lmi":
+            raise ModelLoadError(f"{names} is an embedding model: option.rolling_batch=lmi does not apply")
+        return HandlerModel(_embedding_settings(settings), EMBEDDING_HANDLER)
     if any(name in ARCHITECTURES for name in names):
         return EngineModel(settings, backend="lmi")
     if backend == "lmi":

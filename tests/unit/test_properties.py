@@ -25,3 +25,11 @@ def test_continuation_and_escapes():
 
 def test_last_value_wins_and_empty_value():
     assert parse_properties("a=1\na=2\nb=\n") == {"a": "2", "b": ""}
+
+
+def test_embedding_architectures_detected():
+    from lmiserve.server.model_factory import is_embedding_model
+
+    assert is_embedding_model(["BertModel"]) and is_embedding_model(["XLMRobertaModel"])
+    assert not is_embedding_model(["LlamaForCausalLM"]) and not is_embedding_model([])
+    assert not is_embedding_model(["BertForSequenceClassification"])

@@ -28,8 +28,9 @@ async def _stream_body(stream, content_type: str) -> AsyncIterator[bytes]:  # ty
         yield stream_error_chunk(err, content_type)
 
 
-async def invoke_handler(model: HandlerModel, request: Request) -> Response:
-    body = await read_body(request)
+async def invoke_handler(model: HandlerModel, request: Request, body: bytes | None = None) -> Response:
+    if body is None:
+        body = await read_body(request)
     item = wire.JobItem(request_id=request.state.request_id, properties=request_properties(request), body=body)
     stream = model.submit(item)
     try:

@@ -6,12 +6,16 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ...errors import NotFound
+from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_common import now
 from ..bodies import read_body
 from ..engine_model import EngineModel
+from ..errors import error_response
 from ..generation import respond
+from ..handler_model import HandlerModel
+from ..model_factory import EMBEDDING_HANDLER
+from .inference import invoke_handler
 
 router = APIRouter()
 
@@ -59,6 +63,36 @@ async def v1_completions(request: Request) -> Response:
 async def v1_chat_completions(request: Request) -> Response:
     request.state.protocol = "openai"
     return await chat(request, openai_completions.parse_body(await read_body(request)))
+
+
+def embedding_model(request: Request, name: str | None) -> HandlerModel:
+    model = request.app.state.registry.resolve(name)
+    if not (isinstance(model, HandlerModel) and model.entry_point == EMBEDDING_HANDLER):
+        raise NotFound(f"model {model.name} is not an embedding model")
+    return model
+
+
+async def embeddings(request: Request, data: dict, with_id: bool = False) -> Response:
+    """Embeddings are computed by the embedding handler's workers (dynamically batched)."""
+    protocol = request.state.protocol
+    model = embedding_model(request, data.get("model") if isinstance(data.get("model"), str) else None)
+    body = orjson.dumps({**data, "_with_id": with_id})
+    response = await invoke_handler(model, request, body)
+    if response.status_code >= 400:  # the handler's error, in this protocol's shape
+        payload = orjson.loads(response.body)
+        err = (
+            ValidationFailed(payload.get("error", "invalid request"))
+            if response.status_code < 500
+            else LmiServeError(payload.get("error", "failed"), status=response.status_code)
+        )
+        return error_response(err, protocol)
+    return response
+
+
+@router.post("/v1/embeddings")
+async def v1_embeddings(request: Request) -> Response:
+    request.state.protocol = "openai"
+    return await embeddings(request, openai_completions.parse_body(await read_body(request)))
 
 
 @router.get("/v1/models")
