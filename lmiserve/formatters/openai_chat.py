@@ -14,11 +14,21 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import LmiServeError, ValidationFailed
+from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding
-from . import errors, tool_calls
-from .openai_common import DONE, SSE, SamplingFields, chosen, finish_reason, new_id, now, sse, usage
+from . import tool_calls
+from .openai_common import (
+    OPENAI_CHAT,
+    SamplingFields,
+    Style,
+    StyledResponder,
+    chosen,
+    finish_reason,
+    new_id,
+    now,
+    usage,
+)
 from .validation import describe
 
 
@@ -207,17 +217,17 @@ def _logprob_entry(t: TokenOutput, top: int) -> dict[str, Any]:
     return entry
 
 
-class ChatResponder:
-    def __init__(self, req: ChatRequest, model: str, object_name: str = "chat.completion", mindie_usage: bool = True):
+class ChatResponder(StyledResponder):
+    def __init__(self, req: ChatRequest, model: str, style: Style = OPENAI_CHAT):
         self.req = req
         self.model = model
-        self.object = object_name
+        self.style = style
+        self.object = style.object_name
         self.chunk_object = "chat.completion.chunk"
         self.stream = req.stream
-        self.media_type = SSE if req.stream else "application/json"
         self.id = new_id("chatcmpl")
         self.created = now()
-        self.mindie_usage = mindie_usage
+        self.mindie_usage = style.mindie_usage
         self._started: set[tuple[int, int]] = set()
         self._held: dict[tuple[int, int], str] = {}
 
@@ -258,7 +268,7 @@ class ChatResponder:
         return orjson.dumps(body)
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return sse(
+        return self.frame(
             {
                 "id": self.id,
                 "object": self.chunk_object,
@@ -324,12 +334,4 @@ class ChatResponder:
         tail = b""
         if self.req.include_usage:
             tail = self._chunk([], usage=usage(outs, mindie=self.mindie_usage))
-        return tail + DONE
-
-    def error_chunk(self, message: str) -> bytes:
-        status, body = errors.openai(LmiServeError(message))
-        return sse(body) + DONE
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        status, body = errors.openai(err)
-        return status, orjson.dumps(body)
+        return tail + self.style.framing.done

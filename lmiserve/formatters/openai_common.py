@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
+from ..errors import LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
+from . import errors
 
 MAX_SEED = 2**64 - 1
 DONE = b"data: [DONE]\n\n"
@@ -35,6 +39,70 @@ def now() -> int:
 
 def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def jsonline(obj: Any) -> bytes:
+    return orjson.dumps(obj) + b"\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a stream's events are written: SSE ``data:`` events ending with ``[DONE]``, or
+    JSON lines (LMI's streaming on ``/invocations``)."""
+
+    media_type: str
+    frame: Callable[[Any], bytes]
+    done: bytes
+
+
+SSE_FRAMING = Framing(SSE, sse, DONE)
+JSONLINES_FRAMING = Framing("application/jsonlines", jsonline, b"")
+
+
+@dataclass(frozen=True)
+class Style:
+    """What differs between the OpenAI-shaped protocols that share one responder."""
+
+    object_name: str
+    """The ``object`` of a non-streaming answer."""
+    errors: Callable[[LmiServeError], tuple[int, dict[str, Any]]] = errors.openai
+    framing: Framing = SSE_FRAMING
+    mindie_usage: bool = True
+    """Add MindIE's per-token ``batch_size`` and ``queue_wait_time`` lists to ``usage``."""
+    usage_in_chunks: bool = False
+    """Every streamed chunk carries the usage so far (Databricks)."""
+
+
+OPENAI_COMPLETIONS = Style("text_completion")
+OPENAI_CHAT = Style("chat.completion")
+
+
+class StyledResponder:
+    """Streaming and error plumbing shared by the completions and chat responders."""
+
+    style: Style
+    stream: bool
+    outs: list[RequestOutput] | None = None
+
+    def start(self, outs: list[RequestOutput]) -> None:
+        self.outs = outs
+
+    @property
+    def media_type(self) -> str:
+        return self.style.framing.media_type if self.stream else "application/json"
+
+    def frame(self, obj: dict[str, Any]) -> bytes:
+        if self.style.usage_in_chunks and self.outs and "usage" not in obj:
+            obj = {**obj, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
+        return self.style.framing.frame(obj)
+
+    def error_chunk(self, message: str) -> bytes:
+        _, body = self.style.errors(LmiServeError(message))
+        return self.style.framing.frame(body) + self.style.framing.done
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        status, body = self.style.errors(err)
+        return status, orjson.dumps(body)
 
 
 def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:

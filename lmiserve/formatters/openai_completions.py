@@ -13,10 +13,19 @@ from typing import Any
 import orjson
 from pydantic import Field, ValidationError, field_validator
 
-from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..errors import BadRequest, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
-from . import errors
-from .openai_common import DONE, SSE, SamplingFields, chosen, finish_reason, new_id, now, sse, usage
+from .openai_common import (
+    OPENAI_COMPLETIONS,
+    SamplingFields,
+    Style,
+    StyledResponder,
+    chosen,
+    finish_reason,
+    new_id,
+    now,
+    usage,
+)
 from .validation import describe
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -112,26 +121,29 @@ def logprobs(tokens: list[TokenOutput], start: int = 0) -> dict[str, Any]:
     }
 
 
-class CompletionResponder:
-    def __init__(
-        self, req: CompletionRequest, model: str, object_name: str = "text_completion", mindie_usage: bool = True
-    ):
+class CompletionResponder(StyledResponder):
+    def __init__(self, req: CompletionRequest, model: str, style: Style = OPENAI_COMPLETIONS):
         self.req = req
         self.model = model
-        self.object = object_name
+        self.style = style
+        self.object = style.object_name
         self.stream = req.stream
-        self.media_type = SSE if req.stream else "application/json"
         self.id = new_id("cmpl")
         self.created = now()
-        self.mindie_usage = mindie_usage
+        self.mindie_usage = style.mindie_usage
+        self.echo_prompts: list[str] | None = None
         self._offsets: dict[tuple[int, int], int] = {}
         self._echoed: set[tuple[int, int]] = set()
 
     def _choice_index(self, prompt_index: int, seq_index: int) -> int:
         return prompt_index * self.req.n + seq_index
 
-    def _text(self, out: RequestOutput, seq: SequenceOutput) -> str:
-        text = (out.prompt if self.req.echo else "") + seq.text
+    def _echoed_prompt(self, prompt_index: int, out: RequestOutput) -> str:
+        """The prompt as the client sent it (not as a chat template rendered it)."""
+        return self.echo_prompts[prompt_index] if self.echo_prompts else out.prompt
+
+    def _text(self, prompt_index: int, out: RequestOutput, seq: SequenceOutput) -> str:
+        text = (self._echoed_prompt(prompt_index, out) if self.req.echo else "") + seq.text
         if self.req.suffix and seq.finished:
             text += self.req.suffix
         return text
@@ -145,7 +157,7 @@ class CompletionResponder:
             lp = logprobs(tokens)
         return {
             "index": self._choice_index(prompt_index, rank),
-            "text": self._text(out, seq),
+            "text": self._text(prompt_index, out, seq),
             "logprobs": lp,
             "finish_reason": finish_reason(seq),
             "stop_reason": seq.stop_reason,
@@ -177,7 +189,7 @@ class CompletionResponder:
         start = self._offsets.get(key, 0)
         if self.req.echo and key not in self._echoed:
             self._echoed.add(key)
-            text = out.prompt + text
+            text = self._echoed_prompt(index, out) + text
             if out.prompt_tokens is not None:
                 tokens = list(out.prompt_tokens) + tokens
         lp = logprobs(tokens, start) if self.req.logprobs is not None else None
@@ -198,12 +210,12 @@ class CompletionResponder:
             "model": self.model,
             "choices": [choice],
         }
-        return sse(chunk)
+        return self.frame(chunk)
 
     def end(self, outs: list[RequestOutput]) -> bytes:
         tail = b""
         if self.req.include_usage:
-            tail += sse(
+            tail += self.frame(
                 {
                     "id": self.id,
                     "object": self.object,
@@ -213,12 +225,4 @@ class CompletionResponder:
                     "usage": usage(outs, mindie=self.mindie_usage),
                 }
             )
-        return tail + DONE
-
-    def error_chunk(self, message: str) -> bytes:
-        status, body = errors.openai(LmiServeError(message))
-        return sse(body) + DONE
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        status, body = errors.openai(err)
-        return status, orjson.dumps(body)
+        return tail + self.style.framing.done

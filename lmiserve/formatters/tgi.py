@@ -9,15 +9,16 @@ MindIE document gives; failures answer TGI's ``{"error", "error_type": "validati
 
 from __future__ import annotations
 
+import json
 import random
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
 from ..errors import BadRequest, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
-from ..wire import SamplingParams
+from ..wire import GuidedDecoding, SamplingParams
 from . import errors
 from .validation import describe
 
@@ -27,6 +28,38 @@ MAX_STOP_SEQUENCES = 1024
 MAX_BEST_OF = 16
 MAX_TOP_N_TOKENS = 5
 SSE = "text/event-stream"
+
+
+class Grammar(BaseModel):
+    """TGI's guidance: ``{"type": "json", "value": <JSON schema>}`` or ``{"type": "regex",
+    "value": "<pattern>"}``; the output is constrained to match it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    type: Literal["json", "json_object", "json_schema", "regex"]
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _value(self) -> Grammar:
+        if self.type == "regex" and not (isinstance(self.value, str) and self.value):
+            raise ValueError("a regex grammar needs the pattern as its value")
+        if self.type in ("json", "json_schema") and not isinstance(self.value, (dict, str)):
+            raise ValueError("a json grammar needs a JSON schema as its value")
+        return self
+
+    def guided(self) -> GuidedDecoding:
+        if self.type == "regex":
+            return GuidedDecoding("regex", self.value)
+        if self.type == "json_object" or self.value in ({}, None):
+            return GuidedDecoding("json_object")
+        value = self.value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError("the json grammar's value is not valid JSON") from None
+        if isinstance(value, dict) and isinstance(value.get("schema"), dict) and self.type == "json_schema":
+            value = value["schema"]
+        return GuidedDecoding("json_schema", json.dumps(value))
 
 
 class TgiParameters(BaseModel):
@@ -50,6 +83,7 @@ class TgiParameters(BaseModel):
     watermark: bool = False
     adapter_id: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9._/-]*$")
     top_n_tokens: int | None = Field(None, ge=0, le=MAX_TOP_N_TOKENS)
+    grammar: Grammar | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +113,8 @@ class TgiParameters(BaseModel):
             raise ValueError(f"adapter_id {self.adapter_id!r}: no LoRA adapters are loaded")
         if (self.best_of or 1) > 1 and not self.sampling:
             raise ValueError("best_of > 1 needs sampling (do_sample, temperature, top_k, top_p or typical_p)")
+        if self.grammar is not None:
+            self.grammar.guided()  # a value that is not JSON fails here
         return self
 
     @property
@@ -125,6 +161,7 @@ class ParsedTgi:
                 n=1,
                 logprobs=p.top_n_tokens or 0,
                 prompt_logprobs=(p.top_n_tokens or 0) if p.decoder_input_details else None,
+                guided=p.grammar.guided() if p.grammar is not None else None,
             ),
             stop=list(p.stop),
             truncate=p.truncate,

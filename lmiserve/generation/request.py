@@ -26,6 +26,9 @@ class GenerationRequest:
     """Record each token's own text (OpenAI logprobs list tokens as strings)."""
     add_special_tokens: bool = True
     """Let the tokenizer add its special tokens (False for chat prompts, whose template has them)."""
+    fit_context: bool = False
+    """Refuse the request when the prompt leaves no room for ``max_new_tokens`` in the context
+    (otherwise generation just ends when the context is full)."""
 
 
 @dataclass

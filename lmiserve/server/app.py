@@ -13,7 +13,7 @@ from ..config import Settings
 from . import errors
 from .middleware import BodyLimitMiddleware, RequestIdMiddleware
 from .registry import ModelRegistry
-from .routes import inference, management, openai, ping, tgi
+from .routes import databricks, inference, management, openai, ping, tgi
 
 StartupHook = Callable[[], Awaitable[None]]
 
@@ -41,6 +41,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.include_router(management.router)
     app.include_router(tgi.router)
     app.include_router(openai.router)
+    app.include_router(databricks.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -149,6 +149,12 @@ class EngineModel:
             raise ValidationFailed(
                 f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
             )
+        wanted = len(ids) + request.params.max_new_tokens
+        if request.fit_context and wanted > self.max_model_len:
+            raise ValidationFailed(
+                f"the prompt ({len(ids)} tokens) and max_tokens ({request.params.max_new_tokens}) exceed the "
+                f"context length of {self.max_model_len} tokens"
+            )
         return ids
 
     def chat_prompt(

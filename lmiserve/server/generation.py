@@ -136,6 +136,8 @@ async def respond(
         return Response(body, status_code=status, media_type="application/json", headers=err.headers)
     stream = updates(model, gens)
     outs = [g.output for g in gens]
+    if hasattr(responder, "start"):
+        responder.start(outs)  # a responder that reports on all outputs (usage in every chunk)
     if responder.stream:
         try:
             first = await stream.__anext__()

@@ -38,3 +38,12 @@ class Reference:
 
     def text(self, prompt: str, n: int) -> str:
         return self.tokenizer.decode(self.ids(prompt, n), skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def chat_text(self, messages: list[dict], n: int) -> str:
+        """Greedy output for a conversation rendered with the model's chat template."""
+        ids = self.tokenizer(self.chat_prompt(messages), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        out = self.model.generate(ids, max_new_tokens=n, do_sample=False)
+        return self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)

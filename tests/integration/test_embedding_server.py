@@ -127,3 +127,36 @@ def test_bad_input_openai_error_shape(server, body):
 def test_generation_routes_refuse_embedding_model(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, timeout=60)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_databricks_embeddings(server, expected):
+    r = httpx.post(server.url + "/serving-endpoints/minilm/invocations", json={"input": TEXTS}, timeout=60)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"] and body["object"] == "list" and body["model"] == "minilm"
+    assert [d["object"] for d in body["data"]] == ["embedding"] * 3
+    want, counts = expected(TEXTS)
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]], want, atol=1e-4)
+    assert body["usage"] == {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}
+
+
+def test_databricks_instruction_prefixes_each_text(server, expected):
+    instruction = "Represent this sentence for searching relevant passages:"
+    r = httpx.post(
+        server.url + "/serving-endpoints/minilm/invocations",
+        json={"input": [TEXTS[0]], "instruction": instruction},
+        timeout=60,
+    )
+    want, _ = expected([instruction + " " + TEXTS[0]])
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], want[0], atol=1e-4)
+
+
+def test_databricks_chat_on_an_embedding_model_is_refused(server):
+    r = httpx.post(server.url + "/serving-endpoints/minilm/invocations", json={"messages": []}, timeout=60)
+    assert r.status_code == 404 and set(r.json()) == {"error_code", "message"}
+
+
+def test_invocations_input_answers_openai_embeddings(server, expected):
+    r = httpx.post(server.url + "/invocations", json={"input": TEXTS[0]}, timeout=60)
+    assert r.json()["object"] == "list"
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], expected(TEXTS[:1])[0][0], atol=1e-4)

@@ -108,3 +108,31 @@ def test_info_health_tokenize(server, reference):
     tokens = httpx.post(server.url + "/tokenize", json={"inputs": PROMPT}).json()
     assert [t["id"] for t in tokens] == reference.tokenizer(PROMPT)["input_ids"]
     assert "".join(t["text"] for t in tokens) == PROMPT
+
+
+def test_grammar_regex_and_json_schema(server):
+    import re
+
+    import jsonschema
+    from text_generation.types import Grammar, GrammarType
+
+    client = Client(server.url, timeout=60)
+    r = client.generate(PROMPT, max_new_tokens=12, grammar=Grammar(type=GrammarType.Regex, value="[0-9]{3}-[a-z]{2}"))
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.generated_text)
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "blue"]}, "n": {"enum": [1, 2]}},
+        "required": ["color", "n"],
+        "additionalProperties": False,
+    }
+    r = client.generate(PROMPT, max_new_tokens=40, grammar=Grammar(type=GrammarType.Json, value=schema))
+    jsonschema.validate(json.loads(r.generated_text), schema)
+
+
+def test_bad_grammar_is_a_validation_error(server):
+    for grammar in ({"type": "regex", "value": ""}, {"type": "xml", "value": "a"}, {"type": "json", "value": "{no"}):
+        r = httpx.post(
+            server.url + "/generate", json={"inputs": PROMPT, "parameters": {"grammar": grammar}}, timeout=60
+        )
+        assert r.status_code == 422, grammar
+        assert r.json()["error_type"] == "validation"

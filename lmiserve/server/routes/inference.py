@@ -1,55 +1,72 @@
-"""``POST /invocations`` and ``POST /predictions/{model}[/{version}]``."""
+"""``POST /invocations`` and ``POST /predictions/{model}[/{version}]``.
+
+A handler model (a user's ``model.py``) gets every body as it is. For the built-in models the
+body's shape picks the protocol (see :mod:`lmiserve.formatters.shapes`): LMI/TGI ``inputs``,
+OpenAI ``prompt`` or ``messages`` (answered in OpenAI's shapes, streamed as JSON lines unless
+``option.output_formatter=sse``), embedding ``input``, or a KServe V2 inference request.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
+import orjson
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from ... import wire
-from ...errors import BadRequest, LmiServeError
-from ..bodies import read_body, request_properties
+from ...errors import BadRequest
+from ...formatters.openai_common import JSONLINES_FRAMING, SSE_FRAMING, Style
+from ...formatters.shapes import invocation_shape
+from ..bodies import read_body
 from ..engine_model import EngineModel
-from ..errors import stream_error_chunk
 from ..handler_model import HandlerModel
+from ..handler_response import invoke_handler
+from ..model_factory import EMBEDDING_HANDLER
 from ..registry import ServedModel
 from ..rolling import invoke_rolling
+from .openai import chat, completions, embeddings
 
 router = APIRouter()
 
 
-async def _stream_body(stream, content_type: str) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+def _json(body: bytes) -> object:
     try:
-        async for chunk in stream.chunks():
-            yield chunk
-    except LmiServeError as err:
-        yield stream_error_chunk(err, content_type)
+        return orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
 
 
-async def invoke_handler(model: HandlerModel, request: Request, body: bytes | None = None) -> Response:
-    if body is None:
-        body = await read_body(request)
-    item = wire.JobItem(request_id=request.state.request_id, properties=request_properties(request), body=body)
-    stream = model.submit(item)
-    try:
-        head = await stream.head
-    except asyncio.CancelledError:
-        model.cancel(stream)
-        raise
-    if head.streaming:
-        content_type = next((v for k, v in head.headers.items() if k.lower() == "content-type"), "")
-        return StreamingResponse(_stream_body(stream, content_type), status_code=head.code, headers=head.headers)
-    return Response(content=head.body, status_code=head.code, headers=head.headers)
+def _styles(model: EngineModel) -> tuple[Style, Style]:
+    framing = SSE_FRAMING if model.settings.model.output_formatter == "sse" else JSONLINES_FRAMING
+    return (
+        Style("text_completion", framing=framing, mindie_usage=False),
+        Style("chat.completion", framing=framing, mindie_usage=False),
+    )
 
 
 async def invoke(model: ServedModel, request: Request) -> Response:
     if isinstance(model, HandlerModel):
-        return await invoke_handler(model, request)
-    if isinstance(model, EngineModel):
-        return await invoke_rolling(model, request)
-    raise BadRequest(f"model {model.name} does not serve this route")
+        body = await read_body(request)
+        if model.entry_point == EMBEDDING_HANDLER:
+            data = _json(body)
+            if invocation_shape(data) == "embeddings":
+                request.state.protocol = "openai"
+                return await embeddings(request, {**data, "model": model.name})  # type: ignore[dict-item]
+        return await invoke_handler(model, request, body)
+    if not isinstance(model, EngineModel):
+        raise BadRequest(f"model {model.name} does not serve this route")
+    body = await read_body(request)
+    data = _json(body)
+    shape = invocation_shape(data)
+    completions_style, chat_style = _styles(model)
+    if shape == "chat":
+        request.state.protocol = "openai"
+        return await chat(request, {**data, "model": model.name}, chat_style)  # type: ignore[dict-item]
+    if shape == "completions":
+        request.state.protocol = "openai"
+        return await completions(request, {**data, "model": model.name}, completions_style)  # type: ignore[dict-item]
+    if shape == "embeddings":
+        request.state.protocol = "openai"
+        return await embeddings(request, {**data, "model": model.name})  # type: ignore[dict-item]
+    return await invoke_rolling(model, request)
 
 
 def _named_model(request: Request) -> str | None:

@@ -8,14 +8,14 @@ from starlette.responses import Response
 
 from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
-from ...formatters.openai_common import now
+from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ..bodies import read_body
 from ..engine_model import EngineModel
 from ..errors import error_response
 from ..generation import respond
 from ..handler_model import HandlerModel
+from ..handler_response import invoke_handler
 from ..model_factory import EMBEDDING_HANDLER
-from .inference import invoke_handler
 
 router = APIRouter()
 
@@ -28,28 +28,27 @@ def engine_model(request: Request, name: str | None) -> EngineModel:
     return model
 
 
-async def completions(
-    request: Request, data: dict, object_name: str = "text_completion", mindie_usage: bool = True
-) -> Response:
-    req = openai_completions.parse(data)
-    model = engine_model(request, req.model)
-    responder = openai_completions.CompletionResponder(req, model.name, object_name, mindie_usage)
-    return await respond(model, openai_completions.generation_requests(req), responder, request)
-
-
-async def chat(
-    request: Request, data: dict, object_name: str = "chat.completion", mindie_usage: bool = True
-) -> Response:
-    req = openai_chat.parse(data)
-    model = engine_model(request, req.model)
-    prompt = model.chat_prompt(
+def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
+    return model.chat_prompt(
         req.template_messages(),
         req.tool_dicts if req.tool_mode != "none" else None,
         req.add_generation_prompt,
         req.continue_final_message,
     )
-    generation = openai_chat.generation_request(req, prompt, model.max_model_len)
-    responder = openai_chat.ChatResponder(req, model.name, object_name, mindie_usage)
+
+
+async def completions(request: Request, data: dict, style: Style = OPENAI_COMPLETIONS) -> Response:
+    req = openai_completions.parse(data)
+    model = engine_model(request, req.model)
+    responder = openai_completions.CompletionResponder(req, model.name, style)
+    return await respond(model, openai_completions.generation_requests(req), responder, request)
+
+
+async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Response:
+    req = openai_chat.parse(data)
+    model = engine_model(request, req.model)
+    generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
+    responder = openai_chat.ChatResponder(req, model.name, style)
     return await respond(model, [generation], responder, request)
 
 

@@ -1,0 +1,84 @@
+"""Databricks Foundation Model APIs (``/serving-endpoints/{name}/invocations``).
+
+One endpoint serves three tasks, told apart by the body: ``messages`` (chat), ``prompt``
+(completions) and ``input`` (embeddings). The shapes are OpenAI's, with these differences:
+``usage`` on every answer, streamed chunks included; a non-streaming chat answer has the
+``object`` ``"chat.completions"``; errors are ``{"error_code", "message"}``; ``max_tokens``
+defaults to no limit (generation ends at the context length); completions add
+``error_behavior``, ``use_raw_prompt`` (otherwise an instruction model's prompt goes through
+its chat template as a user message) and ``suffix``/``echo``; embeddings add ``instruction``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from ..errors import BadRequest, ValidationFailed
+from ..generation.request import GenerationRequest
+from . import errors
+from .openai_chat import ChatRequest
+from .openai_common import Style
+from .openai_completions import CompletionRequest, generation_requests
+from .validation import describe
+
+TASKS = (("messages", "chat"), ("prompt", "completions"), ("input", "embeddings"))
+
+CHAT = Style("chat.completions", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+COMPLETIONS = Style("text_completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+# The OpenAI-compatible paths of a Databricks workspace (/serving-endpoints/chat/completions)
+OPENAI_CHAT = Style("chat.completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+
+
+def task_of(data: Any) -> str:
+    """chat, completions or embeddings, by the body's fields."""
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    for key, task in TASKS:
+        if key in data:
+            return task
+    raise BadRequest("the body needs 'messages' (chat), 'prompt' (completions) or 'input' (embeddings)")
+
+
+class DatabricksCompletionRequest(CompletionRequest):
+    max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+    error_behavior: Literal["error", "truncate"] = "error"
+    use_raw_prompt: bool = False
+
+
+class DatabricksChatRequest(ChatRequest):
+    pass
+
+
+def _validated(model: type, data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err)) from None
+
+
+def parse_completion(data: dict[str, Any]) -> DatabricksCompletionRequest:
+    return _validated(DatabricksCompletionRequest, data)
+
+
+def parse_chat(data: dict[str, Any]) -> DatabricksChatRequest:
+    return _validated(DatabricksChatRequest, data)
+
+
+def completion_requests(
+    req: DatabricksCompletionRequest, max_model_len: int, templated: list[str] | None = None
+) -> list[GenerationRequest]:
+    """The generation requests of a completion: ``templated`` replaces the text prompts when
+    they went through the chat template. Without ``max_tokens`` a completion may run to the
+    end of the context; with it and ``error_behavior: "error"``, a prompt that leaves no
+    room for ``max_tokens`` is refused, while ``"truncate"`` returns what fits."""
+    limited = req.max_tokens is not None
+    sized = req.model_copy(update={"max_tokens": req.max_tokens or max_model_len})
+    out = generation_requests(sized)  # type: ignore[arg-type]
+    for i, gen in enumerate(out):
+        if templated is not None and gen.prompt_ids is None:
+            gen.prompt = templated[i]
+            gen.add_special_tokens = False
+        gen.fit_context = limited and req.error_behavior == "error"
+    return out

@@ -1,0 +1,34 @@
+"""Which protocol a body on ``/invocations`` speaks, by its shape.
+
+``inputs`` holding tensor objects is a KServe V2 inference request; other ``inputs`` are LMI
+(or TGI, the same schema); ``messages`` is a chat completion, ``prompt`` a completion and
+``input`` an embedding request. Anything else is left to the LMI parser, which says what is
+missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Shape = Literal["lmi", "kserve", "chat", "completions", "embeddings"]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, dict) and "name" in x and "datatype" in x
+
+
+def invocation_shape(data: Any) -> Shape:
+    if not isinstance(data, dict):
+        return "lmi"
+    inputs = data.get("inputs")
+    if isinstance(inputs, list) and inputs and all(_is_tensor(x) for x in inputs):
+        return "kserve"
+    if "inputs" in data:
+        return "lmi"
+    if "messages" in data:
+        return "chat"
+    if "prompt" in data:
+        return "completions"
+    if "input" in data:
+        return "embeddings"
+    return "lmi"

@@ -1,0 +1,88 @@
+"""Databricks serving endpoints: ``POST /serving-endpoints/{name}/invocations`` (chat,
+completions or embeddings, by the body), and the workspace's OpenAI-compatible paths
+``/serving-endpoints/chat/completions``, ``/completions`` and ``/embeddings``.
+
+``{name}`` is the served model's name; a server with one model answers for any name, as a
+Databricks endpoint answers for the model behind it.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ...formatters import databricks, openai_chat, openai_completions
+from ...formatters.openai_common import Style
+from ..bodies import read_body
+from ..engine_model import EngineModel
+from ..generation import respond
+from ..registry import ServedModel
+from .openai import chat_prompt, embeddings, engine_model
+
+router = APIRouter()
+
+
+def _endpoint_model(request: Request, name: str) -> ServedModel:
+    registry = request.app.state.registry
+    if name in registry.models or len(registry.models) != 1:
+        return registry.get(name)
+    return registry.resolve(None)
+
+
+async def _completions(request: Request, model: EngineModel, data: dict) -> Response:
+    req = databricks.parse_completion(data)
+    templated = None
+    if not req.use_raw_prompt and getattr(model.tokenizer, "chat_template", None):
+        texts = [text for text, ids in req.prompts() if ids is None]
+        templated = [model.chat_prompt([{"role": "user", "content": t}], None) for t in texts] or None
+    generations = databricks.completion_requests(req, model.max_model_len, templated)
+    responder = openai_completions.CompletionResponder(req, model.name, databricks.COMPLETIONS)
+    if templated is not None:
+        responder.echo_prompts = [text for text, _ in req.prompts()]
+    return await respond(model, generations, responder, request)
+
+
+async def _chat(request: Request, model: EngineModel, data: dict, style: Style) -> Response:
+    req = databricks.parse_chat(data)
+    generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
+    return await respond(model, [generation], openai_chat.ChatResponder(req, model.name, style), request)
+
+
+async def _task(request: Request, model: ServedModel, data: dict, task: str, chat_style: Style) -> Response:
+    if task == "embeddings":
+        return await embeddings(request, {**data, "model": model.name}, with_id=True)
+    engine = engine_model(request, model.name)
+    if task == "chat":
+        return await _chat(request, engine, data, chat_style)
+    return await _completions(request, engine, data)
+
+
+@router.post("/serving-endpoints/{name}/invocations")
+async def invocations(name: str, request: Request) -> Response:
+    request.state.protocol = "databricks"
+    data = openai_completions.parse_body(await read_body(request))
+    task = databricks.task_of(data)
+    return await _task(request, _endpoint_model(request, name), data, task, databricks.CHAT)
+
+
+async def _openai_path(request: Request, task: str) -> Response:
+    request.state.protocol = "databricks"
+    data = openai_completions.parse_body(await read_body(request))
+    name = data.get("model") if isinstance(data.get("model"), str) else ""
+    model = _endpoint_model(request, name) if name else request.app.state.registry.resolve(None)
+    return await _task(request, model, data, task, databricks.OPENAI_CHAT)
+
+
+@router.post("/serving-endpoints/chat/completions")
+async def openai_chat_path(request: Request) -> Response:
+    return await _openai_path(request, "chat")
+
+
+@router.post("/serving-endpoints/completions")
+async def openai_completions_path(request: Request) -> Response:
+    return await _openai_path(request, "completions")
+
+
+@router.post("/serving-endpoints/embeddings")
+async def openai_embeddings_path(request: Request) -> Response:
+    return await _openai_path(request, "embeddings")
