@@ -11,9 +11,11 @@ from fastapi import FastAPI
 from .. import __version__
 from ..config import Settings
 from . import errors
-from .middleware import BodyLimitMiddleware, RequestIdMiddleware
+from .metrics import ServerMetrics
+from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from .registry import ModelRegistry
 from .routes import databricks, inference, management, openai, ping, tgi
+from .routes import metrics as metrics_routes
 
 StartupHook = Callable[[], Awaitable[None]]
 
@@ -35,13 +37,16 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app = FastAPI(title="lmiserve", version=__version__, lifespan=lifespan)
     app.state.registry = registry
     app.state.settings = settings
+    app.state.metrics = ServerMetrics(registry)
     errors.install(app)
     app.include_router(ping.router)
     app.include_router(inference.router)
     app.include_router(management.router)
     app.include_router(tgi.router)
     app.include_router(openai.router)
+    app.include_router(metrics_routes.router)
     app.include_router(databricks.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

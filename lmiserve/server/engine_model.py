@@ -19,6 +19,7 @@ from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngine
 from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.settings import engine_options
 from .handler_model import ModelLoadError
+from .metrics import EngineCounters, ModelSnapshot, engine_snapshot
 
 log = logging.getLogger("lmiserve.model")
 
@@ -49,6 +50,7 @@ class EngineModel:
         self._restarts = 0
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.counters = EngineCounters()
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -69,6 +71,9 @@ class EngineModel:
             "engine": dict(self.client.info) if self.client else {},
             "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
         }
+
+    def metrics_snapshot(self) -> ModelSnapshot:
+        return engine_snapshot(self.client, self.counters)
 
     # --- lifecycle ----------------------------------------------------------------------
     async def _load_files(self) -> None:
@@ -108,6 +113,9 @@ class EngineModel:
         log.info("model %s: engine ready (pid %s): %s", self.name, getattr(self.client, "pid", None), self.client.info)
 
     def _on_exit(self, client: EngineClient, reason: str) -> None:
+        # a restarted engine counts from zero: keep what this one counted, and forget its state
+        self.counters.engine_exited(client.stats)
+        client.stats = None
         if self._closing:
             return
         task = asyncio.create_task(self._restart())

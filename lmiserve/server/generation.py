@@ -21,6 +21,7 @@ from ..errors import GenerationError, LmiServeError, ValidationFailed
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest, RequestOutput
 from .engine_model import EngineModel
+from .metrics import GenerationObserver, observe_generation
 
 
 class Responder(Protocol):
@@ -64,12 +65,16 @@ def submit_all(model: EngineModel, requests: list[GenerationRequest]) -> list[Ge
     return started
 
 
-async def updates(model: EngineModel, gens: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def updates(
+    model: EngineModel, gens: list[Generation], observer: GenerationObserver | None = None
+) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Updates of every generation as they happen; raises the first error. Each delta is
-    applied just before its update is yielded, so the consumer sees every update in turn.
-    Closing the iterator (a client that went away) aborts whatever is still running."""
+    applied just before its update is yielded, so the consumer sees every update in turn
+    (and so does ``observer``, which keeps the metrics). Closing the iterator (a client that
+    went away) aborts whatever is still running."""
     iterators = [g.stream.__aiter__() for g in gens]
     waiting = {asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)}
+    failed = False
     try:
         while waiting:
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -82,12 +87,19 @@ async def updates(model: EngineModel, gens: list[Generation]) -> AsyncIterator[t
                 g = gens[index]
                 if g.processor.apply(delta):
                     model.abort(g.request_id, delta.index)
+                if observer is not None:
+                    observer.on_update(g.output)
                 yield index, g.output
                 if not g.output.finished:
                     waiting[asyncio.ensure_future(iterators[index].__anext__())] = index
+    except Exception:
+        failed = True
+        raise
     finally:
         for task in waiting:
             task.cancel()
+        if observer is not None:
+            observer.close((g.output for g in gens), failed)
         for g in gens:
             if not g.output.finished:
                 model.abort(g.request_id)
@@ -129,12 +141,13 @@ async def respond(
     model: EngineModel, requests: list[GenerationRequest], responder: Responder, request: Request
 ) -> Response:
     """Run ``requests`` and answer with ``responder``'s protocol."""
+    observer = observe_generation(request, model.name)
     try:
         gens = submit_all(model, requests)
     except LmiServeError as err:
         status, body = responder.error_body(err)
         return Response(body, status_code=status, media_type="application/json", headers=err.headers)
-    stream = updates(model, gens)
+    stream = updates(model, gens, observer)
     outs = [g.output for g in gens]
     if hasattr(responder, "start"):
         responder.start(outs)  # a responder that reports on all outputs (usage in every chunk)

@@ -12,6 +12,7 @@ from .. import wire
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded
 from .job_queue import JobQueue, QueueFull
+from .metrics import ModelSnapshot
 from .response_stream import ResponseStream
 from .worker_process import WorkerProcess, WorkerStartError, worker_env
 
@@ -50,6 +51,8 @@ class HandlerModel:
         self._worker_ids = itertools.count()
         self._job_ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.running = 0
+        """Requests handed to workers and not done yet."""
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -163,12 +166,16 @@ class HandlerModel:
             if not worker.alive:
                 self.queue.put_front(batch)
                 return
-            await worker.run(
-                next(self._job_ids),
-                [p.item for p in batch],
-                [p.stream for p in batch],
-                timeout=float(cfg.predict_timeout),
-            )
+            self.running += len(batch)
+            try:
+                await worker.run(
+                    next(self._job_ids),
+                    [p.item for p in batch],
+                    [p.stream for p in batch],
+                    timeout=float(cfg.predict_timeout),
+                )
+            finally:
+                self.running -= len(batch)
 
     # --- requests ----------------------------------------------------------------------
     def submit(self, item: wire.JobItem) -> ResponseStream:
@@ -195,6 +202,9 @@ class HandlerModel:
         for pending in self.queue.drain():
             pending.stream.fail(ModelNotReady(f"model {self.name} is stopping"))
         self.workers.clear()
+
+    def metrics_snapshot(self) -> ModelSnapshot:
+        return ModelSnapshot(running=self.running, waiting=len(self.queue))
 
     def describe(self) -> dict[str, object]:
         return {

@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids and the request size limit.
+"""ASGI middleware: request ids, the request size limit and request metrics.
 
 Written against raw ASGI so that streaming responses pass through untouched.
 """
@@ -6,9 +6,11 @@ Written against raw ASGI so that streaming responses pass through untouched.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 from ..errors import PayloadTooLarge
+from .metrics import ServerMetrics
 
 REQUEST_ID_HEADERS = (b"x-amzn-sagemaker-inference-id", b"x-request-id")
 
@@ -88,3 +90,34 @@ class BodyLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request (see :meth:`ServerMetrics.request_done`). The status
+    is the one the response started with: 500 when the app raised before answering, 499 when
+    the request ended without an answer. A streamed response is timed to its last byte."""
+
+    def __init__(self, app, metrics: ServerMetrics):  # type: ignore[no-untyped-def]
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope.setdefault("state", {})
+        started = time.perf_counter()
+        status: int | None = None
+
+        async def send_with_status(message):  # type: ignore[no-untyped-def]
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            self.metrics.request_done(scope, status or 499, time.perf_counter() - started)

@@ -1,0 +1,16 @@
+"""``GET /metrics`` and ``GET /server/metrics``: Prometheus text exposition of the server's metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ..metrics import CONTENT_TYPE
+
+router = APIRouter()
+
+
+@router.get("/metrics")
+@router.get("/server/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.expose(), media_type=CONTENT_TYPE)
