@@ -43,6 +43,14 @@ class NotFound(LmiServeError):
     title = "Not Found"
 
 
+class Conflict(LmiServeError):
+    """The request clashes with the server's state (a model registered twice)."""
+
+    kind = "conflict"
+    status = 409
+    title = "Conflict"
+
+
 class PayloadTooLarge(LmiServeError):
     kind = "payload_too_large"
     status = 413

@@ -13,6 +13,7 @@ from ..config import Settings
 from . import errors
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from .model_admin import ModelAdmin
 from .registry import ModelRegistry
 from .routes import databricks, inference, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
@@ -32,11 +33,13 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
         finally:
             if task is not None and not task.done():
                 task.cancel()
+            await app.state.admin.close()
             await asyncio.gather(*(m.stop() for m in list(registry.models.values())), return_exceptions=True)
 
     app = FastAPI(title="lmiserve", version=__version__, lifespan=lifespan)
     app.state.registry = registry
     app.state.settings = settings
+    app.state.admin = ModelAdmin(registry, settings)
     app.state.metrics = ServerMetrics(registry)
     errors.install(app)
     app.include_router(ping.router)

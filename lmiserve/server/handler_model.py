@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -145,13 +146,15 @@ class HandlerModel:
             log.error("model %s: an extra worker failed to start: %s", self.name, str(exc).splitlines()[0])
 
     async def _serve(self, worker: WorkerProcess) -> None:
-        cfg = self.config
         while worker.alive and not self._closing:
+            cfg = self.config  # read each time: the management API may scale the model
             extra = len(self.workers) > cfg.min_workers
             batch = await self.queue.get_batch(
                 cfg.batch_size, cfg.max_batch_delay / 1000.0, idle_timeout=cfg.max_idle_time if extra else None
             )
             if not batch:
+                if worker not in self.workers:  # scaled down
+                    return
                 if len(self.workers) > cfg.min_workers:
                     log.info(
                         "model %s: worker %s idle for %ss; stopping it", self.name, worker.worker_id, cfg.max_idle_time
@@ -163,7 +166,7 @@ class HandlerModel:
             batch = [p for p in batch if not p.stream.finished]
             if not batch:
                 continue
-            if not worker.alive:
+            if not worker.alive or worker not in self.workers:
                 self.queue.put_front(batch)
                 return
             self.running += len(batch)
@@ -176,6 +179,25 @@ class HandlerModel:
                 )
             finally:
                 self.running -= len(batch)
+
+    async def scale(self, min_workers: int, max_workers: int, wait: bool = True) -> None:
+        """Keep ``min_workers``..``max_workers`` workers: start missing ones now, and stop the
+        ones beyond ``max_workers`` (idle ones first; a busy one finishes its job first)."""
+        self.config = self.config.model_copy(update={"min_workers": min_workers, "max_workers": max_workers})
+        self.settings = dataclasses.replace(self.settings, model=self.config)
+        surplus = len(self.workers) - max_workers
+        victims = sorted(self.workers, key=lambda w: w.busy)[: max(0, surplus)]
+        for worker in victims:
+            self.workers.remove(worker)
+        work = [worker.stop(grace=float(self.config.predict_timeout)) for worker in victims]
+        missing = min_workers - len(self.workers) - self._spawning
+        work += [self._scale_up() for _ in range(max(0, missing))]
+        log.info("model %s: scaling to %d..%d workers", self.name, min_workers, max_workers)
+        if wait:
+            await asyncio.gather(*work)
+        else:
+            for coro in work:
+                self._task(coro)
 
     # --- requests ----------------------------------------------------------------------
     def submit(self, item: wire.JobItem) -> ResponseStream:

@@ -1,4 +1,4 @@
-"""The management API, the DJL way: list and describe models."""
+"""The management API, the DJL way: list, describe, register, scale and unregister models."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ...errors import BadRequest
+from ..model_admin import ModelAdmin
 
 router = APIRouter()
 
@@ -50,3 +51,58 @@ async def describe_model(model_name: str, request: Request) -> JSONResponse:
         **model.describe(),
     }
     return JSONResponse([description])
+
+
+def _admin(request: Request) -> ModelAdmin:
+    return request.app.state.admin
+
+
+def _flag(request: Request, name: str, default: bool) -> bool:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"{name} must be true or false, not {value!r}")
+
+
+def _count(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"{name} must be a whole number, not {value!r}") from None
+
+
+@router.post("/models")
+async def register_model(request: Request) -> JSONResponse:
+    """``POST /models?url=...&model_name=...&min_worker=...&synchronous=true``."""
+    url = request.query_params.get("url")
+    if not url:
+        raise BadRequest("url is required: the model directory to load")
+    synchronous = _flag(request, "synchronous", True)
+    model = await _admin(request).register(url, dict(request.query_params), synchronous)
+    if synchronous:
+        return JSONResponse({"status": f'Model "{model.name}" registered.'})
+    return JSONResponse({"status": f'Model "{model.name}" registration scheduled.'}, status_code=202)
+
+
+@router.put("/models/{model_name}")
+async def scale_model(model_name: str, request: Request) -> JSONResponse:
+    """``PUT /models/{name}?min_worker=&max_worker=&synchronous=``."""
+    synchronous = _flag(request, "synchronous", True)
+    low, high = await _admin(request).scale(
+        model_name, _count(request, "min_worker"), _count(request, "max_worker"), synchronous
+    )
+    status = f'Model "{model_name}" worker scaled. New Worker configuration min workers:{low} max workers:{high}'
+    return JSONResponse({"status": status}, status_code=200 if synchronous else 202)
+
+
+@router.delete("/models/{model_name}")
+async def unregister_model(model_name: str, request: Request) -> JSONResponse:
+    await _admin(request).unregister(model_name)
+    return JSONResponse({"status": f'Model "{model_name}" unregistered'})

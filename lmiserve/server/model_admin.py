@@ -1,0 +1,135 @@
+"""Loading, scaling and unloading models while the server runs (the management API's work).
+
+A model is registered from a ``url``: a local model directory (with or without
+``serving.properties``), a ``file://`` URL of one, or a model file (``.gguf``) whose directory
+becomes the model directory. Query parameters override the directory's ``serving.properties``
+the way command-line flags do; the server's own settings (log level, ports) stay the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ..config import ConfigError, Settings, load_settings
+from ..errors import BadRequest, Conflict, LmiServeError
+from .engine_model import EngineModel
+from .handler_model import HandlerModel, ModelLoadError
+from .model_factory import build_model
+from .registry import ModelRegistry, ServedModel
+
+log = logging.getLogger("lmiserve.management")
+
+# query parameter -> setting key (DJL's names)
+REGISTER_PARAMETERS = {
+    "model_name": "model_name",
+    "engine": "engine",
+    "batch_size": "batch_size",
+    "max_batch_delay": "max_batch_delay",
+    "max_idle_time": "max_idle_time",
+    "min_worker": "minWorkers",
+    "max_worker": "maxWorkers",
+    "job_queue_size": "job_queue_size",
+}
+
+
+def model_location(url: str) -> tuple[Path, str | None]:
+    """(model directory, model file or None) for a registration ``url``."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        path = Path(unquote(parsed.path))
+    elif parsed.scheme in ("", "/") or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
+        path = Path(url)
+    else:
+        raise BadRequest(f"url {url!r}: only local model directories (a path or file://) can be loaded")
+    if path.is_dir():
+        return path, None
+    if path.is_file():
+        return path.parent, str(path)
+    raise BadRequest(f"url {url!r}: no such model directory or file")
+
+
+def registration_settings(url: str, params: dict[str, str], server: Settings) -> Settings:
+    directory, model_file = model_location(url)
+    cli: dict[str, str] = {}
+    for name, key in REGISTER_PARAMETERS.items():
+        if params.get(name) not in (None, ""):
+            cli[key] = params[name]
+    if model_file is not None:
+        cli["option.model_id"] = model_file
+    try:
+        settings = load_settings(directory, env={}, cli=cli)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+    return dataclasses.replace(settings, server=server.server)
+
+
+class ModelAdmin:
+    """Registers, scales and unregisters the models of one registry."""
+
+    def __init__(self, registry: ModelRegistry, server: Settings):
+        self.registry = registry
+        self.server = server
+        self._loading: set[asyncio.Task[None]] = set()
+
+    async def register(self, url: str, params: dict[str, str], synchronous: bool = True) -> ServedModel:
+        settings = registration_settings(url, params, self.server)
+        if settings.model_name in self.registry.models:
+            raise Conflict(f"model {settings.model_name!r} is already registered")
+        try:
+            model = build_model(settings)
+        except ModelLoadError as exc:
+            raise BadRequest(f"model {settings.model_name!r} cannot be served: {exc}") from None
+        self.registry.add(model)
+        log.info("registering model %s from %s", model.name, settings.model_dir)
+        if synchronous:
+            await self._load(model, keep_failed=False)
+        else:
+            task = asyncio.create_task(self._load(model, keep_failed=True))
+            self._loading.add(task)
+            task.add_done_callback(self._loading.discard)
+        return model
+
+    async def _load(self, model: ServedModel, keep_failed: bool) -> None:
+        try:
+            await model.start()
+        except ModelLoadError as exc:
+            log.error("model %s failed to load: %s", model.name, exc)
+            if not keep_failed:  # a synchronous caller hears of it; an asynchronous one sees "Failed"
+                self.registry.models.pop(model.name, None)
+                raise LmiServeError(f"model {model.name!r} failed to load: {exc}", status=500) from None
+            return
+        log.info("model %s registered", model.name)
+
+    async def scale(
+        self, name: str, min_workers: int | None, max_workers: int | None, synchronous: bool
+    ) -> tuple[int, int]:
+        model = self.registry.get(name)
+        if isinstance(model, EngineModel):
+            if (min_workers or 1) != 1 or (max_workers or 1) != 1:
+                raise BadRequest(
+                    f"model {name} runs one continuous-batching engine that serves every request; it has no worker pool to scale"
+                )
+            return 1, 1
+        if not isinstance(model, HandlerModel):
+            raise BadRequest(f"model {name} cannot be scaled")
+        low = min_workers if min_workers is not None else model.config.min_workers
+        high = max_workers if max_workers is not None else max(low, model.config.max_workers)
+        if low < 1 or high < low:
+            raise BadRequest(f"min_worker ({low}) must be at least 1 and max_worker ({high}) at least min_worker")
+        await model.scale(low, high, wait=synchronous)
+        return low, high
+
+    async def unregister(self, name: str) -> None:
+        model = self.registry.get(name)
+        self.registry.remove(name)
+        log.info("unregistering model %s", name)
+        await model.stop()
+
+    async def close(self) -> None:
+        for task in list(self._loading):
+            task.cancel()
+        await asyncio.gather(*self._loading, return_exceptions=True)
