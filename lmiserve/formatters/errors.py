@@ -27,12 +27,14 @@ _TGI_TYPES = {
     "worker_died": ("generation", 503),
     "timeout": ("generation", 504),
     "not_found": ("not_found", 404),
+    "conflict": ("validation", 409),
+    "generation": ("generation", 424),
 }
 
 
 def tgi(err: LmiServeError) -> ErrorBody:
     """TGI / MindIE: ``{"error", "error_type"}``; validation failures are 422, overload 429."""
-    kind, status = _TGI_TYPES.get(err.kind, ("generation", err.status if err.status >= 500 else 500))
+    kind, status = _TGI_TYPES.get(err.kind, ("generation", err.status))
     return status, {"error": err.detail, "error_type": kind}
 
 
@@ -41,6 +43,7 @@ _OPENAI_TYPES = {
     "bad_request": ("invalid_request_error", 400),
     "payload_too_large": ("invalid_request_error", 413),
     "not_found": ("not_found_error", 404),
+    "conflict": ("invalid_request_error", 409),
     "overloaded": ("server_overloaded", 503),
     "not_ready": ("server_error", 503),
     "worker_died": ("server_error", 503),
@@ -50,7 +53,7 @@ _OPENAI_TYPES = {
 
 def openai(err: LmiServeError, param: str | None = None) -> ErrorBody:
     """OpenAI: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind, status = _OPENAI_TYPES.get(err.kind, ("server_error", err.status if err.status >= 500 else 500))
+    kind, status = _OPENAI_TYPES.get(err.kind, ("server_error", err.status))
     param = param or getattr(err, "param", None)
     return status, {"error": {"message": err.detail, "type": kind, "param": param, "code": status}}
 
@@ -60,6 +63,7 @@ _DATABRICKS_CODES = {
     "bad_request": "BAD_REQUEST",
     "payload_too_large": "BAD_REQUEST",
     "not_found": "RESOURCE_DOES_NOT_EXIST",
+    "conflict": "RESOURCE_ALREADY_EXISTS",
     "overloaded": "REQUEST_LIMIT_EXCEEDED",
     "not_ready": "TEMPORARILY_UNAVAILABLE",
     "worker_died": "TEMPORARILY_UNAVAILABLE",
@@ -69,7 +73,7 @@ _DATABRICKS_CODES = {
 
 def databricks(err: LmiServeError) -> ErrorBody:
     """Databricks REST: ``{"error_code", "message"}``."""
-    status = 400 if err.kind in ("validation", "bad_request") else err.status
+    status = 400 if err.kind in ("validation", "bad_request") else 429 if err.kind == "overloaded" else err.status
     return status, {"error_code": _DATABRICKS_CODES.get(err.kind, "INTERNAL_ERROR"), "message": err.detail}
 
 

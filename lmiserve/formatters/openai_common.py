@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from ..errors import LmiServeError
+from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
 from . import errors
@@ -97,7 +97,10 @@ class StyledResponder:
         return self.style.framing.frame(obj)
 
     def error_chunk(self, message: str) -> bytes:
-        _, body = self.style.errors(LmiServeError(message))
+        """A failure after the stream began: the protocol's error object, with the usage so far."""
+        _, body = self.style.errors(GenerationError(message))
+        if self.outs:
+            body = {**body, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
         return self.style.framing.frame(body) + self.style.framing.done
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
