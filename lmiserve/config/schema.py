@@ -55,6 +55,15 @@ class ServerSettings(_Area):
         ge=1,
         le=65535,
     )
+    grpc_port: int = setting(
+        8081,
+        "grpc_port",
+        "TCP port of the KServe V2 gRPC service (inference.GRPCInferenceService), on the same host; 0 turns "
+        "it off. When the default port is taken the server starts without gRPC; a port you set must be free.",
+        cli="--grpc-port",
+        ge=0,
+        le=65535,
+    )
     max_request_size: int = setting(
         64 * MIB,
         "max_request_size",

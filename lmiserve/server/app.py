@@ -11,11 +11,12 @@ from fastapi import FastAPI
 from .. import __version__
 from ..config import Settings
 from . import errors
+from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from .model_admin import ModelAdmin
 from .registry import ModelRegistry
-from .routes import databricks, inference, management, openai, ping, tgi
+from .routes import databricks, inference, kserve, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
 
 StartupHook = Callable[[], Awaitable[None]]
@@ -27,10 +28,12 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        grpc_server = await start_grpc(registry, settings, app.state.metrics)
         task = asyncio.create_task(on_startup()) if on_startup else None
         try:
             yield
         finally:
+            await stop_grpc(grpc_server)
             if task is not None and not task.done():
                 task.cancel()
             await app.state.admin.close()
@@ -47,6 +50,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.include_router(management.router)
     app.include_router(tgi.router)
     app.include_router(openai.router)
+    app.include_router(kserve.router)
     app.include_router(metrics_routes.router)
     app.include_router(databricks.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)

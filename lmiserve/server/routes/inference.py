@@ -22,6 +22,7 @@ from ..handler_response import invoke_handler
 from ..model_factory import EMBEDDING_HANDLER
 from ..registry import ServedModel
 from ..rolling import invoke_rolling
+from .kserve import kserve_infer
 from .openai import chat, completions, embeddings
 
 router = APIRouter()
@@ -66,6 +67,8 @@ async def invoke(model: ServedModel, request: Request) -> Response:
     if shape == "embeddings":
         request.state.protocol = "openai"
         return await embeddings(request, {**data, "model": model.name})  # type: ignore[dict-item]
+    if shape == "kserve":
+        return await kserve_infer(request, model.name, data)  # type: ignore[arg-type]
     return await invoke_rolling(model, request)
 
 

@@ -1,0 +1,408 @@
+"""KServe V2 (Open Inference Protocol) for text generation: tensors in, tensors out.
+
+An inference request carries a BYTES ``text_input`` tensor, one prompt per element; the
+answer is a BYTES ``text_output`` tensor of the same shape, one generated text per prompt.
+Generation parameters come from the request's ``parameters``, then the ``text_input``
+tensor's ``parameters``, then optional one-element input tensors named after a parameter
+(``max_tokens``, ``temperature``, ``stop_words``..., or ``sampling_parameters``: a JSON
+object); later sources win. Unknown parameters are ignored, unknown inputs are refused.
+
+REST bodies may use the binary tensor extension: with ``Inference-Header-Content-Length: N``
+the first N bytes are the JSON header and the rest holds the tensors whose ``parameters``
+give a ``binary_data_size``. BYTES elements travel as a 4-byte little-endian length and the
+bytes, the layout of gRPC's ``raw_input_contents`` too. The generate extension takes
+``{"text_input", "parameters"}`` and answers ``{"model_name", "model_version", "text_output"}``
+(``generate_stream``: one SSE event per piece of text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+
+from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..generation.request import GenerationRequest, RequestOutput
+from ..wire import SamplingParams
+from . import errors
+from .kserve_tensors import (  # noqa: F401 - the tensor types belong to this protocol's API
+    BYTES,
+    CONTENTS_FIELD,
+    DATATYPES,
+    MAX_U64,
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    RequestedOutput,
+    Tensor,
+    decode_bytes,
+    decode_raw,
+    encode_bytes,
+    encode_raw,
+    flatten,
+    make_tensor,
+)
+from .validation import describe
+
+SERVER_NAME = "lmiserve"
+EXTENSIONS = ("generate", "binary_tensor_data")
+MODEL_VERSION = "1"
+PLATFORM = "pytorch_lmiserve"
+HANDLER_PLATFORM = "python_lmiserve"
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+SSE = "text/event-stream"
+DEFAULT_MAX_TOKENS = 16
+MAX_I32 = 2**31 - 1
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+def split_binary(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """A REST body as its JSON header and binary section (empty without the extension)."""
+    size = len(body)
+    if header_length is not None:
+        if not header_length.strip().isdigit() or int(header_length) > len(body):
+            raise BadRequest(f"{HEADER_LENGTH} must be a byte count within the body (got {header_length!r})")
+        size = int(header_length)
+    try:
+        data = orjson.loads(body[:size])
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the inference request must be a JSON object with 'inputs'")
+    return data, body[size:]
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be an object")
+    return value
+
+
+def parse_infer(data: dict[str, Any], binary: bytes = b"") -> InferRequest:
+    """A REST inference request (already parsed JSON), its binary tensors taken from ``binary``."""
+    inputs = data.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("'inputs' must be a non-empty list of tensors")
+    request_id = data.get("id", "")
+    if not isinstance(request_id, str):
+        raise BadRequest("'id' must be a string")
+    tensors, offset = [], 0
+    for item in inputs:
+        item = _object(item, "each input")
+        name, params = item.get("name"), _object(item.get("parameters"), "input parameters")
+        size = params.pop("binary_data_size", None)
+        if size is not None:
+            if type(size) is not int or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input {name!r}: binary_data_size {size!r} runs past the binary data")
+            elements = decode_raw(str(item.get("datatype")), binary[offset : offset + size], str(name))
+            offset += size
+        elif "data" in item:
+            elements = flatten(item["data"])
+        else:
+            raise BadRequest(f"input {name!r} has no 'data'")
+        tensors.append(make_tensor(name, item.get("datatype"), item.get("shape"), elements, params))
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
+    outputs = data.get("outputs")
+    if outputs is not None and not isinstance(outputs, list):
+        raise BadRequest("'outputs' must be a list")
+    requested = None
+    if outputs:
+        requested = []
+        for o in outputs:
+            o = _object(o, "each output")
+            if not isinstance(o.get("name"), str):
+                raise BadRequest("every requested output needs a 'name'")
+            requested.append(RequestedOutput(o["name"], _object(o.get("parameters"), "output parameters")))
+    return InferRequest(request_id, tensors, _object(data.get("parameters"), "'parameters'"), requested)
+
+
+_ALIASES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "random_seed": "seed",
+    "stop_words": "stop",
+    "stop_sequences": "stop",
+}
+_LISTS = {"stop", "stop_words", "stop_sequences", "stop_token_ids", "bad_words"}
+
+
+class GenerateParameters(BaseModel):
+    """The generation parameters this server understands (others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_I32)
+    min_tokens: int = Field(0, ge=0, le=MAX_I32)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_I32)
+    min_p: float = Field(0.0, ge=0, le=1)
+    typical_p: float = Field(1.0, gt=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = Field(None, ge=0, le=MAX_U64)
+    do_sample: bool | None = None
+    stop: tuple[StrictStr, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_full_text: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        for alias, name in _ALIASES.items():
+            if alias in data:
+                data.setdefault(name, data.pop(alias))
+        if "exclude_input_in_output" in data:
+            data.setdefault("return_full_text", not data.pop("exclude_input_in_output"))
+        if isinstance(data.get("stop"), str):
+            data["stop"] = [data["stop"]]
+        if isinstance(data.get("stop"), list):
+            data["stop"] = [s for s in data["stop"] if s != ""]
+        if data.get("bad_words") not in (None, "", [], [""]):
+            raise ValueError("bad_words is not supported by this server")
+        return data
+
+    @property
+    def sampling(self) -> bool:
+        """Temperature 0 is greedy; otherwise ``do_sample``, or sampling when any sampling
+        parameter is given."""
+        if self.temperature == 0:
+            return False
+        if self.do_sample is not None:
+            return self.do_sample
+        return self.temperature is not None or self.top_p is not None or (self.top_k or 0) > 0
+
+    def request(self, prompt: str) -> GenerationRequest:
+        sampling = self.sampling
+        return GenerationRequest(
+            prompt=prompt,
+            params=SamplingParams(
+                max_new_tokens=self.max_tokens,
+                do_sample=sampling,
+                temperature=self.temperature if sampling and self.temperature else 1.0,
+                top_k=max(self.top_k or 0, 0),
+                top_p=self.top_p or 1.0,
+                min_p=self.min_p,
+                typical_p=self.typical_p,
+                repetition_penalty=self.repetition_penalty,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                seed=None if self.seed is None else self.seed % 2**63,
+                stop_token_ids=list(self.stop_token_ids),
+                ignore_eos=self.ignore_eos,
+                min_new_tokens=self.min_tokens,
+            ),
+            stop=list(self.stop),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+
+
+PARAMETER_INPUTS = frozenset(GenerateParameters.model_fields) | {
+    *_ALIASES,
+    "exclude_input_in_output",
+    "bad_words",
+    "stream",
+}
+
+
+def parameters(merged: dict[str, Any]) -> GenerateParameters:
+    try:
+        return GenerateParameters.model_validate(merged)
+    except ValidationError as err:
+        raise ValidationFailed(describe(err, "parameters.")) from None
+
+
+def _text(value: Any, what: str) -> str:
+    try:
+        return value.decode() if isinstance(value, bytes) else value
+    except UnicodeDecodeError:
+        raise BadRequest(f"{what} is not valid UTF-8") from None
+
+
+def _parameter_input(t: Tensor) -> dict[str, Any]:
+    values = [_text(v, f"input {t.name!r}") for v in t.data]
+    if t.name == "sampling_parameters":
+        try:
+            obj = orjson.loads(values[0]) if len(values) == 1 else None
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            raise BadRequest("input 'sampling_parameters' must hold one JSON object")
+        return obj
+    if t.name in _LISTS:
+        return {t.name: values}
+    if len(values) != 1:
+        raise BadRequest(f"input {t.name!r} must hold one value (it holds {len(values)})")
+    return {t.name: values[0]}
+
+
+@dataclass
+class InferPlan:
+    """A checked inference request: the prompts, their parameters and the outputs to send."""
+
+    request: InferRequest
+    prompts: list[str]
+    shape: list[int]
+    params: GenerateParameters
+    outputs: list[tuple[str, bool]]
+    """Each requested output's name and whether it goes in a REST body's binary section."""
+
+    def generation_requests(self) -> list[GenerationRequest]:
+        return [self.params.request(p) for p in self.prompts]
+
+    def text(self, out: RequestOutput) -> str:
+        text = out.sequences[0].text
+        return out.prompt + text if self.params.return_full_text else text
+
+    def response(self, model_name: str, texts: list[str]) -> InferResponse:
+        outputs = [OutputTensor(name, BYTES, list(self.shape), list(texts), binary) for name, binary in self.outputs]
+        return InferResponse(model_name, MODEL_VERSION, self.request.id, outputs)
+
+
+def plan(req: InferRequest) -> InferPlan:
+    """Check a text-generation request before anything is generated."""
+    by_name: dict[str, Tensor] = {}
+    for t in req.inputs:
+        if t.name in by_name:
+            raise BadRequest(f"input {t.name!r} appears more than once")
+        by_name[t.name] = t
+    text = by_name.pop(TEXT_INPUT, None)
+    if text is None:
+        raise BadRequest(f"the request has no {TEXT_INPUT!r} input (a BYTES tensor of prompts)")
+    if text.datatype != BYTES:
+        raise BadRequest(f"input {TEXT_INPUT!r} must be BYTES (got {text.datatype})")
+    if not text.data:
+        raise BadRequest(f"input {TEXT_INPUT!r} holds no prompts")
+    merged = {**req.parameters, **text.parameters}
+    for name, t in by_name.items():
+        if name not in PARAMETER_INPUTS and name != "sampling_parameters":
+            raise BadRequest(f"unknown input {name!r}: this model takes {TEXT_INPUT!r} and generation parameters")
+        merged.update(_parameter_input(t))
+    params = parameters(merged)
+    default_binary = req.parameters.get("binary_data_output") is True
+    outputs = []
+    for o in req.outputs or [RequestedOutput(TEXT_OUTPUT)]:
+        if o.name != TEXT_OUTPUT:
+            raise BadRequest(f"unknown output {o.name!r}: this model has one output, {TEXT_OUTPUT!r}")
+        outputs.append((o.name, bool(o.parameters.get("binary_data", default_binary))))
+    prompts = [_text(p, f"input {TEXT_INPUT!r}") for p in text.data]
+    return InferPlan(req, prompts, text.shape, params, outputs)
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def rest_body(resp: InferResponse) -> tuple[bytes, int | None]:
+    """A REST answer: JSON, or with binary outputs the JSON header, the tensors, and the
+    header's length (for ``Inference-Header-Content-Length``)."""
+    outputs, binary = [], []
+    for o in resp.outputs:
+        tensor: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
+        if o.binary:
+            raw = encode_raw(o.datatype, o.data)
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            binary.append(raw)
+        else:
+            tensor["data"] = o.data
+        outputs.append(tensor)
+    body: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
+    if resp.id:
+        body["id"] = resp.id
+    body["outputs"] = outputs
+    header = orjson.dumps(body)
+    if not binary:
+        return header, None
+    return header + b"".join(binary), len(header)
+
+
+def server_metadata(version: str) -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": version, "extensions": list(EXTENSIONS)}
+
+
+def model_metadata(name: str, generates_text: bool) -> dict[str, Any]:
+    """A model's metadata; models served by a custom handler list no tensors."""
+    if not generates_text:
+        return {"name": name, "versions": [MODEL_VERSION], "platform": HANDLER_PLATFORM, "inputs": [], "outputs": []}
+    return {
+        "name": name,
+        "versions": [MODEL_VERSION],
+        "platform": PLATFORM,
+        "inputs": [{"name": TEXT_INPUT, "datatype": BYTES, "shape": [-1]}],
+        "outputs": [{"name": TEXT_OUTPUT, "datatype": BYTES, "shape": [-1]}],
+    }
+
+
+# --- the generate extension --------------------------------------------------------------
+
+
+def parse_generate(data: Any) -> tuple[str, GenerateParameters]:
+    """``{"text_input": "...", "parameters": {...}}``; parameters may also stand at the top level."""
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object with 'text_input'")
+    prompt = data.get(TEXT_INPUT)
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest(f"{TEXT_INPUT!r} must be a non-empty string")
+    merged = dict(_object(data.get("parameters"), "'parameters'"))
+    for key, value in data.items():
+        if key in (TEXT_INPUT, "parameters", "id"):
+            continue
+        if key not in PARAMETER_INPUTS:
+            raise BadRequest(f"unknown field {key!r}: the body takes {TEXT_INPUT!r} and generation parameters")
+        merged[key] = value
+    return prompt, parameters(merged)
+
+
+class GenerateResponder:
+    """The generate extension as a server Responder: one object, or SSE events of new text."""
+
+    def __init__(self, model_name: str, params: GenerateParameters, stream: bool):
+        self.model_name = model_name
+        self.params = params
+        self.stream = stream
+        self.media_type = SSE if stream else "application/json"
+        self._prefix_sent = not params.return_full_text
+
+    def _event(self, text: str) -> bytes:
+        body = {"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes:
+        text = "".join(t.text for t in out.sequences[0].new_tokens)
+        if not self._prefix_sent:
+            text, self._prefix_sent = out.prompt + text, True
+        return self._event(text) if text else b""
+
+    def end(self, outs: list[RequestOutput]) -> bytes:
+        if not self._prefix_sent and outs:
+            self._prefix_sent = True
+            return self._event(outs[0].prompt)
+        return b""
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        out = outs[0]
+        text = (out.prompt if self.params.return_full_text else "") + out.sequences[0].text
+        return orjson.dumps({"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text})
+
+    def error_chunk(self, message: str) -> bytes:
+        return b"data: " + orjson.dumps({"error": message}) + b"\n\n"
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        status, body = errors.kserve(err)
+        return status, orjson.dumps(body)

@@ -1,0 +1,80 @@
+"""What the KServe V2 endpoints do, whatever the transport: health, metadata and inference.
+
+REST routes and the gRPC servicer both call a :class:`DataPlane`; they only translate
+requests in and answers (or :class:`~lmiserve.errors.LmiServeError`) out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ... import __version__
+from ...errors import BadRequest, NotFound
+from ...formatters import kserve
+from ...generation.request import GenerationRequest, RequestOutput
+from ..engine_model import EngineModel
+from ..generation import output_error, submit_all, updates
+from ..metrics import GenerationObserver, ServerMetrics
+from ..registry import ModelRegistry, ServedModel
+
+
+async def generate(
+    model: EngineModel, requests: list[GenerationRequest], observer: GenerationObserver | None = None
+) -> list[RequestOutput]:
+    """Run ``requests`` to the end; the first failed one raises. Cancelling the caller aborts
+    whatever is still running."""
+    gens = submit_all(model, requests)
+    async with contextlib.aclosing(updates(model, gens, observer)) as stream:
+        async for _ in stream:
+            pass
+    outs = [g.output for g in gens]
+    failed = next((o for o in outs if o.error is not None), None)
+    if failed is not None:
+        raise output_error(failed)
+    return outs
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics | None = None):
+        self.registry = registry
+        self.metrics = metrics
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.registry.ping()[0]
+
+    def model(self, name: str | None, version: str = "") -> ServedModel:
+        """The named model (or the only one when no name is given) at ``version``; every
+        model has one version, ``1``."""
+        model = self.registry.resolve(name or None)
+        if version and version != kserve.MODEL_VERSION:
+            raise NotFound(f"model {model.name!r} has no version {version!r} (versions: {kserve.MODEL_VERSION})")
+        return model
+
+    def engine_model(self, name: str | None, version: str = "") -> EngineModel:
+        model = self.model(name, version)
+        if not isinstance(model, EngineModel):
+            raise BadRequest(
+                f"model {model.name!r} is served by a custom handler; KServe V2 inference answers for "
+                "text-generation models on the engine only"
+            )
+        return model
+
+    def model_ready(self, name: str | None, version: str = "") -> bool:
+        return self.model(name, version).status == "Healthy"
+
+    def server_metadata(self) -> dict:
+        return kserve.server_metadata(__version__)
+
+    def model_metadata(self, name: str | None, version: str = "") -> dict:
+        model = self.model(name, version)
+        return kserve.model_metadata(model.name, isinstance(model, EngineModel))
+
+    async def infer(self, name: str | None, version: str, request: kserve.InferRequest) -> kserve.InferResponse:
+        model = self.engine_model(name, version)
+        plan = kserve.plan(request)
+        observer = self.metrics.observer(model.name) if self.metrics is not None else None
+        outs = await generate(model, plan.generation_requests(), observer)
+        return plan.response(model.name, [plan.text(o) for o in outs])

@@ -1,0 +1,152 @@
+"""KServe V2 (Open Inference Protocol) over REST: health, metadata, ``infer`` (with the binary
+tensor extension) and the ``generate`` / ``generate_stream`` extension. Errors are
+``{"error": "..."}``."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ...errors import BadRequest, PayloadTooLarge
+from ...formatters import kserve
+from ..generation import respond
+from ..kserve_grpc.dataplane import DataPlane
+from ..metrics import STATE_KEY
+
+router = APIRouter()
+
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _plane(request: Request) -> DataPlane:
+    request.state.protocol = "kserve"
+    return DataPlane(request.app.state.registry, getattr(request.app.state, "metrics", None))
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+async def _body(request: Request) -> bytes:
+    """The request body, inflated when it was sent gzip- or deflate-compressed."""
+    body = await request.body()
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _DECODERS:
+        raise BadRequest(f"Content-Encoding {encoding!r} is not supported (gzip, deflate)")
+    limit = request.app.state.settings.server.max_request_size
+    inflater = zlib.decompressobj(_DECODERS[encoding])
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"the body is not valid {encoding} data: {exc}") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"the inflated request body exceeds max_request_size ({limit} bytes)")
+    if not inflater.eof:
+        raise BadRequest(f"the {encoding} body ends early")
+    return data
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _infer(request: Request, name: str | None, version: str, req: kserve.InferRequest) -> Response:
+    plane = _plane(request)
+    setattr(request.state, STATE_KEY, plane.engine_model(name, version).name)  # the metrics' model label
+    work = asyncio.ensure_future(plane.infer(name, version, req))
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():  # the client went away: stop generating for it
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)
+    body, header_length = kserve.rest_body(work.result())
+    if header_length is None:
+        return Response(body, media_type="application/json")
+    headers = {kserve.HEADER_LENGTH: str(header_length)}
+    return Response(body, media_type="application/octet-stream", headers=headers)
+
+
+async def kserve_infer(request: Request, model_name: str | None, data: dict) -> Response:
+    """Answer a V2 inference request whose JSON body is already parsed (``/invocations``)."""
+    request.state.protocol = "kserve"
+    return await _infer(request, model_name, "", kserve.parse_infer(data))
+
+
+# --- health and metadata -----------------------------------------------------------------
+
+
+@router.get("/v2")
+async def server_metadata(request: Request) -> Response:
+    return _json(_plane(request).server_metadata())
+
+
+@router.get("/v2/health/live")
+async def server_live(request: Request) -> Response:
+    return _json({"live": _plane(request).live()})
+
+
+@router.get("/v2/health/ready")
+async def server_ready(request: Request) -> Response:
+    ready = _plane(request).ready()
+    return _json({"ready": ready}, 200 if ready else 503)
+
+
+@router.get("/v2/models/{model_name}")
+@router.get("/v2/models/{model_name}/versions/{version}")
+async def model_metadata(request: Request, model_name: str, version: str = "") -> Response:
+    return _json(_plane(request).model_metadata(model_name, version))
+
+
+@router.get("/v2/models/{model_name}/ready")
+@router.get("/v2/models/{model_name}/versions/{version}/ready")
+async def model_ready(request: Request, model_name: str, version: str = "") -> Response:
+    plane = _plane(request)
+    ready = plane.model_ready(model_name, version)
+    return _json({"name": plane.model(model_name).name, "ready": ready}, 200 if ready else 503)
+
+
+# --- inference ---------------------------------------------------------------------------
+
+
+@router.post("/v2/models/{model_name}/infer")
+@router.post("/v2/models/{model_name}/versions/{version}/infer")
+async def infer(request: Request, model_name: str, version: str = "") -> Response:
+    _plane(request).engine_model(model_name, version)  # an unknown model is 404 whatever the body
+    data, binary = kserve.split_binary(await _body(request), request.headers.get(kserve.HEADER_LENGTH))
+    return await _infer(request, model_name, version, kserve.parse_infer(data, binary))
+
+
+async def _generate(request: Request, model_name: str, version: str, stream: bool) -> Response:
+    model = _plane(request).engine_model(model_name, version)
+    body = await _body(request)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    prompt, params = kserve.parse_generate(data)
+    responder = kserve.GenerateResponder(model.name, params, stream)
+    return await respond(model, [params.request(prompt)], responder, request)
+
+
+@router.post("/v2/models/{model_name}/generate")
+@router.post("/v2/models/{model_name}/versions/{version}/generate")
+async def generate(request: Request, model_name: str, version: str = "") -> Response:
+    return await _generate(request, model_name, version, stream=False)
+
+
+@router.post("/v2/models/{model_name}/generate_stream")
+@router.post("/v2/models/{model_name}/versions/{version}/generate_stream")
+async def generate_stream(request: Request, model_name: str, version: str = "") -> Response:
+    return await _generate(request, model_name, version, stream=True)
