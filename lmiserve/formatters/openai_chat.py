@@ -230,6 +230,7 @@ class ChatResponder(StyledResponder):
         self.mindie_usage = style.mindie_usage
         self._started: set[tuple[int, int]] = set()
         self._held: dict[tuple[int, int], str] = {}
+        self._pending: dict[tuple[int, int], list[TokenOutput]] = {}
 
     def _logprobs(self, tokens: list[TokenOutput]) -> dict[str, Any] | None:
         if not self.req.logprobs:
@@ -298,6 +299,10 @@ class ChatResponder(StyledResponder):
                 )
             )
         text = "".join(t.text for t in seq.new_tokens)
+        # tokens that add no text yet (part of a character, a held-back stop string) keep their
+        # log-probabilities for the next chunk that has text
+        pending = self._pending.setdefault(key, [])
+        pending.extend(seq.new_tokens)
         mode = self.req.tool_mode
         if mode in ("named", "required") or (mode == "auto" and key in self._held):
             self._held[key] = self._held.get(key, "") + text
@@ -312,12 +317,13 @@ class ChatResponder(StyledResponder):
                         {
                             "index": seq.index,
                             "delta": {"content": text},
-                            "logprobs": self._logprobs(seq.new_tokens),
+                            "logprobs": self._logprobs(pending),
                             "finish_reason": None,
                         }
                     ]
                 )
             )
+            pending.clear()
         if seq.finished:
             message, reason = self._message(seq)
             delta: dict[str, Any] = {}
@@ -327,7 +333,11 @@ class ChatResponder(StyledResponder):
                     delta["content"] = message["content"]
             elif key in self._held:
                 delta["content"] = seq.text
-            parts.append(self._chunk([{"index": seq.index, "delta": delta, "logprobs": None, "finish_reason": reason}]))
+            closing = self.closing_usage(self.req.include_usage)
+            extra = {"usage": closing} if closing is not None else {}
+            rest = self._logprobs(pending) if pending and key not in self._held else None
+            final = {"index": seq.index, "delta": delta, "logprobs": rest, "finish_reason": reason}
+            parts.append(self._chunk([final], **extra))
         return b"".join(parts)
 
     def end(self, outs: list[RequestOutput]) -> bytes:

@@ -104,8 +104,20 @@ class StyledResponder:
         return self.style.framing.frame(body) + self.style.framing.done
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        """The error answer; when generation had started, with the usage so far."""
         status, body = self.style.errors(err)
+        if self.outs:
+            body = {**body, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
         return status, orjson.dumps(body)
+
+    def closing_usage(self, include_usage: bool) -> dict[str, Any] | None:
+        """The usage for the chunk that ends the last sequence (as MindIE streams it), unless
+        a separate usage chunk follows (``stream_options.include_usage``) or every chunk has one."""
+        if include_usage or self.style.usage_in_chunks or not self.outs:
+            return None
+        if not all(o.finished for o in self.outs):
+            return None
+        return usage(self.outs, mindie=self.style.mindie_usage)
 
 
 def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:

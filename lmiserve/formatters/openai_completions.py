@@ -210,6 +210,9 @@ class CompletionResponder(StyledResponder):
             "model": self.model,
             "choices": [choice],
         }
+        closing = self.closing_usage(self.req.include_usage) if seq.finished else None
+        if closing is not None:
+            chunk["usage"] = closing
         return self.frame(chunk)
 
     def end(self, outs: list[RequestOutput]) -> bytes:

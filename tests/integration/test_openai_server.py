@@ -143,7 +143,9 @@ def test_chat_stream_and_logprobs(client):
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(c.usage is None for c in chunks[:-1])
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert chunks[-1].usage.completion_tokens == len(entries) and chunks[-1].usage.prompt_tokens > 0
     assert entries and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
 
 

@@ -143,6 +143,8 @@ def test_openai_completion_stream_and_failure():
     body = {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True}}
     golden("openai/completion_stream.sse", replay(completion(body), output()))
     golden("openai/completion_stream_error.sse", replay(completion(body), output(), fail_after=2))
+    # without include_usage the chunk that ends the last sequence carries the usage (as MindIE does)
+    golden("openai/completion_stream_usage_last.sse", replay(completion({"prompt": PROMPT, "stream": True}), output()))
 
 
 def test_openai_chat():
