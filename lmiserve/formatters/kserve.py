@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 
-from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..errors import BadRequest, GenerationError, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput
 from ..wire import SamplingParams
 from . import errors
@@ -401,7 +401,8 @@ class GenerateResponder:
         return orjson.dumps({"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text})
 
     def error_chunk(self, message: str) -> bytes:
-        return b"data: " + orjson.dumps({"error": message}) + b"\n\n"
+        _, body = errors.kserve(GenerationError(message))
+        return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
         status, body = errors.kserve(err)

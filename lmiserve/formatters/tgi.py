@@ -16,7 +16,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..errors import BadRequest, GenerationError, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding, SamplingParams
 from . import errors
@@ -289,7 +289,8 @@ class TgiResponder:
         return orjson.dumps([body] if self.as_list else body)
 
     def error_chunk(self, message: str) -> bytes:
-        return b"data:" + orjson.dumps({"error": message, "error_type": "generation"}) + b"\n\n"
+        _, body = errors.tgi(GenerationError(message))
+        return b"data:" + orjson.dumps(body) + b"\n\n"
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
         status, body = errors.tgi(err)
