@@ -201,3 +201,40 @@ def test_databricks_embeddings(monkeypatch):
     req = embeddings.parse({"input": "a", "instruction": "Represent this:", "_with_id": True})
     assert req.texts == ["Represent this: a"]
     golden("databricks/embeddings.json", orjson.dumps(embeddings.response(req, vectors, [5], "minilm")))
+
+
+# --- KServe V2 ----------------------------------------------------------------------------------
+
+
+def v2_request(binary_output: bool):
+    from lmiserve.formatters import kserve
+
+    data = {
+        "id": "req-7",
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [PROMPT]}],
+        "outputs": [{"name": "text_output", "parameters": {"binary_data": binary_output}}],
+        "parameters": {"max_tokens": 4},
+    }
+    return kserve.plan(kserve.parse_infer(data))
+
+
+def test_kserve_infer_json_and_binary():
+    from lmiserve.formatters import kserve
+
+    text = output().sequences[0].text
+    body, header = kserve.rest_body(v2_request(False).response("tiny", [text]))
+    assert header is None
+    golden("kserve/infer.json", body)
+    body, header = kserve.rest_body(v2_request(True).response("tiny", [text]))
+    golden("kserve/infer_binary.bin", body)
+    assert body[header:] == kserve.encode_bytes([text.encode()])
+
+
+def test_kserve_generate_and_stream():
+    from lmiserve.formatters import kserve
+
+    prompt, params = kserve.parse_generate({"text_input": PROMPT, "parameters": {"max_tokens": 4}})
+    golden("kserve/generate.json", kserve.GenerateResponder("tiny", params, stream=False).body([output()]))
+    golden("kserve/generate_stream.sse", replay(kserve.GenerateResponder("tiny", params, stream=True), output()))
+    failing = kserve.GenerateResponder("tiny", params, stream=True)
+    golden("kserve/generate_stream_error.sse", replay(failing, output(), fail_after=2))
