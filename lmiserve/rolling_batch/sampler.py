@@ -131,7 +131,10 @@ class Sampler:
         top_k = torch.tensor([p.top_k for p in params], device=dev) if any(p.top_k > 0 for p in params) else None
         top_p = torch.tensor([p.top_p for p in params], device=dev) if any(p.top_p < 1 for p in params) else None
         min_p = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p > 0 for p in params) else None
-        scores = apply_top_k_top_p_min_p(scores, top_k, top_p, min_p)
+        if min_p is None and self.ops is not None:
+            scores = self.ops.top_k_top_p(scores, top_k, top_p)  # a device's fused filter where it has one
+        else:
+            scores = apply_top_k_top_p_min_p(scores, top_k, top_p, min_p)
         probs = torch.softmax(scores, dim=-1)
         return sample_rows(probs, [self.generator_for(s) for s in seqs])
 

@@ -103,7 +103,8 @@ class DecoderModel:
         x, _ = ops.rms_norm(h, self.layers[0].input_norm, eps)
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            q, k, v = ops.linear(x, layer.qkv).split(self._split, dim=-1)
+            # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
+            q, k, v = (t.contiguous() for t in ops.linear(x, layer.qkv).split(self._split, dim=-1))
             q = q.view(tokens, spec.num_heads, spec.head_dim)
             k = k.view(tokens, spec.num_kv_heads, spec.head_dim)
             v = v.view(tokens, spec.num_kv_heads, spec.head_dim)

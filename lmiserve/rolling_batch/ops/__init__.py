@@ -1,25 +1,40 @@
 """The small set of device operations the models are written against.
 
 ``reference`` (plain torch, CPU and CUDA) defines what each op means; ``cpu`` is tuned for
-CPUs. Models call only these ops (plus plain tensor indexing), so a device is supported by
-implementing them.
+CPUs; ``npu`` runs Ascend's fused kernels through torch_npu (imported only when chosen).
+Models call only these ops (plus plain tensor indexing), so a device is supported by
+implementing them. Every implementation sits behind the same contract check
+(:mod:`.contract`).
 """
 
 from __future__ import annotations
 
+from .contract import CheckedOps, ContractError, limits_for
 from .reference import LinearWeight, ReferenceOps
 
-__all__ = ["LinearWeight", "ReferenceOps", "select_ops"]
+__all__ = ["CheckedOps", "ContractError", "LinearWeight", "ReferenceOps", "create_ops", "select_ops"]
+
+OPS_NAMES = ("auto", "reference", "cpu", "npu")
 
 
-def select_ops(device: str, name: str = "auto") -> ReferenceOps:
-    """The ops for ``device``: ``auto`` picks the tuned implementation for it."""
-    if name == "reference":
-        return ReferenceOps()
-    if device == "cpu":
+def create_ops(device: str, name: str = "auto") -> ReferenceOps:
+    """The implementation for ``device``: ``auto`` picks the tuned one."""
+    if name not in OPS_NAMES:
+        raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")
+    if name == "auto":
+        name = "cpu" if device == "cpu" else "npu" if device.startswith("npu") else "reference"
+    if name == "cpu":
         from .cpu import CpuOps
 
         return CpuOps()
-    if device.startswith("npu"):
-        raise NotImplementedError("the NPU ops are not part of this build")
+    if name == "npu":
+        from .npu import NpuOps
+
+        return NpuOps()
     return ReferenceOps()
+
+
+def select_ops(device: str, name: str = "auto") -> CheckedOps:
+    """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops)."""
+    ops = create_ops(device, name)
+    return CheckedOps(ops, limits_for("npu" if ops.name == "npu" else device))

@@ -1,0 +1,163 @@
+"""What every ops implementation may rely on, checked in front of it.
+
+The fused NPU kernels assume things their meta (shape-only) versions never check: an int32
+block table with a row per sequence and enough columns for its longest sequence, a block size
+that is a multiple of 16 (of 128 on an NPU), a head size of at most 256, query heads that are
+a whole multiple (at most 64) of the KV heads, contiguous inputs, cumulative lengths that
+never decrease. Broken assumptions there give wrong numbers, not errors, so they are checked
+here for every backend: once per model (:func:`check_model`) and on every call of the ops that
+touch the paged cache (:class:`CheckedOps`). A step's metadata is checked once per step, not
+once per layer: the checks remember the tensors they have already passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class ContractError(ValueError):
+    """Inputs that an ops implementation must not be given."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    block_multiple: int = 16
+    max_head_dim: int = 256
+    max_group: int = 64
+
+
+DEFAULT_LIMITS = Limits()
+NPU_LIMITS = Limits(block_multiple=128)
+
+
+def limits_for(device: str) -> Limits:
+    return NPU_LIMITS if device.startswith("npu") else DEFAULT_LIMITS
+
+
+def check_model(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, limits: Limits) -> None:
+    """The model's shape and the cache's block size against the kernels' limits."""
+    if block_size <= 0 or block_size % limits.block_multiple:
+        raise ContractError(f"block size {block_size} must be a multiple of {limits.block_multiple} on this device")
+    if not 0 < head_dim <= limits.max_head_dim:
+        raise ContractError(f"head_dim {head_dim} is above the kernels' limit of {limits.max_head_dim}")
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ContractError(f"{num_heads} attention heads are not a whole multiple of {num_kv_heads} KV heads")
+    if num_heads // num_kv_heads > limits.max_group:
+        raise ContractError(
+            f"{num_heads // num_kv_heads} query heads per KV head is above the kernels' limit of {limits.max_group}"
+        )
+
+
+def _contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ContractError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def _cache(k_cache: torch.Tensor, v_cache: torch.Tensor, limits: Limits) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ContractError(
+            "the K and V caches must both be (num_blocks, block_size, kv_heads, head_dim), "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.shape[1] % limits.block_multiple:
+        raise ContractError(f"block size {k_cache.shape[1]} must be a multiple of {limits.block_multiple}")
+    _contiguous("k_cache", k_cache)
+    _contiguous("v_cache", v_cache)
+
+
+def check_block_table(block_table: torch.Tensor, seq_lens: list[int], block_size: int) -> None:
+    if block_table.dtype != torch.int32:
+        raise ContractError(f"the block table must be int32, not {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != len(seq_lens):
+        raise ContractError(
+            f"the block table must have one row per sequence ({len(seq_lens)}), got shape {tuple(block_table.shape)}"
+        )
+    needed = max((-(-n // block_size) for n in seq_lens), default=0)
+    if block_table.shape[1] < needed:
+        raise ContractError(
+            f"the block table has {block_table.shape[1]} columns; the longest sequence needs {needed} blocks"
+        )
+    _contiguous("block_table", block_table)
+
+
+def check_seq_lens(seq_lens: list[int]) -> None:
+    if any(n <= 0 for n in seq_lens):
+        raise ContractError(f"sequence lengths must be positive: {seq_lens}")
+
+
+def check_cumulative(cu_q_lens: list[int], seq_lens: list[int], tokens: int) -> None:
+    """``cu_q_lens``: 0, then each sequence's end; monotonic, ending at the query rows, each
+    chunk no longer than its sequence."""
+    if len(cu_q_lens) != len(seq_lens) + 1 or cu_q_lens[0] != 0:
+        raise ContractError(f"cumulative lengths must start at 0 with one end per sequence: {cu_q_lens}")
+    if any(b < a for a, b in zip(cu_q_lens, cu_q_lens[1:])):
+        raise ContractError(f"cumulative lengths must not decrease: {cu_q_lens}")
+    if cu_q_lens[-1] != tokens:
+        raise ContractError(f"cumulative lengths end at {cu_q_lens[-1]}, but there are {tokens} query rows")
+    for s, (a, b) in enumerate(zip(cu_q_lens, cu_q_lens[1:])):
+        if b - a > seq_lens[s]:
+            raise ContractError(f"sequence {s} has {b - a} query tokens but only {seq_lens[s]} tokens in all")
+
+
+class CheckedOps:
+    """An ops implementation behind the contract. Methods that do not touch the paged cache
+    are the implementation's own (no overhead); the others check their inputs first."""
+
+    def __init__(self, ops, limits: Limits = DEFAULT_LIMITS):  # type: ignore[no-untyped-def]
+        self.inner = ops
+        self.limits = limits
+        self.name = ops.name
+        self._checked: dict[str, tuple[torch.Tensor, ...]] = {}
+        for attr in ("prepare_linear", "linear", "rms_norm", "add_rms_norm", "swiglu", "rotary"):
+            setattr(self, attr, getattr(ops, attr))
+        for attr in ("argmax_logsumexp", "top_k_top_p"):
+            setattr(self, attr, getattr(ops, attr))
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    def _seen(self, kind: str, *tensors: torch.Tensor) -> bool:
+        """True when these very tensors passed last time (every layer of a step gets the same
+        ones). Holding them keeps their identity from being reused by a later step."""
+        last = self._checked.get(kind)
+        return last is not None and len(last) == len(tensors) and all(a is b for a, b in zip(last, tensors))
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
+        _cache(k_cache, v_cache, self.limits)
+        for name, t in (("key", k), ("value", v)):
+            _contiguous(name, t)
+            if t.dim() != 3 or t.shape[1:] != k_cache.shape[2:]:
+                raise ContractError(f"{name} must be (tokens, kv_heads, head_dim) like the cache, got {tuple(t.shape)}")
+        if slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0] or slot_mapping.is_floating_point():
+            raise ContractError("the slot mapping must hold one integer slot per token")
+        return self.inner.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def _attention_inputs(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        _cache(k_cache, v_cache, self.limits)
+        _contiguous("query", q)
+        if q.dim() != 3 or q.shape[2] != k_cache.shape[3]:
+            raise ContractError(f"the query must be (tokens, heads, head_dim), got {tuple(q.shape)}")
+        check_model(q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], self.limits)
+
+    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        self._attention_inputs(q, k_cache, v_cache)
+        if not self._seen("decode", block_tables, seq_lens):
+            lens = seq_lens.tolist()
+            if len(lens) != q.shape[0]:
+                raise ContractError(f"{q.shape[0]} decode queries but {len(lens)} sequence lengths")
+            check_seq_lens(lens)
+            check_block_table(block_tables, lens, k_cache.shape[1])
+            self._checked["decode"] = (block_tables, seq_lens)
+        return self.inner.attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+
+    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        self._attention_inputs(q, k_cache, v_cache)
+        if not self._seen("prefill", block_tables, cu_q_lens, seq_lens):
+            lens = seq_lens.tolist()
+            check_seq_lens(lens)
+            check_cumulative(cu_q_lens.tolist(), lens, q.shape[0])
+            check_block_table(block_tables, lens, k_cache.shape[1])
+            self._checked["prefill"] = (block_tables, cu_q_lens, seq_lens)
+        return self.inner.attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window)
