@@ -8,9 +8,11 @@ and response formats live above it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from .block_manager import BlockManager
 from .guided import GuidedDecoder
 from .model_runner import ModelRunner, StepLogits
 from .models.spec import read_config, spec_from_config
+from .parallel import Shard, TensorParallelError, WorkerRanks, agree_min, check_devices, check_shardable
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Group, Sequence, Status
@@ -50,6 +53,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     ops: str = "auto"
+    tensor_parallel_degree: int = 1
 
 
 def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -73,31 +77,52 @@ def _available_memory() -> int:
     return 8 * GIB
 
 
+def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str) -> int:
+    """KV blocks of ``block_bytes`` (one process's share of a block) that fit on ``device``.
+
+    ``kv_cache_bytes`` and an accelerator's memory are per process (per device); the CPU default
+    budget is the host's, shared by the tensor-parallel ranks.
+    """
+    if cfg.kv_cache_bytes:
+        return max(1, cfg.kv_cache_bytes // block_bytes)
+    wanted = cfg.max_num_seqs * max_model_len
+    wanted_blocks = -(-wanted // cfg.block_size)
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
+        budget = max(0, free - reserve)
+    else:
+        budget = min(CPU_KV_DEFAULT_BYTES, _available_memory() // 4) // cfg.tensor_parallel_degree
+    floor = -(-max_model_len // cfg.block_size)
+    return max(floor, min(wanted_blocks, budget // block_bytes))
+
+
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, on_rank_failure: Callable[[str], None] | None = None):
+        """``on_rank_failure``: called when a tensor-parallel rank dies while the engine runs
+        (the engine process exits); without it, the next step raises :class:`TensorParallelError`."""
         started = time.monotonic()
         self.config = config
         self.spec = spec_from_config(read_config(config.model_dir))
         spec = self.spec
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.eos_token_ids = _eos_ids(config.model_dir, spec.eos_token_ids)
-        dtype = torch_dtype(config.dtype)
-        self.runner = ModelRunner(
-            config.model_dir, spec, dtype, config.device, self.max_model_len, config.block_size, config.ops
-        )
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        block_bytes = 2 * spec.num_layers * config.block_size * spec.num_kv_heads * spec.head_dim * itemsize
-        self.num_blocks = self._num_blocks(block_bytes)
+        self.ranks: WorkerRanks | None = None
+        tp = config.tensor_parallel_degree
+        if tp > 1:
+            check_shardable(spec, tp)
+            check_devices(config.device, tp)
+            for_ranks = dataclasses.asdict(dataclasses.replace(config, max_model_len=self.max_model_len))
+            self.ranks = WorkerRanks(for_ranks, tp, config.device, on_rank_failure)
+        try:
+            block_bytes = self._load_model(torch_dtype(config.dtype))
+            self.guided = GuidedDecoder(config.model_dir, spec.vocab_size, self.eos_token_ids)
+        except BaseException:
+            self.close()
+            raise
         capacity = self.num_blocks * config.block_size
-        if capacity < self.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens, fewer than max_model_len ({self.max_model_len}); "
-                "raise option.kv_cache_memory or lower option.max_model_len"
-            )
-        self.runner.allocate_cache(self.num_blocks)
         self.blocks = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
-        self.guided = GuidedDecoder(config.model_dir, spec.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(config.device, self.runner.ops, self.guided)
         self.groups: dict[str, Group] = {}
         self.prompt_tokens = 0
@@ -117,7 +142,10 @@ class Engine:
             "kv_bytes": self.num_blocks * block_bytes,
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+            "tensor_parallel_degree": tp,
         }
+        if self.ranks is not None:
+            self.info["rank_pids"] = self.ranks.pids
         log.info(
             "engine ready in %.1f s: %s, %s on %s (%s ops); KV cache %d blocks x %d = %d tokens (%.2f GiB), "
             "%.1f sequences of max_model_len %d",
@@ -133,21 +161,56 @@ class Engine:
             capacity / self.max_model_len,
             self.max_model_len,
         )
+        if self.ranks is not None:
+            log.info(
+                "tensor parallel degree %d: each rank holds %d of %d query heads and %d of %d KV heads; "
+                "the KV cache above is per rank",
+                tp,
+                self.runner.spec.num_heads,
+                spec.num_heads,
+                self.runner.spec.num_kv_heads,
+                spec.num_kv_heads,
+            )
+
+    def _load_model(self, dtype: torch.dtype) -> int:
+        """Load this process's weights and allocate its KV cache; the bytes of one KV block here.
+
+        With tensor parallelism the other ranks load their shards meanwhile; the cache gets the
+        number of blocks that fits on every rank."""
+        cfg, tp = self.config, self.config.tensor_parallel_degree
+        self.runner = ModelRunner(
+            cfg.model_dir,
+            self.spec,
+            dtype,
+            cfg.device,
+            self.max_model_len,
+            cfg.block_size,
+            cfg.ops,
+            shard=Shard(0, tp) if tp > 1 else None,
+        )
+        block_bytes = self.runner.block_bytes
+        self.num_blocks = self._num_blocks(block_bytes)
+        if self.ranks is not None:
+            self.ranks.join()
+            self.num_blocks = agree_min(self.num_blocks, cfg.device)
+        capacity = self.num_blocks * cfg.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len ({self.max_model_len}); "
+                "raise option.kv_cache_memory or lower option.max_model_len"
+            )
+        self.runner.allocate_cache(self.num_blocks)
+        if self.ranks is not None:
+            self.runner.channel = self.ranks.ready()
+        return block_bytes
 
     def _num_blocks(self, block_bytes: int) -> int:
-        cfg = self.config
-        if cfg.kv_cache_bytes:
-            return max(1, cfg.kv_cache_bytes // block_bytes)
-        wanted = cfg.max_num_seqs * self.max_model_len
-        wanted_blocks = -(-wanted // cfg.block_size)
-        if cfg.device.startswith("cuda"):
-            free, total = torch.cuda.mem_get_info(torch.device(cfg.device))
-            reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
-            budget = max(0, free - reserve)
-        else:
-            budget = min(CPU_KV_DEFAULT_BYTES, _available_memory() // 4)
-        floor = -(-self.max_model_len // cfg.block_size)
-        return max(floor, min(wanted_blocks, budget // block_bytes))
+        return kv_cache_blocks(self.config, self.max_model_len, block_bytes, self.config.device)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (a single-process engine holds nothing)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     # --- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> None:
@@ -216,8 +279,12 @@ class Engine:
     def _run(self, out: SchedulerOutput, deltas: list[wire.SeqDelta]) -> None:
         """Run ``out``; if it fails, split it until the failing sequences are found and end only those."""
         try:
+            if self.ranks is not None:
+                self.ranks.check()
             step = self.runner.execute(out)
             self._advance(out, step, deltas)
+        except TensorParallelError:
+            raise  # the ranks are out of step: nothing can be retried
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) at fault
             items = out.scheduled
             if len(items) == 1:

@@ -51,6 +51,12 @@ class EngineLoop:
         return True
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.engine.close()
+
+    def _run(self) -> None:
         while True:
             # wait for work when idle; otherwise take whatever arrived since the last step
             block = not self.engine.has_work()
@@ -72,6 +78,13 @@ class EngineLoop:
                 self.send(wire.EngineStep(deltas=deltas, stats=self.engine.stats()))
 
 
+def _rank_failed(reason: str) -> None:
+    """A tensor-parallel rank died: end this process, so the server fails the requests in
+    flight and starts the engine again (the other ranks die with it)."""
+    log.error("stopping the engine: %s", reason)
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
@@ -83,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.configure(init.log_level, f"{init.model_name} engine pid {os.getpid()}")
     try:
-        engine = Engine(engine_config(init.model_path, init.options))
+        engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)
     except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops
         detail = "".join(traceback.format_exception(exc))
         log.error("the engine failed to start:\n%s", detail)

@@ -13,6 +13,7 @@ from .models.rope import rope_tables
 from .models.spec import ModelSpec
 from .models.weights import load_state_dict
 from .ops import select_ops
+from .parallel import Shard, StepChannel, TensorParallelError, local_spec, shard_pieces
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 log = logging.getLogger("lmiserve.engine")
@@ -43,17 +44,37 @@ class ModelRunner:
         max_model_len: int,
         block_size: int,
         ops_name: str = "auto",
+        shard: Shard | None = None,
     ):
-        self.spec = spec
+        """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
+        part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head."""
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
         self.ops = select_ops(device, ops_name)
-        tensors = load_state_dict(model_dir, dtype, device)
+        self.channel: StepChannel | None = None
+        """Set on rank 0 of a tensor-parallel group: each step's inputs go to the other ranks."""
         cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)
-        self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
+        if shard is None or shard.world_size == 1:
+            self.spec = spec
+            tensors = load_state_dict(model_dir, dtype, device)
+            self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
+        else:
+            import torch.distributed as dist
+
+            self.spec = local_spec(spec, shard)
+            head = shard.rank == 0
+            tensors = load_state_dict(model_dir, dtype, device, shard_pieces(spec, shard, lm_head=head))
+            self.model = DecoderModel(self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head)
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block in this process (its own KV heads only)."""
+        spec = self.spec
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * spec.num_layers * self.block_size * spec.num_kv_heads * spec.head_dim * itemsize
 
     def allocate_cache(self, num_blocks: int) -> None:
         """The paged KV cache: per layer, K and V each (num_blocks, block_size, kv_heads, head_dim).
@@ -79,7 +100,8 @@ class ModelRunner:
         rows = [i.seq.block_table + [0] * (width - len(i.seq.block_table)) for i in items]
         return torch.tensor(rows, dtype=torch.int32, device=self.device)
 
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _lists(self, out: SchedulerOutput) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Input ids, positions, slots (decodes first) and the prefills' cumulative lengths."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -95,6 +117,10 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             slots.extend(self._slots(seq.block_table, start, n))
             cu.append(cu[-1] + n)
+        return ids, positions, slots, cu
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        ids, positions, slots, cu = self._lists(out)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
@@ -120,16 +146,35 @@ class ModelRunner:
         """Copy whole KV blocks in every layer (copy-on-write of blocks shared by beams)."""
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        self.copy_block_tensors(src, dst)
+
+    def copy_block_tensors(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.k_cache[:, dst] = self.k_cache[:, src]
         self.v_cache[:, dst] = self.v_cache[:, src]
 
+    def _forward_parallel(self, out: SchedulerOutput, channel: StepChannel) -> torch.Tensor:
+        """Rank 0 of a tensor-parallel group: send the step to the other ranks and run it with
+        them. Once the step is sent, any failure is fatal: the ranks are no longer in step."""
+        ids, positions, slots, cu = self._lists(out)
+        copies, out.copies = out.copies, []  # a retried step must not copy again
+        try:
+            input_ids, pos, meta, block_copies = channel.send(out, ids, positions, slots, cu, copies)
+            if block_copies is not None:
+                self.copy_block_tensors(*block_copies)
+            return self.model.forward(input_ids, pos, meta, self.kv_caches)
+        except Exception as exc:
+            raise TensorParallelError(f"a tensor-parallel step failed: {type(exc).__name__}: {exc}") from exc
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepLogits:
-        if out.copies:
-            self.copy_blocks(out.copies)
-            out.copies = []  # a retried step must not copy again
-        input_ids, positions, meta = self.prepare(out)
-        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        if self.channel is not None:
+            hidden = self._forward_parallel(out, self.channel)
+        else:
+            if out.copies:
+                self.copy_blocks(out.copies)
+                out.copies = []  # a retried step must not copy again
+            input_ids, positions, meta = self.prepare(out)
+            hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
         sampled: list[ScheduledSeq] = []
         sample_rows: list[int] = []
         prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)

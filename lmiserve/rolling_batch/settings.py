@@ -8,6 +8,7 @@ from pathlib import Path
 from ..config.schema import EngineSettings, ModelSettings
 from ..devices import resolve_device, resolve_dtype
 from .engine import EngineConfig
+from .parallel import resolve_degree
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -40,4 +41,5 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
         kv_cache_bytes=engine.kv_cache_memory,
         enable_prefix_caching=engine.enable_prefix_caching,
         gpu_memory_utilization=engine.gpu_memory_utilization,
+        tensor_parallel_degree=resolve_degree(model.tensor_parallel_degree, device),
     )

@@ -7,6 +7,7 @@ three matrix multiplies before the down projection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +51,16 @@ class DecoderModel:
         ops: ReferenceOps,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        all_reduce: Callable[[torch.Tensor], object] | None = None,
+        lm_head: bool = True,
     ):
+        """``spec`` gives the heads and MLP width this process computes; with tensor parallelism
+        that is its shard, and ``all_reduce`` sums the shards' outputs of the row-parallel
+        projections (o and down). Ranks that compute no logits pass ``lm_head=False``."""
         self.spec = spec
         self.ops = ops
+        self._all_reduce = all_reduce
+        self._row_linear = ops.linear if all_reduce is None else self._linear_all_reduce
         self.embed = take(tensors, "embed_tokens.weight")
         self.dtype = self.embed.dtype
         self.cos = cos.to(self.embed.device)
@@ -60,7 +68,9 @@ class DecoderModel:
         self.layers = [self._layer(tensors, i) for i in range(spec.num_layers)]
         self.norm = take(tensors, "norm.weight")
         head = tensors.get("lm_head.weight")
-        self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
+        self.lm_head = None
+        if lm_head:
+            self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.head_dim**-0.5
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self._split = [h * d, kv * d, kv * d]
@@ -114,8 +124,9 @@ class DecoderModel:
             q, k = ops.rotary(q, k, cos, sin)
             ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta, tokens, nd)
-            x, residual = ops.add_rms_norm(ops.linear(attn.view(tokens, -1), layer.o), residual, layer.post_norm, eps)
-            mlp = ops.linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
+            o = self._row_linear(attn.view(tokens, -1), layer.o)
+            x, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
+            mlp = self._row_linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
             next_norm = self.norm if i == last else self.layers[i + 1].input_norm
             x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
         return x
@@ -142,6 +153,11 @@ class DecoderModel:
             window,
         )
         return attn
+
+    def _linear_all_reduce(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        y = self.ops.linear(x, w)
+        self._all_reduce(y)  # type: ignore[misc]
+        return y
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.lm_head).float()

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
+SKIP = "skip"
+Piece = tuple[int, int, int] | str | None
+"""Which part of a tensor to load: None (all of it), SKIP (none), or ``(dim, start, stop)``."""
 
-def load_state_dict(model_dir: Path, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file in ``model_dir``, cast to ``dtype``."""
+
+def take_piece(tensor: Any, piece: tuple[int, int, int]) -> torch.Tensor:
+    """Rows (dim 0) or columns (dim 1) ``start:stop`` of a tensor or a safetensors slice."""
+    dim, start, stop = piece
+    return tensor[start:stop] if dim == 0 else tensor[:, start:stop]
+
+
+def load_state_dict(
+    model_dir: Path, dtype: torch.dtype, device: str = "cpu", pieces: Callable[[str], Piece] | None = None
+) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` file in ``model_dir``, cast to ``dtype``.
+
+    ``pieces`` names the part of each tensor to read (a tensor-parallel rank's shard); only
+    that part is read from the file.
+    """
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
@@ -17,7 +35,10 @@ def load_state_dict(model_dir: Path, dtype: torch.dtype, device: str = "cpu") ->
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                t = f.get_tensor(name)
+                piece = None if pieces is None else pieces(name)
+                if piece == SKIP:
+                    continue
+                t = f.get_tensor(name) if piece is None else take_piece(f.get_slice(name), piece)  # type: ignore[arg-type]
                 tensors[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
     return tensors
 

@@ -1,0 +1,418 @@
+"""Tensor parallelism: one process per device, each holding a shard of every layer.
+
+Sharding is Megatron's. Attention is split by heads: a rank computes ``num_heads / N`` query
+heads and the KV heads they read (``num_kv_heads / N``; when there are fewer KV heads than
+ranks, each rank holds a copy of the one KV head its query heads share). The fused QKV
+projection holds those heads' rows, the output projection the matching columns, and the
+ranks' partial outputs are summed by an all-reduce. The MLP is split the same way: gate and
+up by rows (a rank's fused gate/up is ``[gate shard; up shard]``), down by columns, then an
+all-reduce. Embeddings and norms are replicated. The LM head lives on rank 0 alone, which
+computes the logits and samples, so no all-gather is needed.
+
+Rank 0 is the engine (scheduler, block manager, sampler). It starts ranks 1..N-1
+(:mod:`.tp_worker`), which only run the model, and each step broadcasts the step's inputs to
+them as one int64 tensor behind a fixed-size header (:class:`StepChannel`). Every rank's KV
+cache holds its own KV heads under the same block tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ..child import exit_description
+from .models.decoder import AttentionMetadata
+from .models.spec import ModelSpec
+from .models.weights import SKIP, Piece, take_piece
+
+if TYPE_CHECKING:
+    from .scheduler import SchedulerOutput
+
+log = logging.getLogger("lmiserve.engine")
+
+TIMEOUT = datetime.timedelta(minutes=30)
+"""How long a rank waits to join the group, or in one collective, before it gives up."""
+
+
+class TensorParallelError(RuntimeError):
+    """A rank failed: the engine cannot continue (the server restarts it)."""
+
+
+# --- sharding ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    rank: int
+    world_size: int
+
+
+def check_shardable(spec: ModelSpec, world: int) -> None:
+    """Refuse a model whose heads (or MLP) cannot be split evenly over ``world`` ranks."""
+    if world == 1:
+        return
+    heads, kv = spec.num_heads, spec.num_kv_heads
+    if heads % world:
+        raise ValueError(f"num_attention_heads {heads} is not divisible by tensor_parallel_degree {world}")
+    if kv >= world and kv % world:
+        raise ValueError(f"num_key_value_heads {kv} is not divisible by tensor_parallel_degree {world}")
+    if kv < world and world % kv:
+        raise ValueError(
+            f"tensor_parallel_degree {world} is not a multiple of num_key_value_heads {kv}, "
+            "so the KV heads cannot be replicated evenly"
+        )
+    if spec.intermediate_size % world:
+        raise ValueError(
+            f"intermediate_size {spec.intermediate_size} is not divisible by tensor_parallel_degree {world}"
+        )
+
+
+def head_range(spec: ModelSpec, shard: Shard) -> tuple[int, int]:
+    """``(first, count)`` of the query heads this rank computes."""
+    count = spec.num_heads // shard.world_size
+    return shard.rank * count, count
+
+
+def kv_head_range(spec: ModelSpec, shard: Shard) -> tuple[int, int]:
+    """``(first, count)`` of the KV heads this rank holds: its share, or the one KV head its
+    query heads read when there are fewer KV heads than ranks (replicated)."""
+    kv, world = spec.num_kv_heads, shard.world_size
+    return shard.rank * kv // world, max(1, kv // world)
+
+
+def local_spec(spec: ModelSpec, shard: Shard) -> ModelSpec:
+    """The model as one rank sees it: its heads, its KV heads, its part of the MLP."""
+    return dataclasses.replace(
+        spec,
+        num_heads=head_range(spec, shard)[1],
+        num_kv_heads=kv_head_range(spec, shard)[1],
+        intermediate_size=spec.intermediate_size // shard.world_size,
+    )
+
+
+def shard_pieces(spec: ModelSpec, shard: Shard, lm_head: bool = True) -> Callable[[str], Piece]:
+    """Which rows or columns of each checkpoint tensor a rank loads (see :mod:`.models.weights`)."""
+    d = spec.head_dim
+    q0, qn = head_range(spec, shard)
+    k0, kn = kv_head_range(spec, shard)
+    inter = spec.intermediate_size // shard.world_size
+    i0 = shard.rank * inter
+    q_rows, kv_rows, mlp_rows = (0, q0 * d, (q0 + qn) * d), (0, k0 * d, (k0 + kn) * d), (0, i0, i0 + inter)
+    rules: dict[str, Piece] = {
+        "self_attn.q_proj.weight": q_rows,
+        "self_attn.q_proj.bias": q_rows,
+        "self_attn.k_proj.weight": kv_rows,
+        "self_attn.k_proj.bias": kv_rows,
+        "self_attn.v_proj.weight": kv_rows,
+        "self_attn.v_proj.bias": kv_rows,
+        "self_attn.o_proj.weight": (1, q0 * d, (q0 + qn) * d),
+        "mlp.gate_proj.weight": mlp_rows,
+        "mlp.up_proj.weight": mlp_rows,
+        "mlp.down_proj.weight": (1, i0, i0 + inter),
+    }
+
+    def piece(name: str) -> Piece:
+        if name == "lm_head.weight":
+            return None if lm_head else SKIP
+        return rules.get(".".join(name.split(".")[-3:]))
+
+    return piece
+
+
+def shard_state_dict(tensors: dict[str, torch.Tensor], pieces: Callable[[str], Piece]) -> dict[str, torch.Tensor]:
+    """A rank's shard of tensors already in memory (what loading with ``pieces`` reads)."""
+    shard = {}
+    for name, tensor in tensors.items():
+        piece = pieces(name)
+        if piece != SKIP:
+            shard[name] = tensor if piece is None else take_piece(tensor, piece).contiguous()  # type: ignore[arg-type]
+    return shard
+
+
+# --- devices and the process group ----------------------------------------------------------
+def backend_for(device: str) -> str:
+    if device.startswith("cuda"):
+        return "nccl"
+    if device.startswith("npu"):
+        return "hccl"
+    return "gloo"
+
+
+def _split(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return kind, int(index or 0)
+
+
+def device_count(kind: str) -> int:
+    if kind == "cuda":
+        return torch.cuda.device_count()
+    if kind == "npu":
+        import torch_npu  # noqa: F401 - registers torch.npu
+
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+    return 1
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank ``r`` runs on the r-th device after the configured one (all on the CPU on a CPU)."""
+    kind, first = _split(device)
+    return device if kind == "cpu" else f"{kind}:{first + rank}"
+
+
+def resolve_degree(value: int | str, device: str) -> int:
+    """``option.tensor_parallel_degree`` as a number: ``max`` is every visible device (1 on a CPU)."""
+    if value != "max":
+        return int(value)
+    kind, first = _split(device)
+    if kind == "cpu":
+        log.info("tensor_parallel_degree max on a CPU means 1 (one process); give a number to shard across sockets")
+        return 1
+    count = max(1, device_count(kind) - first)
+    log.info("tensor_parallel_degree max: %d %s device(s) from %s", count, kind, device)
+    return count
+
+
+def check_devices(device: str, world: int) -> None:
+    kind, first = _split(device)
+    if kind == "cpu" or world == 1:
+        return
+    visible = device_count(kind)
+    if first + world > visible:
+        raise ValueError(
+            f"tensor_parallel_degree {world} needs {world} {kind} devices from {device}; {visible} are visible"
+        )
+
+
+def rank_threads(world: int) -> int:
+    """CPU threads per rank: the CPUs this process may use, shared evenly."""
+    return max(1, len(os.sched_getaffinity(0)) // world)
+
+
+def use_device(device: str) -> None:
+    kind, _ = _split(device)
+    if kind == "cuda":
+        torch.cuda.set_device(device)
+    elif kind == "npu":
+        import torch_npu  # noqa: F401 - registers torch.npu and the hccl backend
+
+        torch.npu.set_device(device)  # type: ignore[attr-defined]
+
+
+def join_group(store: dist.Store, rank: int, world: int, device: str) -> None:
+    use_device(device)
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+
+
+def agree_min(value: int, device: str) -> int:
+    """The smallest of every rank's ``value`` (e.g. KV blocks that fit on every device)."""
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+# --- the per-step broadcast --------------------------------------------------------------
+_STOP, _STEP = 0, 1
+# kind, tokens, decodes, prefills, decode table width, prefill table width, block copies, payload
+_HEADER = 8
+
+StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None]
+"""input ids, positions, attention metadata and the block copies (sources, destinations) of a step."""
+
+
+class StepChannel:
+    """Rank 0 sends each step's inputs; every other rank receives them.
+
+    Two broadcasts per step: a fixed header with the sizes, then one int64 tensor with input
+    ids, positions, slots, block tables, lengths and block copies back to back. Every rank,
+    rank 0 included, takes its step tensors as views of that one tensor.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self._header = torch.zeros(_HEADER, dtype=torch.long, device=device)
+
+    def send(
+        self,
+        out: SchedulerOutput,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        cu: list[int],
+        copies: list[tuple[int, int]],
+    ) -> StepInputs:
+        decodes, prefills = out.decodes, out.prefills
+        dw = max((len(i.seq.block_table) for i in decodes), default=0)
+        pw = max((len(i.seq.block_table) for i in prefills), default=0)
+        payload = ids + positions + slots
+        for items, width in ((decodes, dw), (prefills, pw)):
+            for item in items:
+                table = item.seq.block_table
+                payload += table
+                payload += [0] * (width - len(table))
+        payload += [i.start + 1 for i in decodes]
+        if prefills:
+            payload += cu
+            payload += [i.start + i.num_tokens for i in prefills]
+        payload += [s for s, _ in copies]
+        payload += [d for _, d in copies]
+        header = [_STEP, len(ids), len(decodes), len(prefills), dw, pw, len(copies), len(payload)]
+        dist.broadcast(torch.tensor(header, dtype=torch.long, device=self.device), 0)
+        data = torch.tensor(payload, dtype=torch.long, device=self.device)
+        dist.broadcast(data, 0)
+        return _unpack(header, data)
+
+    def recv(self) -> StepInputs | None:
+        """The next step's inputs, or None when rank 0 stops the ranks."""
+        dist.broadcast(self._header, 0)
+        header = self._header.tolist()
+        if header[0] == _STOP:
+            return None
+        data = torch.empty(header[7], dtype=torch.long, device=self.device)
+        dist.broadcast(data, 0)
+        return _unpack(header, data)
+
+    def stop(self) -> None:
+        dist.broadcast(torch.zeros(_HEADER, dtype=torch.long, device=self.device), 0)
+
+
+def _unpack(header: list[int], data: torch.Tensor) -> StepInputs:
+    _, tokens, nd, npf, dw, pw, ncopies, _ = header
+    at = 0
+
+    def take(n: int) -> torch.Tensor:
+        nonlocal at
+        at += n
+        return data[at - n : at]
+
+    ids, positions = take(tokens), take(tokens)
+    meta = AttentionMetadata(slot_mapping=take(tokens), num_decodes=nd)
+    decode_tables, prefill_tables = take(nd * dw), take(npf * pw)
+    if nd:
+        meta.decode_block_tables = decode_tables.view(nd, dw).to(torch.int32)
+        meta.decode_seq_lens = take(nd).to(torch.int32)
+    if npf:
+        meta.prefill_block_tables = prefill_tables.view(npf, pw).to(torch.int32)
+        meta.prefill_cu_q_lens = take(npf + 1).to(torch.int32)
+        meta.prefill_seq_lens = take(npf).to(torch.int32)
+    copies = (take(ncopies), take(ncopies)) if ncopies else None
+    return ids, positions, meta, copies
+
+
+# --- ranks 1..N-1, seen from rank 0 -------------------------------------------------------
+class WorkerRanks:
+    """Starts ranks 1..N-1 (``python -m lmiserve.rolling_batch.tp_worker``) and watches them.
+
+    A rank that exits while the engine runs is fatal: ``on_failure`` is called with the reason
+    (the engine process exits, so the server restarts the engine); without it, the other
+    ranks are stopped and the next step raises :class:`TensorParallelError`.
+    """
+
+    def __init__(self, config: dict[str, Any], world: int, device: str, on_failure: Callable[[str], None] | None):
+        self.world = world
+        self.device = device
+        self.on_failure = on_failure
+        self.failure: str | None = None
+        self.channel: StepChannel | None = None
+        self._armed = False
+        self._closing = False
+        self._threads = torch.get_num_threads()
+        if device == "cpu":
+            torch.set_num_threads(rank_threads(world))
+        self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+        command = [
+            sys.executable,
+            "-m",
+            "lmiserve.rolling_batch.tp_worker",
+            "--port",
+            str(self.store.port),
+            "--world-size",
+            str(world),
+            "--parent",
+            str(os.getpid()),
+            "--log-level",
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+            "--config",
+            json.dumps(config, default=str),
+        ]
+        self.procs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(1, world)]
+        log.info(
+            "tensor parallel: %d ranks, %s backend; ranks 1..%d are pids %s",
+            world,
+            backend_for(device),
+            world - 1,
+            self.pids,
+        )
+        for rank, proc in enumerate(self.procs, 1):
+            threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-rank-{rank}", daemon=True).start()
+
+    @property
+    def pids(self) -> str:
+        return ",".join(str(p.pid) for p in self.procs)
+
+    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if self._closing:
+            return
+        self.failure = f"tensor-parallel rank {rank} (pid {proc.pid}) exited {exit_description(code)}"
+        log.error("%s; the engine cannot continue", self.failure)
+        for other in self.procs:  # a rank waiting in a collective with the dead one gets an error
+            if other.poll() is None:
+                other.kill()
+        if self._armed and self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
+
+    def join(self) -> None:
+        """Wait until every rank has loaded its shard, then form the process group with them."""
+        keys = [f"loaded/{rank}" for rank in range(1, self.world)]
+        while not self.store.check(keys):
+            if self.failure is not None:
+                raise TensorParallelError(f"{self.failure} while loading the model")
+            time.sleep(0.05)
+        self._armed = True
+        self.check()
+        join_group(self.store, 0, self.world, self.device)
+
+    def ready(self) -> StepChannel:
+        """The ranks wait for steps from now on."""
+        self.channel = StepChannel(self.device)
+        return self.channel
+
+    def close(self, grace: float = 10.0) -> None:
+        """Stop the ranks (a stop message when they are waiting for steps, else a kill)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.channel is not None and self.failure is None:
+            try:
+                self.channel.stop()
+            except Exception as exc:  # noqa: BLE001 - they are killed below
+                log.warning("could not stop the tensor-parallel ranks cleanly: %s", exc)
+        else:
+            for proc in self.procs:
+                proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("destroying the tensor-parallel process group failed: %s", exc)
+        torch.set_num_threads(self._threads)
