@@ -83,20 +83,29 @@ class EngineModel:
             from transformers import AutoTokenizer
 
             path = resolve_model(cfg.model_id, self.settings.model_dir)
-            spec_from_config(read_config(path))  # refuses unsupported architectures early
+            if self.backend != "vllm":
+                spec_from_config(read_config(path))  # refuses unsupported architectures early
             return path, AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
 
         self.path, self.tokenizer = await asyncio.to_thread(load)
 
-    async def _start_engine(self) -> None:
+    def _make_client(self) -> EngineClient:
+        """The engine client of this model's backend: our engine in a child process, or vLLM."""
         assert self.path is not None
+        if self.backend == "vllm":
+            from ..rolling_batch.vllm_adapter import VllmEngineClient
+
+            return VllmEngineClient(self.settings, self.path)
         init = wire.InitEngine(
             model_name=self.name,
             model_path=str(self.path),
             options=engine_options(self.settings.model, self.settings.engine),
             log_level=self.settings.server.log_level,
         )
-        client = ProcessEngineClient(init, env=engine_env())
+        return ProcessEngineClient(init, env=engine_env())
+
+    async def _start_engine(self) -> None:
+        client = self._make_client()
         await client.start(timeout=float(self.settings.model.model_loading_timeout))
         client.on_exit = self._on_exit
         self.client = client

@@ -49,17 +49,35 @@ def _embedding(model_id: str | None, settings: Settings) -> bool:
         return False
 
 
+def _vllm_model(settings: Settings) -> EngineModel:
+    """Generation by an installed vLLM (any architecture it supports, sharded as it shards)."""
+    from ..rolling_batch.vllm_adapter import NOT_INSTALLED, vllm_installed
+
+    if not vllm_installed():
+        raise ModelLoadError(NOT_INSTALLED)
+    return EngineModel(settings, backend="vllm")
+
+
+def _one_device(settings: Settings, what: str) -> None:
+    """Only our engine shards a model across devices; refuse tensor parallelism elsewhere."""
+    if settings.model.tensor_parallel_degree not in (1, "max"):
+        raise ModelLoadError(
+            f"option.tensor_parallel_degree > 1 needs the lmi engine (option.rolling_batch=lmi or auto); {what}"
+        )
+
+
 def build_model(settings: Settings) -> ServedModel:
     """The served model for these settings; raises ModelLoadError for what cannot start."""
     cfg = settings.model
     if cfg.entry_point or (settings.model_dir / "model.py").is_file():
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
-    if cfg.tensor_parallel_degree not in (1, "max"):
-        raise ModelLoadError("option.tensor_parallel_degree > 1 is not available in this build")
+    if cfg.rolling_batch == "vllm":
+        return _vllm_model(settings)
     backend = cfg.rolling_batch
     if backend == "disable" and not _embedding(cfg.model_id, settings):
+        _one_device(settings, "option.rolling_batch=disable runs transformers generate on one device")
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
-    if backend in ("npu", "vllm"):
+    if backend == "npu":
         raise ModelLoadError(f"option.rolling_batch={backend} is not available in this build; use lmi, auto or disable")
     try:
         names = architectures(cfg.model_id, settings.model_dir)
@@ -68,6 +86,7 @@ def build_model(settings: Settings) -> ServedModel:
     if is_embedding_model(names):
         if backend == "lmi":
             raise ModelLoadError(f"{names} is an embedding model: option.rolling_batch=lmi does not apply")
+        _one_device(settings, f"{names} is an embedding model, served on one device")
         return HandlerModel(_embedding_settings(settings), EMBEDDING_HANDLER)
     if any(name in ARCHITECTURES for name in names):
         return EngineModel(settings, backend="lmi")
@@ -77,4 +96,5 @@ def build_model(settings: Settings) -> ServedModel:
             f"option.rolling_batch=lmi does not support {names or 'this model'} (supported: {known}); "
             "use option.rolling_batch=disable"
         )
+    _one_device(settings, f"the lmi engine does not support {names or 'this model'}")
     return _handler_model(settings, TEXT_GENERATION_HANDLER)

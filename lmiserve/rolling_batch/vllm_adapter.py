@@ -1,0 +1,338 @@
+"""option.rolling_batch=vllm: generation by an installed vLLM behind lmiserve's engine-client interface.
+
+:class:`VllmEngineClient` runs vLLM's async engine in the API process (vLLM runs its engine core
+in processes of its own) and turns its outputs into the same :class:`~lmiserve.wire.SeqDelta`
+stream as lmiserve's engine, so tokenization, the output processor, every protocol and the
+metrics work unchanged. vLLM is imported only when this backend starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import wire
+from ..config import Settings
+from ..errors import WorkerDied
+from .client import EngineClient, EngineStartError, RequestStream
+from .vllm_params import SequenceState, VllmApi, field_names, is_engine_dead, is_validation_error, sampling_params
+
+log = logging.getLogger("lmiserve.vllm")
+
+NOT_INSTALLED = "option.rolling_batch=vllm needs the vllm package, which is not installed (pip install vllm)"
+DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+WATCH_INTERVAL_S = 1.0
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _tensor_parallel(degree: int | str) -> int:
+    if degree != "max":
+        return int(degree)
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def engine_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
+    """vLLM ``AsyncEngineArgs`` from lmiserve's settings (vLLM's own defaults where ours are unset)."""
+    model, engine = settings.model, settings.engine
+    kw: dict[str, Any] = {
+        "model": str(model_path),
+        "tokenizer": str(model_path),
+        "dtype": DTYPES.get(model.dtype, model.dtype),
+        "trust_remote_code": model.trust_remote_code,
+        "tensor_parallel_size": _tensor_parallel(model.tensor_parallel_degree),
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "max_num_seqs": engine.max_rolling_batch_size,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "enable_log_requests": False,
+        "disable_log_requests": True,
+    }
+    if model.max_model_len is not None:
+        kw["max_model_len"] = model.max_model_len
+    if engine.max_rolling_batch_prefill_tokens is not None:
+        kw["max_num_batched_tokens"] = engine.max_rolling_batch_prefill_tokens
+    if str(settings.sources.get("option.block_size", "default")) != "default":
+        kw["block_size"] = engine.block_size
+    if engine.kv_cache_memory is not None:
+        kw["kv_cache_memory_bytes"] = engine.kv_cache_memory
+    return kw
+
+
+def _info(engine: Any, api: VllmApi, wanted: dict[str, Any]) -> dict[str, str | int | float]:
+    inner = getattr(engine, "engine", None)  # vLLM's V0 async engine wraps an LLMEngine
+    config = getattr(engine, "vllm_config", None) or getattr(inner, "vllm_config", None)
+    model_config = (
+        getattr(engine, "model_config", None)
+        or getattr(config, "model_config", None)
+        or getattr(inner, "model_config", None)
+    )
+    scheduler = getattr(config, "scheduler_config", None)
+    cache = getattr(config, "cache_config", None)
+    info: dict[str, str | int | float] = {"backend": "vllm", "vllm_version": api.version}
+    dtype = getattr(model_config, "dtype", None) or wanted["dtype"]
+    info["dtype"] = str(dtype).removeprefix("torch.")
+    with contextlib.suppress(Exception):
+        from vllm.platforms import current_platform  # type: ignore[import-not-found]
+
+        info["device"] = str(current_platform.device_type)
+    info.setdefault("device", "unknown")
+    info["max_model_len"] = int(getattr(model_config, "max_model_len", 0) or wanted.get("max_model_len", 0))
+    if info["max_model_len"] <= 0:
+        raise EngineStartError("vLLM started but does not say its max_model_len; set option.max_model_len")
+    info["max_num_seqs"] = int(getattr(scheduler, "max_num_seqs", 0) or wanted["max_num_seqs"])
+    for key, source, name in (
+        ("max_num_batched_tokens", scheduler, "max_num_batched_tokens"),
+        ("block_size", cache, "block_size"),
+        ("kv_blocks", cache, "num_gpu_blocks"),
+    ):
+        value = getattr(source, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            info[key] = value
+    info["tensor_parallel_size"] = int(wanted["tensor_parallel_size"])
+    return info
+
+
+@dataclass
+class Running:
+    task: asyncio.Task[None]
+    vllm_id: str
+
+
+class VllmEngineClient(EngineClient):
+    """vLLM's async engine behind lmiserve's engine-client interface."""
+
+    pid = None  # vLLM's engine runs in processes vLLM manages
+
+    def __init__(self, settings: Settings, model_path: Path):
+        super().__init__()
+        self.settings = settings
+        self.model_path = model_path
+        self.engine: Any = None
+        self.api: VllmApi | None = None
+        self._tasks: dict[str, dict[int, Running]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._dying = False
+        self._stopping = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self, timeout: float) -> None:
+        if not vllm_installed():
+            raise EngineStartError(NOT_INSTALLED)
+        try:
+            self.api = VllmApi.load()
+            from vllm import AsyncEngineArgs, AsyncLLMEngine  # type: ignore[import-not-found]
+
+            wanted = engine_kwargs(self.settings, self.model_path)
+            known = field_names(AsyncEngineArgs)
+            ignored = sorted(k for k in wanted if k not in known)
+            if ignored:
+                log.debug("vLLM %s does not take %s; left to its defaults", self.api.version, ", ".join(ignored))
+            args = AsyncEngineArgs(**{k: v for k, v in wanted.items() if k in known})
+            log.info("starting vLLM %s: %s", self.api.version, {k: v for k, v in wanted.items() if k in known})
+            self.engine = await asyncio.wait_for(self._build(AsyncLLMEngine, args), timeout)
+            self.info = _info(self.engine, self.api, wanted)
+        except TimeoutError:
+            raise EngineStartError(f"vLLM did not start within {timeout:.0f} s (model_loading_timeout)") from None
+        except EngineStartError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of vLLM to start is a start failure
+            raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {exc}") from exc
+        self.alive = True
+        self._watcher = asyncio.create_task(self._watch(), name="vllm-watch")
+
+    @staticmethod
+    async def _build(engine_cls: Any, args: Any) -> Any:
+        """The engine, built on a worker thread so the server keeps answering while the model
+        loads; on the event loop where vLLM insists on the main thread."""
+        try:
+            return await asyncio.to_thread(engine_cls.from_engine_args, args)
+        except ValueError as exc:
+            if "main thread" not in str(exc):
+                raise
+            return engine_cls.from_engine_args(args)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self._stopping = True
+        self.alive = False
+        if self._watcher is not None:
+            self._watcher.cancel()
+        error = WorkerDied("the server is stopping")
+        for stream in self.streams.values():
+            stream.fail(error)
+        self.streams.clear()
+        await self._cancel_all()
+        await self._shutdown(grace)
+
+    async def _shutdown(self, timeout: float) -> None:
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        shutdown = getattr(engine, "shutdown", None) or getattr(engine, "shutdown_background_loop", None)
+        if shutdown is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(shutdown), timeout)
+        except Exception as exc:  # noqa: BLE001 - the engine is going away either way
+            log.warning("vLLM did not shut down cleanly: %s", exc)
+
+    async def _watch(self) -> None:
+        """Notice an engine that died while no request was running."""
+        while self.alive and not self._dying:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            engine = self.engine
+            if engine is not None and getattr(engine, "errored", False):
+                await self._die(getattr(engine, "dead_error", None))
+                return
+
+    async def _die(self, cause: BaseException | str | None) -> None:
+        """vLLM's engine is dead: fail every request, release it, and report the exit (the model
+        then starts a new engine)."""
+        if self._dying or self._stopping:
+            return
+        self._dying = True
+        detail = f": {type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else ""
+        reason = f"the vLLM engine died{detail}"
+        log.error("%s", reason)
+        error = WorkerDied(f"{reason} while handling this request")
+        for stream in self.streams.values():
+            stream.fail(error)
+        self.streams.clear()
+        await self._cancel_all()
+        await self._shutdown(SHUTDOWN_TIMEOUT_S)
+        self._gone(reason)
+
+    async def _cancel_all(self) -> None:
+        tasks = [item.task for group in self._tasks.values() for item in group.values()]
+        self._tasks.clear()
+        current = asyncio.current_task()
+        for task in tasks:
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
+
+    # --- requests -----------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> RequestStream:
+        if not self.alive or self._dying or self.engine is None or self.api is None:
+            raise WorkerDied("the engine is not running")
+        count = max(params.best_of, params.n, 1)
+        stream = RequestStream(request_id, count)
+        self.streams[request_id] = stream
+        try:
+            per_sequence = [sampling_params(params, self.api, index) for index in range(count)]
+        except Exception as exc:  # noqa: BLE001 - refused by lmiserve's checks or vLLM's
+            self._deliver(
+                wire.SeqDelta(request_id=request_id, finish_reason="error", error=str(exc), error_kind="validation")
+            )
+            return stream
+        cumulative = self.api.delta_kind is None
+        running = self._tasks.setdefault(request_id, {})
+        for index, sp in enumerate(per_sequence):
+            state = SequenceState(request_id, index, list(prompt_ids), params, cumulative=cumulative)
+            vllm_id = request_id if count == 1 else f"{request_id}#{index}"
+            task = asyncio.create_task(self._generate(state, sp, vllm_id), name=f"vllm-{vllm_id}")
+            running[index] = Running(task, vllm_id)
+        return stream
+
+    def _deliver(self, delta: wire.SeqDelta) -> None:
+        self._on_step(wire.EngineStep(deltas=[delta]))
+
+    async def _generate(self, state: SequenceState, sp: Any, vllm_id: str) -> None:
+        failed = False
+        try:
+            outputs = self.engine.generate({"prompt_token_ids": state.prompt_ids}, sp, vllm_id)
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    delta = state.delta(output)
+                    if delta is None:
+                        continue
+                    self._deliver(delta)
+                    if delta.error is not None:
+                        failed = True
+                        break
+            if not state.finished:  # the outputs ended without saying why
+                self._deliver(wire.SeqDelta(request_id=state.request_id, index=state.index, finish_reason="abort"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one request fails, never the server
+            if is_engine_dead(exc) or getattr(self.engine, "errored", False):
+                self._spawn(self._die(exc))
+                return
+            validation = is_validation_error(exc)
+            if not validation:
+                log.error("vLLM request %s failed: %s: %s", vllm_id, type(exc).__name__, exc)
+            failed = True
+            self._deliver(
+                wire.SeqDelta(
+                    request_id=state.request_id,
+                    index=state.index,
+                    finish_reason="error",
+                    error=str(exc) or type(exc).__name__,
+                    error_kind="validation" if validation else "",
+                )
+            )
+        finally:
+            self._forget(state.request_id, state.index)
+        if failed:  # an error ends every sequence of the request
+            self._abort_tasks(state.request_id, None)
+
+    def _forget(self, request_id: str, index: int) -> None:
+        running = self._tasks.get(request_id)
+        if running is not None and index in running and running[index].task is asyncio.current_task():
+            del running[index]
+            if not running:
+                del self._tasks[request_id]
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        stream = self.streams.get(request_id)
+        if index is None:
+            self.streams.pop(request_id, None)
+        aborted = self._abort_tasks(request_id, index)
+        if index is not None and index in aborted and stream is not None and not stream.done:
+            # this sequence ends here; the request's other sequences go on
+            self._deliver(wire.SeqDelta(request_id=request_id, index=index, finish_reason="abort"))
+
+    def _abort_tasks(self, request_id: str, index: int | None) -> list[int]:
+        running = self._tasks.get(request_id, {})
+        chosen = [i for i in running if index is None or i == index]
+        for i in chosen:
+            item = running.pop(i)
+            item.task.cancel()  # vLLM also aborts a request whose output stream is closed
+            self._abort_in_vllm(item.vllm_id)
+        if not running:
+            self._tasks.pop(request_id, None)
+        return chosen
+
+    def _abort_in_vllm(self, vllm_id: str) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        try:
+            result = engine.abort(vllm_id)
+        except Exception as exc:  # noqa: BLE001 - aborting a request vLLM no longer knows
+            log.debug("vLLM abort of %s: %s", vllm_id, exc)
+            return
+        if inspect.isawaitable(result):
+            self._spawn(result)
+
+    def _spawn(self, awaitable: Any) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("vLLM background call failed: %s", task.exception())

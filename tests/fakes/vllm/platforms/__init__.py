@@ -1,0 +1,5 @@
+class _Platform:
+    device_type = "cpu"
+
+
+current_platform = _Platform()
