@@ -37,3 +37,29 @@ def tiny_model_dirs(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("tiny-models")
     return {arch: build_model(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "qwen3")}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _npu_available() -> bool:
+    from lmiserve.devices import npu_available
+
+    return npu_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` or ``npu`` run only where that device is present."""
+    checks = {"cuda": _cuda_available, "npu": _npu_available}
+    present: dict[str, bool] = {}
+    for item in items:
+        for name, check in checks.items():
+            if item.get_closest_marker(name) is None:
+                continue
+            if name not in present:
+                present[name] = check()
+            if not present[name]:
+                item.add_marker(pytest.mark.skip(reason=f"needs {'an NPU' if name == 'npu' else 'a CUDA GPU'}"))

@@ -119,9 +119,10 @@ class ModelSettings(_Area):
     rolling_batch: Literal["auto", "lmi", "npu", "vllm", "disable"] = setting(
         "auto",
         "option.rolling_batch",
-        "Continuous-batching backend: lmi (our engine) or disable (dynamic batching through transformers "
-        "generate); auto picks lmi for the architectures it supports (Llama, Mistral, Qwen2, Qwen3). npu and "
-        "vllm are not in this build.",
+        "Continuous-batching backend: lmi (our engine on the CPU or a CUDA GPU), npu (our engine on an Ascend "
+        "NPU through torch_npu's fused kernels), vllm (an installed vLLM) or disable (dynamic batching through "
+        "transformers generate); auto picks our engine for the architectures it supports (Llama, Mistral, "
+        "Qwen2, Qwen3), on an NPU when one is present.",
         allowed="auto, lmi, npu, vllm, disable",
     )
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(
@@ -159,7 +160,9 @@ class ModelSettings(_Area):
     max_model_len: int | None = setting(
         None,
         "option.max_model_len",
-        "Longest sequence (prompt plus generated tokens); empty: the model's own limit.",
+        "Longest sequence (prompt plus generated tokens); empty: the model's own limit. "
+        "option.max_seq_len (MindIE's maxSeqLen) is the same key.",
+        key_aliases=("option.max_seq_len",),
         ge=1,
     )
     trust_remote_code: bool = setting(
@@ -310,7 +313,9 @@ class EngineSettings(_Area):
         None,
         "option.max_rolling_batch_prefill_tokens",
         "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
-        "empty: 512 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster.",
+        "empty: 512 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
+        "option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
+        key_aliases=("option.max_prefill_tokens",),
         ge=1,
     )
     kv_cache_memory: int | None = setting(
@@ -327,12 +332,58 @@ class EngineSettings(_Area):
         gt=0,
         le=1,
     )
-    block_size: int = setting(16, "option.block_size", "Tokens per KV-cache block.", ge=1, le=1024)
+    block_size: int | None = setting(
+        None,
+        "option.block_size",
+        "Tokens per KV-cache block; empty: 128 on NPUs (their attention kernels' granule), 16 elsewhere. "
+        "option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
+        key_aliases=("option.cache_block_size",),
+        ge=1,
+        le=1024,
+    )
+    max_input_token_len: int | None = setting(
+        None,
+        "option.max_input_token_len",
+        "Longest prompt, in tokens, a request may bring (MindIE's maxInputTokenLen); longer prompts are "
+        "refused with a validation error. Empty: only max_model_len limits prompts.",
+        ge=1,
+    )
+    max_iter_times: int | None = setting(
+        None,
+        "option.max_iter_times",
+        "Most tokens one request may generate (MindIE's maxIterTimes): a larger max_new_tokens is lowered "
+        "to it. Empty: no cap beyond max_model_len.",
+        ge=1,
+    )
+    max_prefill_batch_size: int | None = setting(
+        None,
+        "option.max_prefill_batch_size",
+        "Most prompts one engine step prefills (MindIE's maxPrefillBatchSize); empty: as many as the "
+        "step's token budget admits.",
+        ge=1,
+    )
+    npu_device_ids: str | None = setting(
+        None,
+        "option.npu_device_ids",
+        "The Ascend NPUs this server may use, as a comma-separated list of device ids (MindIE's npuDeviceIds); "
+        "the engine sees them as npu:0, npu:1, ... through ASCEND_RT_VISIBLE_DEVICES. Empty: all of them.",
+        allowed="comma-separated device ids such as 0,1,2,3",
+        pattern=r"^\s*\d+(\s*,\s*\d+)*\s*$",
+    )
     enable_prefix_caching: bool = setting(
         True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
     )
 
-    @field_validator("kv_cache_memory", "max_rolling_batch_prefill_tokens", mode="before")
+    @field_validator(
+        "kv_cache_memory",
+        "max_rolling_batch_prefill_tokens",
+        "block_size",
+        "max_input_token_len",
+        "max_iter_times",
+        "max_prefill_batch_size",
+        "npu_device_ids",
+        mode="before",
+    )
     @classmethod
     def _empty(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -54,6 +54,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     ops: str = "auto"
     tensor_parallel_degree: int = 1
+    max_prefill_seqs: int | None = None
 
 
 def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -87,14 +88,23 @@ def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, dev
         return max(1, cfg.kv_cache_bytes // block_bytes)
     wanted = cfg.max_num_seqs * max_model_len
     wanted_blocks = -(-wanted // cfg.block_size)
-    if device.startswith("cuda"):
-        free, total = torch.cuda.mem_get_info(torch.device(device))
+    if device.startswith(("cuda", "npu")):
+        free, total = device_memory(device)
         reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
         budget = max(0, free - reserve)
     else:
         budget = min(CPU_KV_DEFAULT_BYTES, _available_memory() // 4) // cfg.tensor_parallel_degree
     floor = -(-max_model_len // cfg.block_size)
     return max(floor, min(wanted_blocks, budget // block_bytes))
+
+
+def device_memory(device: str) -> tuple[int, int]:
+    """Free and total bytes of an accelerator (``torch.npu`` exists once torch_npu is imported)."""
+    if device.startswith("npu"):
+        import torch_npu  # noqa: F401 - registers torch.npu
+
+        return torch.npu.mem_get_info(torch.device(device))  # type: ignore[attr-defined]
+    return torch.cuda.mem_get_info(torch.device(device))
 
 
 class Engine:
@@ -122,7 +132,9 @@ class Engine:
             raise
         capacity = self.num_blocks * config.block_size
         self.blocks = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_seqs
+        )
         self.sampler = Sampler(config.device, self.runner.ops, self.guided)
         self.groups: dict[str, Group] = {}
         self.prompt_tokens = 0

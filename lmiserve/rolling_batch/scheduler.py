@@ -67,8 +67,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        max_prefill_seqs: int | None = None,
     ):
+        """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides)."""
         self.blocks = block_manager
+        self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
         self.max_num_seqs = max_num_seqs
         # every running sequence must be able to decode in every step
         self.max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
@@ -184,7 +187,7 @@ class Scheduler:
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:
-            if budget <= 0:
+            if budget <= 0 or len(out.prefills) >= self.max_prefill_seqs:
                 break
             if seq.status is not Status.RUNNING:
                 continue
@@ -198,7 +201,13 @@ class Scheduler:
 
         # 3. admit waiting sequences, oldest first; none while others had to be preempted
         skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and len(out.prefills) < self.max_prefill_seqs
+            and not out.preempted
+        ):
             seq = self.waiting[0]
             if self._blocked_sibling(seq):
                 skipped.append(self.waiting.popleft())

@@ -14,6 +14,9 @@ log = logging.getLogger("lmiserve.engine")
 
 CPU_STEP_TOKENS = 512
 ACCELERATOR_STEP_TOKENS = 4096
+NPU_BLOCK_SIZE = 128
+"""The NPU attention kernels read the paged cache in blocks of 128 tokens (a multiple of 16 at least)."""
+BLOCK_SIZE = 16
 
 
 def engine_options(model: ModelSettings, engine: EngineSettings) -> dict[str, str]:
@@ -24,7 +27,7 @@ def engine_options(model: ModelSettings, engine: EngineSettings) -> dict[str, st
 def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
     model = ModelSettings.model_validate_json(options["model"])
     engine = EngineSettings.model_validate_json(options["engine"])
-    device = resolve_device(model.device)
+    device = engine_device(model.rolling_batch, model.device)
     dtype, why = resolve_dtype(model.dtype, device)
     log.info("dtype %s (%s)", dtype, why)
     step_tokens = engine.max_rolling_batch_prefill_tokens or (
@@ -37,9 +40,21 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
         max_num_seqs=engine.max_rolling_batch_size,
         max_num_batched_tokens=step_tokens,
         max_model_len=model.max_model_len,
-        block_size=engine.block_size,
+        block_size=engine.block_size or (NPU_BLOCK_SIZE if device.startswith("npu") else BLOCK_SIZE),
         kv_cache_bytes=engine.kv_cache_memory,
         enable_prefix_caching=engine.enable_prefix_caching,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         tensor_parallel_degree=resolve_degree(model.tensor_parallel_degree, device),
+        max_prefill_seqs=engine.max_prefill_batch_size,
     )
+
+
+def engine_device(backend: str, spec: str) -> str:
+    """The engine's device: ``option.rolling_batch=npu`` means an NPU, whatever ``auto`` finds."""
+    if backend != "npu":
+        return resolve_device(spec)
+    if spec == "auto":
+        spec = "npu"
+    if not spec.startswith("npu"):
+        raise ValueError(f"option.rolling_batch=npu runs on an NPU, but option.device is {spec}; use npu or npu:N")
+    return resolve_device(spec)

@@ -63,7 +63,7 @@ def engine_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
         kw["max_model_len"] = model.max_model_len
     if engine.max_rolling_batch_prefill_tokens is not None:
         kw["max_num_batched_tokens"] = engine.max_rolling_batch_prefill_tokens
-    if str(settings.sources.get("option.block_size", "default")) != "default":
+    if engine.block_size is not None:
         kw["block_size"] = engine.block_size
     if engine.kv_cache_memory is not None:
         kw["kv_cache_memory_bytes"] = engine.kv_cache_memory

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .. import wire
 from ..config import Settings
 from ..errors import ModelNotReady, ValidationFailed
@@ -26,10 +28,16 @@ log = logging.getLogger("lmiserve.model")
 MAX_RESTARTS = 3
 
 
-def engine_env() -> dict[str, str]:
+def engine_env(settings: Settings) -> dict[str, str]:
+    """The engine process's environment: offline, and the NPU runtime's settings when it may use one."""
     env = dict(os.environ)
     env["HF_HUB_OFFLINE"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the KV pool and activations of changing shapes fragment the NPU caching allocator less this way
+    env.setdefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+    ids = settings.engine.npu_device_ids
+    if ids is not None:
+        env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(i.strip() for i in ids.split(","))
     return env
 
 
@@ -102,7 +110,7 @@ class EngineModel:
             options=engine_options(self.settings.model, self.settings.engine),
             log_level=self.settings.server.log_level,
         )
-        return ProcessEngineClient(init, env=engine_env())
+        return ProcessEngineClient(init, env=engine_env(self.settings))
 
     async def _start_engine(self) -> None:
         client = self._make_client()
@@ -162,6 +170,13 @@ class EngineModel:
             ids = ids[-request.truncate :]
         if not ids:
             raise ValidationFailed("the prompt is empty")
+        engine = self.settings.engine
+        if engine.max_input_token_len is not None and len(ids) > engine.max_input_token_len:
+            raise ValidationFailed(
+                f"the prompt has {len(ids)} tokens, more than max_input_token_len ({engine.max_input_token_len})"
+            )
+        if engine.max_iter_times is not None and request.params.max_new_tokens > engine.max_iter_times:
+            request.params = msgspec.structs.replace(request.params, max_new_tokens=engine.max_iter_times)
         if len(ids) >= self.max_model_len:
             raise ValidationFailed(
                 f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"

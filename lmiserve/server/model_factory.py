@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 from ..config import Settings
+from ..devices import npu_available
 from ..handlers.loader import HandlerLoadError, check_syntax, resolve_entry_point
 from ..model_store import ModelNotFound, architectures
 from ..rolling_batch.models.spec import ARCHITECTURES
@@ -66,6 +68,24 @@ def _one_device(settings: Settings, what: str) -> None:
         )
 
 
+def _check_npu(settings: Settings) -> None:
+    """``option.rolling_batch=npu`` needs torch_npu and a visible Ascend NPU; say which is missing."""
+    if settings.model.device not in ("auto", "npu") and not settings.model.device.startswith("npu:"):
+        raise ModelLoadError(
+            f"option.rolling_batch=npu runs on an NPU, but option.device is {settings.model.device}; use npu or npu:N"
+        )
+    if importlib.util.find_spec("torch_npu") is None:
+        raise ModelLoadError(
+            "option.rolling_batch=npu needs torch_npu (and Ascend's CANN toolkit), which is not installed; "
+            "use the NPU image or option.rolling_batch=lmi"
+        )
+    if not npu_available():
+        raise ModelLoadError(
+            "option.rolling_batch=npu found no usable Ascend NPU (torch.npu.is_available() is false): check the "
+            "/dev/davinci* devices given to the container, the driver and ASCEND_RT_VISIBLE_DEVICES"
+        )
+
+
 def build_model(settings: Settings) -> ServedModel:
     """The served model for these settings; raises ModelLoadError for what cannot start."""
     cfg = settings.model
@@ -78,7 +98,7 @@ def build_model(settings: Settings) -> ServedModel:
         _one_device(settings, "option.rolling_batch=disable runs transformers generate on one device")
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
     if backend == "npu":
-        raise ModelLoadError(f"option.rolling_batch={backend} is not available in this build; use lmi, auto or disable")
+        _check_npu(settings)
     try:
         names = architectures(cfg.model_id, settings.model_dir)
     except (ModelNotFound, OSError, ValueError) as exc:
@@ -90,10 +110,10 @@ def build_model(settings: Settings) -> ServedModel:
         return HandlerModel(_embedding_settings(settings), EMBEDDING_HANDLER)
     if any(name in ARCHITECTURES for name in names):
         return EngineModel(settings, backend="lmi")
-    if backend == "lmi":
+    if backend in ("lmi", "npu"):
         known = ", ".join(sorted(ARCHITECTURES))
         raise ModelLoadError(
-            f"option.rolling_batch=lmi does not support {names or 'this model'} (supported: {known}); "
+            f"option.rolling_batch={backend} does not support {names or 'this model'} (supported: {known}); "
             "use option.rolling_batch=disable"
         )
     _one_device(settings, f"the lmi engine does not support {names or 'this model'}")

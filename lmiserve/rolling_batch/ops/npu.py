@@ -17,6 +17,8 @@ operator documentation):
   (causal, aligned to the bottom right, so a chunk continuing a cached prefix sees all of it)
   with the kernel's 2048 x 2048 mask in which True means masked.
 - Decode: the same kernel in the BSH layout, one query token per sequence.
+  The kernel takes fp16 and bf16 only: an fp32 model's attention runs the reference ops
+  (plain torch, on the NPU).
 - RMSNorm ``npu_rms_norm`` (it returns ``(y, rstd)`` like our interface), SwiGLU ``npu_swiglu``,
   rotary ``npu_apply_rotary_pos_emb`` (TND, half layout, head sizes 64 and 128) else
   ``npu_rotary_mul``, top-k/top-p ``npu_top_k_top_p`` (k between 1 and 1024).
@@ -31,6 +33,8 @@ from .reference import ReferenceOps
 MASK_SIZE = 2048
 FUSED_ROPE_HEAD_DIMS = (64, 128)
 MAX_FUSED_TOP_K = 1024
+ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+"""What npu_fused_infer_attention_score computes in (besides quantised int8)."""
 
 
 class NpuOps(ReferenceOps):
@@ -123,6 +127,8 @@ class NpuOps(ReferenceOps):
     def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
+        if q.dtype not in ATTENTION_DTYPES:
+            return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
         batch, heads, dim = q.shape
         blocks, block_size, kv_heads, _ = k_cache.shape
         (lens,) = self._host_lengths("decode", seq_lens)
@@ -143,6 +149,8 @@ class NpuOps(ReferenceOps):
     def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
+        if q.dtype not in ATTENTION_DTYPES:
+            return super().attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
         _, heads, dim = q.shape
         blocks, block_size, kv_heads, _ = k_cache.shape
         cu, lens = self._host_lengths("prefill", cu_q_lens, seq_lens)

@@ -166,6 +166,8 @@ def npu_fused_infer_attention_score(
     )
     _need(not any(v is not None for v in unused.values()), f"unsupported arguments in this fake: {unused}")
     _contiguous(query=query, key=key, value=value)
+    _need(query.dtype in (torch.float16, torch.bfloat16), "query: float16 or bfloat16 (int8 only when quantised)")
+    _need(key.dtype == value.dtype == query.dtype, "key and value must have the query's dtype")
     kv_heads = num_key_value_heads or num_heads
     _need(num_heads % kv_heads == 0 and num_heads // kv_heads <= 64, "num_heads must be a multiple (<= 64) of KV heads")
     # page attention: the KV come from the paged cache through the block table

@@ -7,7 +7,6 @@ that the NPU ops give the reference backend's tokens.
 """
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,20 +16,6 @@ from lmiserve.wire import SamplingParams
 
 from .engine_helpers import hf_greedy, make_engine, run
 from .test_ops import LENGTHS, dense_attention, paged
-
-FAKES = Path(__file__).resolve().parents[2] / "fakes"
-
-
-@pytest.fixture
-def fake_npu(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKES))
-    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    import torch_npu
-
-    assert torch_npu.__version__.endswith("cpu-semantic-fake")
-    torch_npu.CALLS.clear()
-    yield torch_npu
-    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
 
 
 @pytest.fixture
@@ -54,12 +39,12 @@ def test_torch_npu_is_not_imported_by_the_backend_module():
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (32, 8)])
 def test_decode_matches_dense(npu_ops, fake_npu, heads, kv_heads):
     dim = 32
-    k_cache, v_cache, tables, dense = paged(LENGTHS, kv_heads, dim, num_blocks=128)
-    q = torch.randn(len(LENGTHS), heads, dim)
+    k_cache, v_cache, tables, dense = paged(LENGTHS, kv_heads, dim, num_blocks=128, dtype=torch.float16)
+    q = torch.randn(len(LENGTHS), heads, dim).half()
     out = npu_ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor(LENGTHS, dtype=torch.int32), dim**-0.5)
     for s, n in enumerate(LENGTHS):
         expected = dense_attention(q[s : s + 1], *dense[s], causal_offset=n - 1)
-        assert torch.allclose(out[s : s + 1].double(), expected, atol=1e-5), n
+        assert torch.allclose(out[s : s + 1].double(), expected, atol=1e-2), n
     (call,) = calls(fake_npu, "npu_fused_infer_attention_score")
     assert call["input_layout"] == "BSH" and call["query_shape"] == (len(LENGTHS), 1, heads * dim)
     assert call["actual_seq_lengths_kv"] == LENGTHS and call["block_table_dtype"] == torch.int32
@@ -69,14 +54,14 @@ def test_decode_matches_dense(npu_ops, fake_npu, heads, kv_heads):
 def test_chunked_prefill_over_a_cached_prefix(npu_ops, fake_npu):
     dim, heads, kv_heads = 32, 8, 2
     totals, chunks = [17, 129, 40, 16], [17, 1, 25, 16]
-    k_cache, v_cache, tables, dense = paged(totals, kv_heads, dim, num_blocks=64)
+    k_cache, v_cache, tables, dense = paged(totals, kv_heads, dim, num_blocks=64, dtype=torch.bfloat16)
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
-    q = torch.randn(sum(chunks), heads, dim)
+    q = torch.randn(sum(chunks), heads, dim).bfloat16()
     out = npu_ops.attention_prefill(q, k_cache, v_cache, tables, cu, torch.tensor(totals, dtype=torch.int32), dim**-0.5)
     for s, (total, n) in enumerate(zip(totals, chunks)):
         lo = int(cu[s])
         expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n)
-        assert torch.allclose(out[lo : lo + n].double(), expected, atol=1e-5), (total, n)
+        assert torch.allclose(out[lo : lo + n].double(), expected, atol=2e-2), (total, n)
     (call,) = calls(fake_npu, "npu_fused_infer_attention_score")
     assert call["input_layout"] == "TND" and call["sparse_mode"] == 3 and call["mask_shape"] == (2048, 2048)
     assert call["actual_seq_lengths"] == [17, 18, 43, 59]  # cumulative query lengths
@@ -132,6 +117,36 @@ def test_top_k_top_p(npu_ops, fake_npu):
     assert not calls(fake_npu, "npu_top_k_top_p")
 
 
+def test_fp32_attention_runs_the_reference_ops(npu_ops, fake_npu):
+    """The fused attention kernel takes fp16/bf16 only; an fp32 model attends with plain torch."""
+    k_cache, v_cache, tables, dense = paged([5, 17], 2, 32, num_blocks=8)
+    q = torch.randn(2, 4, 32)
+    out = npu_ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor([5, 17], dtype=torch.int32), 32**-0.5)
+    for s, n in enumerate([5, 17]):
+        assert torch.allclose(out[s : s + 1].double(), dense_attention(q[s : s + 1], *dense[s], n - 1), atol=1e-5)
+    assert not calls(fake_npu, "npu_fused_infer_attention_score")
+
+
+def test_fp16_engine_on_npu_ops_gives_the_reference_tokens(fake_npu, tiny_model_dirs, tiny_tokenizer):
+    model_dir = tiny_model_dirs["llama"]
+    prompts = [tiny_tokenizer(p)["input_ids"] for p in ("What is Deep Learning?", "The quick brown fox " * 6)]
+    arrivals = {
+        0: [("a", prompts[0], SamplingParams(max_new_tokens=10))],
+        1: [("b", prompts[1], SamplingParams(max_new_tokens=8))],
+    }
+    results = {}
+    for ops in ("reference", "npu"):
+        engine = make_engine(model_dir, ops=ops, dtype="fp16", block_size=128, max_num_batched_tokens=16)
+        results[ops], _, _ = run(engine, arrivals)
+    assert results["npu"] == results["reference"]
+    prefill = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "TND"]
+    decode = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "BSH"]
+    assert prefill and decode
+    assert all(c["block_table_dtype"] == torch.int32 and c["block_size"] == 128 for c in prefill + decode)
+    chunked = [c for c in prefill if c["actual_seq_lengths"][-1] < max(c["actual_seq_lengths_kv"])]
+    assert chunked  # a chunk continued a cached prefix: KV longer than its query rows
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_engine_on_npu_ops_gives_the_reference_tokens(fake_npu, arch, tiny_model_dirs, tiny_tokenizer):
     model_dir = tiny_model_dirs[arch]
@@ -149,9 +164,7 @@ def test_engine_on_npu_ops_gives_the_reference_tokens(fake_npu, arch, tiny_model
     assert results["npu"] == results["reference"]
     for rid, prompt, n in zip("abc", prompts, (12, 9, 15)):
         assert results["npu"][rid][0] == hf_greedy(model_dir, prompt, n)
-    prefill = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "TND"]
-    decode = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "BSH"]
-    assert prefill and decode
-    assert all(c["block_table_dtype"] == torch.int32 and c["block_size"] == 128 for c in prefill + decode)
-    chunked = [c for c in prefill if c["actual_seq_lengths"][-1] < max(c["actual_seq_lengths_kv"])]
-    assert chunked  # a chunk continued a cached prefix: KV longer than its query rows
+    # fp32: fused norms, activation and cache writes; attention by the reference (the kernel is fp16/bf16)
+    assert calls(fake_npu, "npu_rms_norm") and calls(fake_npu, "npu_swiglu")
+    assert calls(fake_npu, "npu_scatter_pa_kv_cache")
+    assert not calls(fake_npu, "npu_fused_infer_attention_score")

@@ -127,3 +127,16 @@ def test_prefix_cache_hits_across_requests():
     out = sched.schedule()
     assert out.prefills[0].num_tokens == 1
     assert again.leader.num_cached_prompt_tokens == 12
+
+
+def test_max_prefill_seqs_limits_the_prompts_of_one_step():
+    sched = Scheduler(
+        BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, max_prefill_seqs=2
+    )
+    groups = [request(f"r{i}", 3, max_new=2, first_token=10 * i) for i in range(5)]
+    for g in groups:
+        sched.add(g)
+    steps = run(sched)
+    assert [len(out.prefills) for out in steps][:3] == [2, 2, 1]
+    assert all(len(out.prefills) <= 2 for out in steps)
+    assert all(g.leader.finish_reason == "length" for g in groups)
