@@ -36,6 +36,11 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (vLLM's configuration errors span several)."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def _tensor_parallel(degree: int | str) -> int:
     if degree != "max":
         return int(degree)
@@ -126,6 +131,7 @@ class VllmEngineClient(EngineClient):
         self._watcher: asyncio.Task[None] | None = None
         self._dying = False
         self._stopping = False
+        self._totals = {"prompt_tokens": 0, "generated_tokens": 0, "prefix_cache_hit_tokens": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -149,8 +155,9 @@ class VllmEngineClient(EngineClient):
         except EngineStartError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of vLLM to start is a start failure
-            raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {exc}") from exc
+            raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {_one_line(exc)}") from exc
         self.alive = True
+        self._refresh_stats()
         self._watcher = asyncio.create_task(self._watch(), name="vllm-watch")
 
     @staticmethod
@@ -206,7 +213,7 @@ class VllmEngineClient(EngineClient):
         detail = f": {type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else ""
         reason = f"the vLLM engine died{detail}"
         log.error("%s", reason)
-        error = WorkerDied(f"{reason} while handling this request")
+        error = WorkerDied(f"the vLLM engine died while handling this request{detail}")
         for stream in self.streams.values():
             stream.fail(error)
         self.streams.clear()
@@ -244,10 +251,30 @@ class VllmEngineClient(EngineClient):
             vllm_id = request_id if count == 1 else f"{request_id}#{index}"
             task = asyncio.create_task(self._generate(state, sp, vllm_id), name=f"vllm-{vllm_id}")
             running[index] = Running(task, vllm_id)
+        self._refresh_stats()
         return stream
 
     def _deliver(self, delta: wire.SeqDelta) -> None:
+        self._totals["prompt_tokens"] += delta.num_prompt_tokens
+        self._totals["prefix_cache_hit_tokens"] += delta.num_cached_tokens
+        self._totals["generated_tokens"] += len(delta.token_ids)
+        self._refresh_stats()
         self._on_step(wire.EngineStep(deltas=[delta]))
+
+    def _refresh_stats(self) -> None:
+        """The statistics lmiserve's metrics read: the sequences this server has in vLLM (vLLM's
+        own waiting queue and KV blocks are inside them) and the tokens it reported."""
+        if not self.alive:  # an engine that exited has had its counts folded into the model's
+            return
+        self.stats = wire.EngineStats(
+            running=sum(len(group) for group in self._tasks.values()),
+            waiting=0,
+            kv_blocks_used=0,
+            kv_blocks_total=int(self.info.get("kv_blocks", 0) or 0),
+            preemptions=0,
+            step_seconds=0.0,
+            **self._totals,
+        )
 
     async def _generate(self, state: SequenceState, sp: Any, vllm_id: str) -> None:
         failed = False
@@ -294,6 +321,7 @@ class VllmEngineClient(EngineClient):
             del running[index]
             if not running:
                 del self._tasks[request_id]
+            self._refresh_stats()
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         stream = self.streams.get(request_id)
@@ -313,6 +341,7 @@ class VllmEngineClient(EngineClient):
             self._abort_in_vllm(item.vllm_id)
         if not running:
             self._tasks.pop(request_id, None)
+        self._refresh_stats()
         return chosen
 
     def _abort_in_vllm(self, vllm_id: str) -> None:

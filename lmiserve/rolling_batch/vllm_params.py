@@ -1,9 +1,11 @@
 """Between lmiserve's engine messages and vLLM's: sampling parameters in, request outputs out.
 
 Pure functions over the installed vLLM's classes (gathered in a :class:`VllmApi`), so they can
-be tested without vLLM. Each sequence of a request is one vLLM request with ``n=1``: a sequence
-that a stop string ended can then be aborted on its own, and every sequence streams its own
-deltas. Stop strings are not passed to vLLM: the output processor above the engine applies them.
+be tested without vLLM. Each sequence of a request (``max(n, best_of)`` of them) is one vLLM
+request with ``n=1``: a sequence that a stop string ended can then be aborted on its own, every
+sequence streams its own deltas, and lmiserve picks the best ``n`` of ``best_of`` by cumulative
+log-probability, as with its own engine. Stop strings are not passed to vLLM: the output
+processor above the engine applies them.
 """
 
 from __future__ import annotations
@@ -73,11 +75,6 @@ def check(params: wire.SamplingParams) -> None:
     """Refuse what the vLLM backend does not do (raises RequestRefused)."""
     if params.num_beams > 1:
         raise RequestRefused("beam search (num_beams > 1) is not available on the vllm backend")
-    if params.best_of > max(params.n, 1):
-        raise RequestRefused(
-            f"best_of ({params.best_of}) greater than n ({params.n}) is not available on the vllm backend; "
-            "ask for n sequences instead"
-        )
     if params.do_sample and params.typical_p < 1.0:
         raise RequestRefused("typical_p is not available on the vllm backend")
 

@@ -9,9 +9,13 @@ Set by environment variables (read when the engine is built):
 - ``FAKE_VLLM_DELAY``: seconds between two tokens.
 - ``FAKE_VLLM_DIE_AFTER``: the engine dies while serving its N-th request (0: never).
 - ``FAKE_VLLM_FAIL_START``: building the engine raises with this message.
+- ``FAKE_VLLM_HOLD_START``: a file; building the engine waits while it exists.
+
+Like vLLM, ``generate`` refuses (ValueError) a structured-outputs regex that does not compile.
 
 Token ``i`` of a prompt is ``4 + (sum(prompt) + seed + i) % (vocab_size - 4)`` (the seed counts
-only when sampling), so it is never one of the tiny test tokenizer's special tokens.
+only when sampling), so it is never one of the tiny test tokenizer's special tokens. Its
+log-probability is ``-0.5 - (token % 4) / 8``, so sequences of different seeds rank differently.
 """
 
 from .engine.arg_utils import AsyncEngineArgs

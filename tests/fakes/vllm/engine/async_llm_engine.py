@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from ..v1.engine.exceptions import EngineDeadError
 
 SPECIAL_TOKENS = 4
 TOKEN_LOGPROB = -0.5
+"""A generated token's log-probability is ``TOKEN_LOGPROB - (token % 4) / 8``."""
 PROMPT_LOGPROB = -1.0
 
 
@@ -30,7 +32,9 @@ def _plain(value: Any) -> Any:
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.name
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
         return [_plain(v) for v in value]
     return value
 
@@ -73,6 +77,9 @@ class AsyncLLMEngine:
         failure = os.environ.get("FAKE_VLLM_FAIL_START")
         if failure:
             raise RuntimeError(failure)
+        hold = os.environ.get("FAKE_VLLM_HOLD_START")
+        while hold and os.path.exists(hold):
+            time.sleep(0.05)
         return cls(args)
 
     def _token(self, base: int, i: int) -> int:
@@ -93,6 +100,12 @@ class AsyncLLMEngine:
             raise ValueError(f"request id {request_id} is already running")
         if len(ids) >= self.model_config.max_model_len:
             raise ValueError(f"the prompt (length {len(ids)}) is longer than the maximum model length")
+        regex = getattr(sp.structured_outputs, "regex", None)
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                raise ValueError(f"Failed to transform regex into a grammar: {exc}") from None
 
     async def generate(self, prompt: dict, sampling_params: SamplingParams, request_id: str):
         if self.errored:
@@ -134,8 +147,9 @@ class AsyncLLMEngine:
                     reason = "length"
                 tokens.append(token)
                 if sp.logprobs is not None:
-                    logprobs.append(self._alternatives(token, TOKEN_LOGPROB, sp.logprobs))
-                    cumulative += TOKEN_LOGPROB
+                    chosen = TOKEN_LOGPROB - (token % 4) / 8
+                    logprobs.append(self._alternatives(token, chosen, sp.logprobs))
+                    cumulative += chosen
                 new = slice(i, i + 1) if delta else slice(0, i + 1)
                 completion = CompletionOutput(
                     index=0,
