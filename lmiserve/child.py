@@ -15,6 +15,22 @@ def die_with_parent() -> None:
         pass
 
 
+def _ignore(signum: int, frame: object) -> None:
+    pass
+
+
+def ignore_stop_signals() -> None:
+    """Let the server decide when this child stops.
+
+    A terminal's Ctrl-C, ``kill -- -PGID`` or a service manager signals the whole process group;
+    the server then drains its requests, which needs its workers and engine alive, and stops them
+    itself. A handler that does nothing (rather than SIG_IGN) is reset by exec, so the programs a
+    handler starts still get the usual signals.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _ignore)
+
+
 async def spawn(module: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     """Start ``python -m module --fd N`` with one end of a socket pair.
 

@@ -25,10 +25,11 @@ from .block_manager import BlockManager
 from .guided import GuidedDecoder
 from .model_runner import ModelRunner, StepLogits
 from .models.spec import read_config, spec_from_config
-from .parallel import Shard, TensorParallelError, WorkerRanks, agree_min, check_devices, check_shardable
+from .parallel import TensorParallelError, WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Group, Sequence, Status
+from .sharding import Shard, check_shardable
 
 log = logging.getLogger("lmiserve.engine")
 

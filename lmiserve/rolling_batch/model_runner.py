@@ -13,8 +13,9 @@ from .models.rope import rope_tables
 from .models.spec import ModelSpec
 from .models.weights import load_state_dict
 from .ops import select_ops
-from .parallel import Shard, StepChannel, TensorParallelError, local_spec, shard_pieces
+from .parallel import StepChannel, TensorParallelError
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .sharding import Shard, local_spec, shard_pieces
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -154,7 +155,10 @@ class ModelRunner:
 
     def _forward_parallel(self, out: SchedulerOutput, channel: StepChannel) -> torch.Tensor:
         """Rank 0 of a tensor-parallel group: send the step to the other ranks and run it with
-        them. Once the step is sent, any failure is fatal: the ranks are no longer in step."""
+        them. Once the step is sent, any failure is fatal: the ranks are no longer in step, so
+        the channel is marked broken and no further step is sent."""
+        if channel.broken is not None:
+            raise TensorParallelError(channel.broken)
         ids, positions, slots, cu = self._lists(out)
         copies, out.copies = out.copies, []  # a retried step must not copy again
         try:
@@ -163,7 +167,8 @@ class ModelRunner:
                 self.copy_block_tensors(*block_copies)
             return self.model.forward(input_ids, pos, meta, self.kv_caches)
         except Exception as exc:
-            raise TensorParallelError(f"a tensor-parallel step failed: {type(exc).__name__}: {exc}") from exc
+            channel.broken = f"a tensor-parallel step failed: {type(exc).__name__}: {exc}"
+            raise TensorParallelError(channel.broken) from exc
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepLogits:

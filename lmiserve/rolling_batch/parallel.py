@@ -1,23 +1,14 @@
 """Tensor parallelism: one process per device, each holding a shard of every layer.
 
-Sharding is Megatron's. Attention is split by heads: a rank computes ``num_heads / N`` query
-heads and the KV heads they read (``num_kv_heads / N``; when there are fewer KV heads than
-ranks, each rank holds a copy of the one KV head its query heads share). The fused QKV
-projection holds those heads' rows, the output projection the matching columns, and the
-ranks' partial outputs are summed by an all-reduce. The MLP is split the same way: gate and
-up by rows (a rank's fused gate/up is ``[gate shard; up shard]``), down by columns, then an
-all-reduce. Embeddings and norms are replicated. The LM head lives on rank 0 alone, which
-computes the logits and samples, so no all-gather is needed.
-
-Rank 0 is the engine (scheduler, block manager, sampler). It starts ranks 1..N-1
-(:mod:`.tp_worker`), which only run the model, and each step broadcasts the step's inputs to
-them as one int64 tensor behind a fixed-size header (:class:`StepChannel`). Every rank's KV
-cache holds its own KV heads under the same block tables.
+What each rank holds is :mod:`.sharding`'s business; this module runs the group. Rank 0 is the
+engine (scheduler, block manager, sampler). It starts ranks 1..N-1 (:mod:`.tp_worker`), which
+only run the model, and each step broadcasts the step's inputs to them as one int64 tensor
+behind a fixed-size header (:class:`StepChannel`). Every rank's KV cache holds its own KV
+heads under the same block tables.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import logging
@@ -34,8 +25,6 @@ import torch.distributed as dist
 
 from ..child import exit_description
 from .models.decoder import AttentionMetadata
-from .models.spec import ModelSpec
-from .models.weights import SKIP, Piece, take_piece
 
 if TYPE_CHECKING:
     from .scheduler import SchedulerOutput
@@ -48,95 +37,6 @@ TIMEOUT = datetime.timedelta(minutes=30)
 
 class TensorParallelError(RuntimeError):
     """A rank failed: the engine cannot continue (the server restarts it)."""
-
-
-# --- sharding ---------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    rank: int
-    world_size: int
-
-
-def check_shardable(spec: ModelSpec, world: int) -> None:
-    """Refuse a model whose heads (or MLP) cannot be split evenly over ``world`` ranks."""
-    if world == 1:
-        return
-    heads, kv = spec.num_heads, spec.num_kv_heads
-    if heads % world:
-        raise ValueError(f"num_attention_heads {heads} is not divisible by tensor_parallel_degree {world}")
-    if kv >= world and kv % world:
-        raise ValueError(f"num_key_value_heads {kv} is not divisible by tensor_parallel_degree {world}")
-    if kv < world and world % kv:
-        raise ValueError(
-            f"tensor_parallel_degree {world} is not a multiple of num_key_value_heads {kv}, "
-            "so the KV heads cannot be replicated evenly"
-        )
-    if spec.intermediate_size % world:
-        raise ValueError(
-            f"intermediate_size {spec.intermediate_size} is not divisible by tensor_parallel_degree {world}"
-        )
-
-
-def head_range(spec: ModelSpec, shard: Shard) -> tuple[int, int]:
-    """``(first, count)`` of the query heads this rank computes."""
-    count = spec.num_heads // shard.world_size
-    return shard.rank * count, count
-
-
-def kv_head_range(spec: ModelSpec, shard: Shard) -> tuple[int, int]:
-    """``(first, count)`` of the KV heads this rank holds: its share, or the one KV head its
-    query heads read when there are fewer KV heads than ranks (replicated)."""
-    kv, world = spec.num_kv_heads, shard.world_size
-    return shard.rank * kv // world, max(1, kv // world)
-
-
-def local_spec(spec: ModelSpec, shard: Shard) -> ModelSpec:
-    """The model as one rank sees it: its heads, its KV heads, its part of the MLP."""
-    return dataclasses.replace(
-        spec,
-        num_heads=head_range(spec, shard)[1],
-        num_kv_heads=kv_head_range(spec, shard)[1],
-        intermediate_size=spec.intermediate_size // shard.world_size,
-    )
-
-
-def shard_pieces(spec: ModelSpec, shard: Shard, lm_head: bool = True) -> Callable[[str], Piece]:
-    """Which rows or columns of each checkpoint tensor a rank loads (see :mod:`.models.weights`)."""
-    d = spec.head_dim
-    q0, qn = head_range(spec, shard)
-    k0, kn = kv_head_range(spec, shard)
-    inter = spec.intermediate_size // shard.world_size
-    i0 = shard.rank * inter
-    q_rows, kv_rows, mlp_rows = (0, q0 * d, (q0 + qn) * d), (0, k0 * d, (k0 + kn) * d), (0, i0, i0 + inter)
-    rules: dict[str, Piece] = {
-        "self_attn.q_proj.weight": q_rows,
-        "self_attn.q_proj.bias": q_rows,
-        "self_attn.k_proj.weight": kv_rows,
-        "self_attn.k_proj.bias": kv_rows,
-        "self_attn.v_proj.weight": kv_rows,
-        "self_attn.v_proj.bias": kv_rows,
-        "self_attn.o_proj.weight": (1, q0 * d, (q0 + qn) * d),
-        "mlp.gate_proj.weight": mlp_rows,
-        "mlp.up_proj.weight": mlp_rows,
-        "mlp.down_proj.weight": (1, i0, i0 + inter),
-    }
-
-    def piece(name: str) -> Piece:
-        if name == "lm_head.weight":
-            return None if lm_head else SKIP
-        return rules.get(".".join(name.split(".")[-3:]))
-
-    return piece
-
-
-def shard_state_dict(tensors: dict[str, torch.Tensor], pieces: Callable[[str], Piece]) -> dict[str, torch.Tensor]:
-    """A rank's shard of tensors already in memory (what loading with ``pieces`` reads)."""
-    shard = {}
-    for name, tensor in tensors.items():
-        piece = pieces(name)
-        if piece != SKIP:
-            shard[name] = tensor if piece is None else take_piece(tensor, piece).contiguous()  # type: ignore[arg-type]
-    return shard
 
 
 # --- devices and the process group ----------------------------------------------------------
@@ -240,6 +140,8 @@ class StepChannel:
     def __init__(self, device: str):
         self.device = device
         self._header = torch.zeros(_HEADER, dtype=torch.long, device=device)
+        self.broken: str | None = None
+        """Set on rank 0 when a step failed once sent: the ranks are out of step from then on."""
 
     def send(
         self,
@@ -372,8 +274,11 @@ class WorkerRanks:
             self.on_failure(self.failure)
 
     def check(self) -> None:
+        """Raise if the group cannot run another step (a rank died, or a step failed half-way)."""
         if self.failure is not None:
             raise TensorParallelError(self.failure)
+        if self.channel is not None and self.channel.broken is not None:
+            raise TensorParallelError(self.channel.broken)
 
     def join(self) -> None:
         """Wait until every rank has loaded its shard, then form the process group with them."""
@@ -396,7 +301,7 @@ class WorkerRanks:
         if self._closing:
             return
         self._closing = True
-        if self.channel is not None and self.failure is None:
+        if self.channel is not None and self.channel.broken is None and self.failure is None:
             try:
                 self.channel.stop()
             except Exception as exc:  # noqa: BLE001 - they are killed below

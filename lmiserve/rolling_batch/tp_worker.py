@@ -14,7 +14,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -22,12 +21,13 @@ import torch
 import torch.distributed as dist
 
 from .. import logs
-from ..child import die_with_parent
+from ..child import die_with_parent, ignore_stop_signals
 from ..devices import torch_dtype
 from .engine import EngineConfig, kv_cache_blocks
 from .model_runner import ModelRunner
 from .models.spec import read_config, spec_from_config
-from .parallel import TIMEOUT, Shard, StepChannel, agree_min, join_group, rank_device, rank_threads
+from .parallel import TIMEOUT, StepChannel, agree_min, join_group, rank_device, rank_threads
+from .sharding import Shard
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     if os.getppid() != args.parent:  # rank 0 is already gone
         return 1
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()  # the server stops its children after draining
     logs.configure(args.log_level, f"tensor-parallel rank {args.rank} pid {os.getpid()}")
     raw = json.loads(args.config)
     config = EngineConfig(**{**raw, "model_dir": Path(raw["model_dir"])})

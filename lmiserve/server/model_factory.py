@@ -64,7 +64,7 @@ def _one_device(settings: Settings, what: str) -> None:
     """Only our engine shards a model across devices; refuse tensor parallelism elsewhere."""
     if settings.model.tensor_parallel_degree not in (1, "max"):
         raise ModelLoadError(
-            f"option.tensor_parallel_degree > 1 needs the lmi engine (option.rolling_batch=lmi or auto); {what}"
+            f"option.tensor_parallel_degree > 1 needs the lmi engine (option.rolling_batch=lmi, npu or auto); {what}"
         )
 
 

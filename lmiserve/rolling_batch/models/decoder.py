@@ -86,7 +86,7 @@ class DecoderModel:
         return Layer(
             input_norm=take(t, p + "input_layernorm.weight"),
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),
-            o=self.ops.prepare_linear(take(t, a + "o_proj.weight")),
+            o=self.ops.prepare_linear(take(t, a + "o_proj.weight"), maybe(t, a + "o_proj.bias")),
             post_norm=take(t, p + "post_attention_layernorm.weight"),
             gate_up=self.ops.prepare_linear(gate_up),
             down=self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight")),
