@@ -25,10 +25,11 @@ def ignore_stop_signals() -> None:
     A terminal's Ctrl-C, ``kill -- -PGID`` or a service manager signals the whole process group;
     the server then drains its requests, which needs its workers and engine alive, and stops them
     itself. A handler that does nothing (rather than SIG_IGN) is reset by exec, so the programs a
-    handler starts still get the usual signals.
+    handler starts still get the usual signals; system calls it interrupts are restarted.
     """
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
+        signal.siginterrupt(sig, False)
 
 
 async def spawn(module: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

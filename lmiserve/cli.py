@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="load a running server at several concurrency levels and report")
     add_arguments(bench)
+    from .deploy.command import add_subcommands
+
+    add_subcommands(sub)
     return parser
 
 
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.command import run as run_bench
 
         return run_bench(args)
+    if args.command in ("deploy", "invoke"):
+        from .deploy.command import run as run_deploy
+
+        return run_deploy(args)
     try:
         settings = _settings(args)
     except ConfigError as exc:

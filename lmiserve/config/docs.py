@@ -1,4 +1,4 @@
-"""The README's configuration table, generated from the setting declarations."""
+"""The README's configuration tables, generated from the setting declarations."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from .loader import SPECS
 
 START = "<!-- config-table:start -->"
 END = "<!-- config-table:end -->"
+ALIAS_START = "<!-- env-aliases:start -->"
+ALIAS_END = "<!-- env-aliases:end -->"
 
 
 def _default(value: object) -> str:
@@ -33,11 +35,28 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def alias_table() -> str:
+    """The SageMaker / LMI environment variables that set a key under another name."""
+    rows = ["| variable | sets | meaning |", "|---|---|---|"]
+    for spec in SPECS:
+        for alias in spec.aliases:
+            unit = " (in MB)" if alias.scale != 1 else ""
+            rows.append(f"| `{alias.name}` | `{spec.key}`{unit} | {spec.doc} |")
+    return "\n".join(rows)
+
+
+def _replace(text: str, start: str, end: str, table: str) -> str:
+    if start not in text:
+        return text
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
 def update(text: str) -> str:
-    """``text`` with the table between the markers replaced by the current one."""
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    return f"{head}{START}\n{markdown_table()}\n{END}{tail}"
+    """``text`` with the tables between the markers replaced by the current ones."""
+    text = _replace(text, START, END, markdown_table())
+    return _replace(text, ALIAS_START, ALIAS_END, alias_table())
 
 
 if __name__ == "__main__":

@@ -144,3 +144,32 @@ def describe_allowed(info: FieldInfo) -> str:
     if bounds:
         text += " " + " and ".join(bounds)
     return text
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(value: object) -> int:
+    """``2GiB``, ``512MiB``, ``1.5GB`` or a number of bytes."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match or (match.group(2) or "").lower() not in _UNITS:
+        raise ValueError("not a size")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .fields import MIB, EnvAlias, setting
+from .fields import MIB, EnvAlias, parse_size, setting
 
 _DTYPES = {
     "auto": "auto",
@@ -73,6 +73,15 @@ class ServerSettings(_Area):
     )
     log_level: Literal["debug", "info", "warning", "error"] = setting(
         "info", "log_level", "Log verbosity of the server and its workers.", cli="--log-level"
+    )
+    drain_timeout: int = setting(
+        20,
+        "drain_timeout",
+        "Seconds the requests in flight get to finish after SIGTERM, while new requests are refused with 503; "
+        "then the models stop and the server exits with status 0. SageMaker kills a container 30 s after "
+        "SIGTERM: keep the drain shorter. 0: stop at once.",
+        ge=0,
+        le=3600,
     )
 
     @field_validator("log_level", mode="before")
@@ -268,35 +277,6 @@ class ModelSettings(_Area):
         if self.min_workers > self.max_workers:
             raise ValueError(f"minWorkers ({self.min_workers}) is larger than maxWorkers ({self.max_workers})")
         return self
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
-
-
-def parse_size(value: object) -> int:
-    """``2GiB``, ``512MiB``, ``1.5GB`` or a number of bytes."""
-    if isinstance(value, int):
-        return value
-    match = _SIZE.match(str(value))
-    if not match or (match.group(2) or "").lower() not in _UNITS:
-        raise ValueError("not a size")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
 
 
 class EngineSettings(_Area):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import traceback
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import logs, wire
-from ..child import die_with_parent
+from ..child import die_with_parent, ignore_stop_signals
 from ..errors import LmiServeError
 from .inputs import Input
 from .loader import load_handler
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    ignore_stop_signals()  # the server stops its children after draining
     sock = socket.socket(fileno=fd)
     init = wire.recv(sock)
     if not isinstance(init, wire.InitWorker):

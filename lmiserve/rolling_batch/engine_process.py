@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
 import traceback
 
 from .. import logs, wire
-from ..child import die_with_parent
+from ..child import die_with_parent, ignore_stop_signals
 from .engine import Engine, RequestRejected
 from .settings import engine_config
 
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()  # the server stops its children after draining
     sock = socket.socket(fileno=fd)
     init = wire.recv(sock)
     if not isinstance(init, wire.InitEngine):

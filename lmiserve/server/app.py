@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from .. import __version__
 from ..config import Settings
 from . import errors
+from .drain import Drain, DrainMiddleware
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
@@ -44,6 +45,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.state.settings = settings
     app.state.admin = ModelAdmin(registry, settings)
     app.state.metrics = ServerMetrics(registry)
+    app.state.drain = Drain()
     errors.install(app)
     app.include_router(ping.router)
     app.include_router(inference.router)
@@ -56,4 +58,5 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: refusals cost nothing
     return app

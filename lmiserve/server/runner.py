@@ -11,17 +11,21 @@ import uvicorn
 from .. import __version__
 from ..config import Settings
 from .app import create_app
+from .drain import DrainingServer
 from .handler_model import ModelLoadError
 from .model_factory import build_model
 from .registry import ModelRegistry
 
 log = logging.getLogger("lmiserve")
 
-GRACEFUL_SHUTDOWN_S = 20
+# what uvicorn waits for the connections after the drain, before it cancels what still runs
+CONNECTION_CLOSE_S = 2
 
 
 def run(settings: Settings) -> int:
-    """Serve until stopped. Returns the process exit status (1 when the model failed to load)."""
+    """Serve until stopped. Returns the process exit status: 0 after a stop signal (the requests in
+    flight drained first), 1 when the model failed to load."""
+    began = time.monotonic()
     for warning in settings.warnings:
         log.warning(warning)
     try:
@@ -32,11 +36,11 @@ def run(settings: Settings) -> int:
     registry = ModelRegistry()
     registry.add(model)
     failures: list[str] = []
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     async def load_models() -> None:
         started = time.monotonic()
-        log.info("loading model %s from %s", model.name, settings.model_dir)
+        log.info("loading model %s: %s", model.name, _what(settings, model))
         try:
             await model.start()
         except ModelLoadError as exc:
@@ -45,7 +49,13 @@ def run(settings: Settings) -> int:
             if server is not None:
                 server.should_exit = True
             return
-        log.info("model %s ready in %.1f s", model.name, time.monotonic() - started)
+        log.info(
+            "model %s ready in %.1f s (%.1f s after start-up began): %s",
+            model.name,
+            time.monotonic() - started,
+            time.monotonic() - began,
+            _loaded(model),
+        )
 
     app = create_app(registry, settings, on_startup=load_models)
     config = uvicorn.Config(
@@ -56,12 +66,40 @@ def run(settings: Settings) -> int:
         access_log=settings.server.log_level == "debug",
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=CONNECTION_CLOSE_S,
         log_config=None,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.drain, settings.server.drain_timeout)
     log.info(
         "lmiserve %s: model %s on http://%s:%s", __version__, model.name, settings.server.host, settings.server.port
     )
     server.run()
+    log.info("server stopped")
     return 1 if failures else 0
+
+
+def _what(settings: Settings, model) -> str:  # type: ignore[no-untyped-def]
+    """What is about to be loaded, in one line."""
+    cfg = settings.model
+    source = cfg.model_id or "the model directory (else the embedded default model)"
+    parts = [f"option.model_id={source}", f"model directory {settings.model_dir}"]
+    if settings.properties_file is not None:
+        parts.append(f"properties {settings.properties_file}")
+    parts.append(f"option.rolling_batch={cfg.rolling_batch}")
+    entry = getattr(model, "entry_point", None)
+    parts.append(f"handler {entry}" if entry else f"{getattr(model, 'backend', model.kind)} engine")
+    return ", ".join(parts)
+
+
+def _loaded(model) -> str:  # type: ignore[no-untyped-def]
+    """What was loaded, in one line: the resolved weights and how they run."""
+    path = getattr(model, "path", None)
+    described = model.describe()
+    engine = described.get("engine") or {}
+    parts = [f"weights {path}"] if path else []
+    keys = ("architecture", "dtype", "device", "tensor_parallel_degree", "max_model_len", "kv_tokens")
+    parts += [f"{key} {engine[key]}" for key in keys if key in engine]
+    workers = described.get("workers")
+    if workers is not None:
+        parts.append(f"{len(workers)} worker(s) running {getattr(model, 'entry_point', '?')}")
+    return ", ".join(parts) or model.kind

@@ -1,0 +1,182 @@
+"""SIGTERM, as SageMaker / Kubernetes / ``docker stop`` send it to ``container/serve``: the requests in
+flight finish, new ones are refused, the model's child processes exit, and so does the server, with 0."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.container.serve_process import ContainerServe, wait_gone
+
+SLOW_HANDLER = """
+import time
+
+from lmiserve.handlers.outputs import Output
+
+
+def handle(inputs):
+    if inputs.is_empty():
+        return None
+    body = inputs.get_as_json()
+    out = Output()
+    if body.get("chunks"):
+        def chunks():
+            for n in range(body["chunks"]):
+                time.sleep(body["delay"])
+                yield {"n": n}
+        return out.add_stream_content(chunks())
+    time.sleep(body["sleep"])
+    return out.add_as_json({"slept": body["sleep"]})
+"""
+
+
+def _running(client: httpx.Client, model: str) -> float:
+    text = client.get("/metrics").text
+    match = re.search(rf'^lmiserve_requests_running\{{model="{model}"\}} (\S+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _wait_running(client: httpx.Client, model: str, count: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while _running(client, model) < count:
+        assert time.monotonic() < deadline, f"{count} requests never ran at once"
+        time.sleep(0.02)
+
+
+def _wait_refused(url: str, timeout: float = 10) -> httpx.Response:
+    """The first /ping answered 503 once the drain has begun."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ping = httpx.get(url + "/ping", timeout=5)
+        if ping.status_code == 503:
+            return ping
+        time.sleep(0.02)
+    raise AssertionError("/ping still answers 200 after SIGTERM")
+
+
+class Call(threading.Thread):
+    """One request on its own thread; ``first`` is set when the first streamed line arrives."""
+
+    def __init__(self, url: str, body: dict, stream: bool):
+        super().__init__(daemon=True)
+        self.url, self.body, self.stream = url, body, stream
+        self.first = threading.Event()
+        self.status: int | None = None
+        self.lines: list[dict] = []
+        self.json: dict | None = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, timeout=300) as client:
+                if not self.stream:
+                    answer = client.post("/invocations", json=self.body)
+                    self.status, self.json = answer.status_code, answer.json()
+                    return
+                with client.stream("POST", "/invocations", json=self.body) as answer:
+                    self.status = answer.status_code
+                    for line in answer.iter_lines():
+                        if line:
+                            self.lines.append(json.loads(line))
+                            self.first.set()
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            self.first.set()
+
+
+def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path, tiny_llama_dir):
+    model_dir = tmp_path / "opt-ml-model"
+    model_dir.mkdir()
+    (model_dir / "serving.properties").write_text(
+        f"model_name=tiny\noption.model_id={tiny_llama_dir}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
+        "option.max_model_len=512\n"
+    )
+    tokens = 240  # hundreds of engine steps after SIGTERM, which comes within a few ms of the first token
+    params = {"max_new_tokens": tokens, "ignore_eos_token": True, "details": True}
+    # a drain longer than the requests can take on a busy machine: it ends when they do
+    with ContainerServe(model_dir, tmp_path, SERVING_DRAIN_TIMEOUT="600") as serve:
+        serve.wait_ready()
+        with serve.client() as client:
+            engine_pid = client.get("/models/tiny").json()[0]["enginePid"]
+            plain = Call(serve.url, {"inputs": "What is Deep Learning?", "parameters": params}, stream=False)
+            streamed = Call(serve.url, {"inputs": "Hello", "parameters": params, "stream": True}, stream=True)
+            plain.start()
+            streamed.start()
+            assert streamed.first.wait(60) and streamed.error is None
+            _wait_running(client, "tiny", 2)
+
+        serve.sigterm()
+        refused = _wait_refused(serve.url)
+        assert refused.json()["code"] == 503 and "shutting down" in refused.json()["error"]
+        late = httpx.post(serve.url + "/invocations", json={"inputs": "late"}, timeout=10)
+        assert late.status_code == 503 and late.headers["connection"] == "close"
+
+        for call in (plain, streamed):
+            call.join(300)
+            assert not call.is_alive() and call.error is None and call.status == 200, serve.log()
+        assert plain.json["details"]["generated_tokens"] == tokens
+        assert plain.json["details"]["finish_reason"] == "length"
+        assert len(streamed.lines) == tokens
+        assert streamed.lines[-1]["details"]["finish_reason"] == "length"
+        assert "".join(line["token"]["text"] for line in streamed.lines) == streamed.lines[-1]["generated_text"]
+
+        assert serve.proc.wait(timeout=120) == 0
+        log = serve.log()
+    assert "SIGTERM received: draining 2 request(s) in flight" in log
+    assert "drained in" in log and "cut off" not in log
+    assert wait_gone(engine_pid), "the engine process outlived the server"
+
+
+@pytest.fixture
+def slow_handler_dir(tmp_path):
+    d = tmp_path / "opt-ml-model"
+    d.mkdir()
+    (d / "model.py").write_text(SLOW_HANDLER)
+    (d / "serving.properties").write_text("model_name=slow\nminWorkers=2\nmaxWorkers=2\n")
+    return d
+
+
+def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_handler_dir):
+    with ContainerServe(slow_handler_dir, tmp_path, SERVING_DRAIN_TIMEOUT="600") as serve:
+        serve.wait_ready()
+        with serve.client() as client:
+            workers = [w["pid"] for w in client.get("/models/slow").json()[0]["workers"]]
+            assert len(workers) == 2
+            plain = Call(serve.url, {"sleep": 2.0}, stream=False)
+            streamed = Call(serve.url, {"chunks": 8, "delay": 0.25}, stream=True)
+            plain.start()
+            streamed.start()
+            assert streamed.first.wait(60) and streamed.error is None
+            _wait_running(client, "slow", 2)
+
+        # the workers get SIGTERM too, and keep working until the server stops them
+        serve.sigterm_group()
+        assert _wait_refused(serve.url).status_code == 503
+        for call in (plain, streamed):
+            call.join(60)
+            assert not call.is_alive() and call.error is None and call.status == 200
+        assert plain.json == {"slept": 2.0}
+        assert streamed.lines == [{"n": n} for n in range(8)]
+        assert serve.proc.wait(timeout=60) == 0
+        assert "SIGTERM received: draining 2 request(s) in flight" in serve.log()
+    assert all(wait_gone(pid) for pid in workers), "a worker process outlived the server"
+
+
+def test_drain_timeout_cuts_off_what_is_still_running_and_exits_0(tmp_path, slow_handler_dir):
+    with ContainerServe(slow_handler_dir, tmp_path, SERVING_DRAIN_TIMEOUT="1") as serve:
+        serve.wait_ready()
+        stuck = Call(serve.url, {"sleep": 600}, stream=False)
+        stuck.start()
+        with serve.client() as client:
+            _wait_running(client, "slow", 1)
+        serve.sigterm()
+        assert serve.proc.wait(timeout=60) == 0
+        stuck.join(30)
+        assert not stuck.is_alive() and stuck.status != 200
+        assert "drain_timeout (1 s) reached: 1 request(s) still in flight are cut off" in serve.log()
