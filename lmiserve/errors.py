@@ -43,6 +43,25 @@ class NotFound(LmiServeError):
     title = "Not Found"
 
 
+class Unauthorized(LmiServeError):
+    """No valid API key came with the request."""
+
+    kind = "unauthorized"
+    status = 401
+    title = "Unauthorized"
+
+    def __init__(self, detail: str = "a valid API key is required"):
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(LmiServeError):
+    """The request is understood but not allowed (a management call from afar, a path outside the roots)."""
+
+    kind = "forbidden"
+    status = 403
+    title = "Forbidden"
+
+
 class Conflict(LmiServeError):
     """The request clashes with the server's state (a model registered twice)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
 from .fields import MIB, EnvAlias, parse_size, setting
 
@@ -82,6 +82,41 @@ class ServerSettings(_Area):
         "SIGTERM: keep the drain shorter. 0: stop at once.",
         ge=0,
         le=3600,
+    )
+    api_keys: SecretStr | None = setting(
+        None,
+        "api_keys",
+        "API keys, comma-separated, that inference and management requests must present as "
+        "'Authorization: Bearer KEY' or 'X-Api-Key: KEY'; /ping and the health routes stay open. Set it in the "
+        "environment (SERVING_API_KEYS), not in a model's serving.properties. Empty (and no api_keys_file): no "
+        "keys asked for.",
+        allowed="comma-separated keys",
+    )
+    api_keys_file: str | None = setting(
+        None,
+        "api_keys_file",
+        "A file of API keys, one per line ('#' starts a comment), added to api_keys. Read when the server starts.",
+        allowed="a file path",
+    )
+    management_api: Literal["local", "on", "off"] = setting(
+        "local",
+        "management_api",
+        "Who may use the management API (/models): local answers only clients on the loopback address "
+        "(127.0.0.1, ::1) and 403 to others; on answers everyone (API keys still apply); off answers 404.",
+        allowed="local, on, off",
+    )
+    model_roots: str | None = setting(
+        None,
+        "model_roots",
+        "Directories, comma-separated, that POST /models may load models from (after symlinks are resolved); "
+        "anything else gets 403. Empty: the server's model directory and the directories below it.",
+        allowed="comma-separated directories",
+    )
+    log_request_bodies: bool = setting(
+        False,
+        "log_request_bodies",
+        "Log each request's method, path and first 4 KiB of its body (prompts included) at info level. "
+        "Off by default: prompts and bodies are never logged otherwise.",
     )
 
     @field_validator("log_level", mode="before")
@@ -163,6 +198,13 @@ class ModelSettings(_Area):
     tgi_compat: bool = setting(
         False, "option.tgi_compat", "Answer the rolling-batch schema the way TGI does (list bodies, SSE streams)."
     )
+    bedrock_compat: bool = setting(
+        False,
+        "option.bedrock_compat",
+        "Answer /invocations in Amazon Bedrock's Meta Llama schema ({prompt, temperature, top_p, max_gen_len} in, "
+        "{generation, prompt_token_count, generation_token_count, stop_reason} out; streamed as JSON lines when the "
+        "X-Amzn-SageMaker-Forwarded-Api header is InvokeEndpointWithResponseStream).",
+    )
     enable_streaming: bool = setting(
         False, "option.enable_streaming", "Stream every response, even when the request does not ask for it."
     )
@@ -194,7 +236,8 @@ class ModelSettings(_Area):
     job_queue_size: int = setting(
         1000,
         "job_queue_size",
-        "Requests that may wait for a worker; beyond it requests get 503 at once.",
+        "Requests that may wait for a worker (rolling batch: beyond option.max_rolling_batch_size running); "
+        "beyond it requests get 503 at once, with a Retry-After header.",
         env_aliases=("MAX_CONCURRENT_REQUESTS",),
         ge=1,
     )
@@ -202,7 +245,9 @@ class ModelSettings(_Area):
         120,
         "predict_timeout",
         "Seconds a handler may take to answer (or between streamed chunks) before the request fails "
-        "with 504 and the worker is restarted.",
+        "with 504 and the worker is restarted. Rolling batch: a request's deadline; generation is aborted "
+        "then (504, or 503 with Retry-After if it never left the queue). A client may ask for less with the "
+        "X-Request-Timeout header (seconds).",
         env_aliases=("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS",),
         key_aliases=("option.predict_timeout",),
         ge=1,
@@ -335,6 +380,32 @@ class EngineSettings(_Area):
         "to it. Empty: no cap beyond max_model_len.",
         ge=1,
     )
+    max_new_tokens_limit: int | None = setting(
+        None,
+        "option.max_new_tokens_limit",
+        "Largest max_new_tokens (max_tokens) a request may ask for; larger values are refused with a "
+        "validation error. Empty: the context length (max_model_len).",
+        ge=1,
+    )
+    max_n: int = setting(
+        16, "option.max_n", "Most sequences (n) one request may ask for; more are refused.", ge=1, le=1024
+    )
+    max_best_of: int = setting(
+        16,
+        "option.max_best_of",
+        "Most candidate sequences (best_of, or beams) one request may ask for; more are refused.",
+        ge=1,
+        le=1024,
+    )
+    max_stop_sequences: int = setting(
+        16, "option.max_stop_sequences", "Most stop strings one request may bring; more are refused.", ge=0
+    )
+    max_stop_sequence_length: int = setting(
+        1024,
+        "option.max_stop_sequence_length",
+        "Longest stop string, in characters, a request may bring; longer ones are refused.",
+        ge=1,
+    )
     max_prefill_batch_size: int | None = setting(
         None,
         "option.max_prefill_batch_size",
@@ -353,6 +424,13 @@ class EngineSettings(_Area):
     enable_prefix_caching: bool = setting(
         True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
     )
+    engine_heartbeat_timeout: int = setting(
+        60,
+        "option.engine_heartbeat_timeout",
+        "Seconds the engine may go without finishing a step while requests are in flight; then it is "
+        "reported unhealthy on /ping, its requests end with an error and it is restarted. 0: never.",
+        ge=0,
+    )
 
     @field_validator(
         "kv_cache_memory",
@@ -360,6 +438,7 @@ class EngineSettings(_Area):
         "block_size",
         "max_input_token_len",
         "max_iter_times",
+        "max_new_tokens_limit",
         "max_prefill_batch_size",
         "npu_device_ids",
         mode="before",

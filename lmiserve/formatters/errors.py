@@ -29,6 +29,8 @@ _TGI_TYPES = {
     "not_found": ("not_found", 404),
     "conflict": ("validation", 409),
     "generation": ("generation", 424),
+    "unauthorized": ("unauthorized", 401),
+    "forbidden": ("forbidden", 403),
 }
 
 
@@ -48,6 +50,8 @@ _OPENAI_TYPES = {
     "not_ready": ("server_error", 503),
     "worker_died": ("server_error", 503),
     "timeout": ("timeout", 504),
+    "unauthorized": ("invalid_request_error", 401),
+    "forbidden": ("permission_error", 403),
 }
 
 
@@ -68,6 +72,8 @@ _DATABRICKS_CODES = {
     "not_ready": "TEMPORARILY_UNAVAILABLE",
     "worker_died": "TEMPORARILY_UNAVAILABLE",
     "timeout": "DEADLINE_EXCEEDED",
+    "unauthorized": "UNAUTHENTICATED",
+    "forbidden": "PERMISSION_DENIED",
 }
 
 
@@ -83,4 +89,38 @@ def kserve(err: LmiServeError) -> ErrorBody:
     return status, {"error": err.detail}
 
 
-PROTOCOLS = {"lmi": lmi, "tgi": tgi, "openai": openai, "databricks": databricks, "kserve": kserve}
+BEDROCK_TYPES = {
+    "validation": ("ValidationException", 400),
+    "bad_request": ("ValidationException", 400),
+    "payload_too_large": ("ValidationException", 413),
+    "not_found": ("ResourceNotFoundException", 404),
+    "conflict": ("ConflictException", 409),
+    "overloaded": ("ThrottlingException", 429),
+    "not_ready": ("ServiceUnavailableException", 503),
+    "worker_died": ("ServiceUnavailableException", 503),
+    "timeout": ("ModelTimeoutException", 408),
+    "generation": ("ModelErrorException", 424),
+    "unauthorized": ("AccessDeniedException", 401),
+    "forbidden": ("AccessDeniedException", 403),
+}
+
+
+def bedrock_type(err: LmiServeError) -> tuple[str, int]:
+    """Amazon Bedrock's exception name and status for an error."""
+    return BEDROCK_TYPES.get(err.kind, ("InternalServerException", err.status if err.status >= 500 else 500))
+
+
+def bedrock(err: LmiServeError) -> ErrorBody:
+    """Amazon Bedrock: ``{"message"}``; the exception's name goes in the ``x-amzn-ErrorType`` header."""
+    _, status = bedrock_type(err)
+    return status, {"message": err.detail}
+
+
+PROTOCOLS = {
+    "lmi": lmi,
+    "tgi": tgi,
+    "openai": openai,
+    "databricks": databricks,
+    "kserve": kserve,
+    "bedrock": bedrock,
+}

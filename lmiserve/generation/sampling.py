@@ -40,8 +40,15 @@ def apply_penalties(
     return logits
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    return logits / temperature.to(logits.dtype).unsqueeze(1)
+    """Each row divided by its temperature. Rows are shifted to a maximum of 0 first and the
+    temperature floored at ``MIN_TEMPERATURE``, so that a tiny (even subnormal) temperature gives a
+    near-greedy distribution rather than inf or NaN scores (softmax is unchanged by the shift)."""
+    t = temperature.to(logits.dtype).clamp(min=MIN_TEMPERATURE).unsqueeze(1)
+    return (logits - logits.amax(dim=-1, keepdim=True)) / t
 
 
 def apply_top_k_top_p_min_p(

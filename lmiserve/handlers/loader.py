@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 USER_MODULE = "model.py"
+USER_MODULES = (USER_MODULE, "inference.py", "code/inference.py")
+"""Where a model's own handler is looked for, in order (``inference.py`` is the SageMaker name)."""
 
 
 class HandlerLoadError(Exception):
@@ -26,12 +28,16 @@ def is_file_entry(entry_point: str) -> bool:
 
 
 def resolve_entry_point(model_dir: Path, entry_point: str | None, builtin: str) -> str:
-    """The entry point actually used: the configured one, else ``model.py``, else ``builtin``."""
+    """The entry point actually used: the configured one, else ``model.py`` (or
+    ``inference.py``), else ``builtin``."""
     if entry_point:
         return entry_point
-    if (model_dir / USER_MODULE).is_file():
-        return USER_MODULE
-    return builtin
+    return user_module(model_dir) or builtin
+
+
+def user_module(model_dir: Path) -> str | None:
+    """The model directory's own handler file, if it has one."""
+    return next((name for name in USER_MODULES if (model_dir / name).is_file()), None)
 
 
 def entry_file(model_dir: Path, entry_point: str) -> Path | None:
@@ -88,6 +94,11 @@ def load_handler(model_dir: Path, entry_point: str, function: str = "handle") ->
         module = importlib.import_module(entry_point)
         where = entry_point
     fn = getattr(module, function, None)
+    if fn is None and function == "handle":
+        from .sagemaker import handler_for, is_sagemaker_module
+
+        if is_sagemaker_module(module):
+            return handler_for(module)
     if not callable(fn):
         raise HandlerLoadError(f"{where} has no function {function!r}")
     return fn

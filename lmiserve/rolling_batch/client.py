@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 
@@ -68,6 +69,8 @@ class EngineClient:
         self.stats: wire.EngineStats | None = None
         self.alive = False
         self.on_exit: Callable[[EngineClient, str], None] | None = None
+        self.last_progress = time.monotonic()
+        """When the engine last reported a step (see ``engine_process.HEARTBEAT_SECONDS``)."""
 
     def _send(self, msg: wire.Msg) -> None:
         raise NotImplementedError
@@ -75,6 +78,8 @@ class EngineClient:
     def submit(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> RequestStream:
         if not self.alive:
             raise WorkerDied("the engine is not running")
+        if not self.streams:  # an idle engine owes no progress: count from the first request
+            self.last_progress = time.monotonic()
         stream = RequestStream(request_id, max(params.best_of, params.n, 1))
         self.streams[request_id] = stream
         self._send(wire.GenerateRequest(request_id=request_id, prompt_ids=prompt_ids, params=params))
@@ -88,6 +93,7 @@ class EngineClient:
             self._send(wire.AbortRequest(request_ids=[request_id], index=index))
 
     def _on_step(self, step: wire.EngineStep) -> None:
+        self.last_progress = time.monotonic()
         if step.stats is not None:
             self.stats = step.stats
         for delta in step.deltas:
@@ -98,8 +104,8 @@ class EngineClient:
             if stream.done:
                 self.streams.pop(delta.request_id, None)
 
-    def _gone(self, reason: str) -> None:
-        was_alive = self.alive
+    def _gone(self, reason: str, restart: bool | None = None) -> None:
+        was_alive = self.alive if restart is None else restart
         self.alive = False
         error = WorkerDied(reason)
         for stream in self.streams.values():
@@ -110,10 +116,17 @@ class EngineClient:
 
 
 class ProcessEngineClient(EngineClient):
-    def __init__(self, init: wire.InitEngine, env: dict[str, str] | None = None):
+    """The engine in a child process. With ``heartbeat_timeout`` (seconds), an engine that reports
+    no step for that long while requests are in flight is taken for hung: it is marked not alive
+    at once, killed, and its requests end with an error (then the model restarts it)."""
+
+    def __init__(self, init: wire.InitEngine, env: dict[str, str] | None = None, heartbeat_timeout: float = 0):
         super().__init__()
         self.init = init
         self.env = env
+        self.heartbeat_timeout = heartbeat_timeout
+        self._stall: str | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.process: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -140,7 +153,24 @@ class ProcessEngineClient(EngineClient):
             raise EngineStartError(f"the engine process exited while starting {exit_description(code)}")
         self.info = dict(first.info)
         self.alive = True
+        self.last_progress = time.monotonic()
         self._reader_task = asyncio.create_task(self._read(reader), name="engine-reader")
+        if self.heartbeat_timeout > 0:
+            self._watchdog = asyncio.create_task(self._watch(), name="engine-watchdog")
+
+    async def _watch(self) -> None:
+        period = min(1.0, self.heartbeat_timeout / 4)
+        while self.alive:
+            await asyncio.sleep(period)
+            silent = time.monotonic() - self.last_progress
+            if self.alive and self.streams and silent > self.heartbeat_timeout:
+                self._stall = (
+                    f"the engine made no progress for {silent:.0f} s (engine_heartbeat_timeout); it is being restarted"
+                )
+                log.error("the engine process (pid %s) is stalled: no step for %.0f s; killing it", self.pid, silent)
+                self.alive = False  # /ping stops saying healthy at once
+                self.kill()
+                return
 
     def _send(self, msg: wire.Msg) -> None:
         if self._writer is None or self._writer.is_closing():
@@ -161,13 +191,16 @@ class ProcessEngineClient(EngineClient):
             except TimeoutError:
                 self.process.kill()
                 code = await self.process.wait()
-        if not self.stopping:
+        if not self.stopping and self._stall is None:
             log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))
-        self._gone(f"the engine process exited {exit_description(code)} while handling this request")
+        reason = self._stall or f"the engine process exited {exit_description(code)} while handling this request"
+        self._gone(reason, restart=self.alive or self._stall is not None)
 
     async def stop(self, grace: float = 10.0) -> None:
         self.stopping = True
         self.alive = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self.process is None or self.process.returncode is not None:
             return
         try:

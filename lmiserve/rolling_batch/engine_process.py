@@ -14,6 +14,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 
 from .. import logs, wire
@@ -23,6 +24,10 @@ from .settings import engine_config
 
 log = logging.getLogger("lmiserve.engine")
 
+HEARTBEAT_SECONDS = 1.0
+"""While it has work, the loop reports its statistics at least this often, even for steps that
+produce no token (prompt chunks): the server takes silence with requests in flight for a stall."""
+
 
 class EngineLoop:
     """Feeds an engine from an inbox and sends each step's output through ``send``."""
@@ -31,6 +36,7 @@ class EngineLoop:
         self.engine = engine
         self.send = send
         self.inbox: queue.Queue[wire.Message | None] = queue.Queue()
+        self._last_sent = time.monotonic()
 
     def _handle(self, msg: wire.Message | None) -> bool:
         """Apply one message; False when the loop should stop."""
@@ -73,8 +79,10 @@ class EngineLoop:
                 except queue.Empty:
                     msg = ...
             deltas = self.engine.step()
-            if deltas or aborted:
+            now = time.monotonic()
+            if deltas or aborted or now - self._last_sent >= HEARTBEAT_SECONDS:
                 self.send(wire.EngineStep(deltas=deltas, stats=self.engine.stats()))
+                self._last_sent = now
 
 
 def _rank_failed(reason: str) -> None:

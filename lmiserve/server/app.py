@@ -19,6 +19,7 @@ from .model_admin import ModelAdmin
 from .registry import ModelRegistry
 from .routes import databricks, inference, kserve, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
+from .security import ApiKeys, SecurityMiddleware
 
 StartupHook = Callable[[], Awaitable[None]]
 
@@ -56,6 +57,12 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.include_router(metrics_routes.router)
     app.include_router(databricks.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_request_size)
+    app.add_middleware(
+        SecurityMiddleware,
+        keys=ApiKeys.from_settings(settings),
+        management=settings.server.management_api,
+        log_bodies=settings.server.log_request_bodies,
+    )
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: refusals cost nothing

@@ -13,7 +13,8 @@ import msgspec
 
 from .. import wire
 from ..config import Settings
-from ..errors import ModelNotReady, ValidationFailed
+from ..errors import ModelNotReady, Overloaded, ValidationFailed
+from ..generation import limits
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest
 from ..model_store import resolve_model
@@ -60,6 +61,8 @@ class EngineModel:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
         self.counters = EngineCounters()
+        self.custom_formatters: Any = None
+        """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -113,7 +116,8 @@ class EngineModel:
             options=engine_options(self.settings.model, self.settings.engine),
             log_level=self.settings.server.log_level,
         )
-        return ProcessEngineClient(init, env=engine_env(self.settings))
+        heartbeat = float(self.settings.engine.engine_heartbeat_timeout)
+        return ProcessEngineClient(init, env=engine_env(self.settings), heartbeat_timeout=heartbeat)
 
     async def _start_engine(self) -> None:
         client = self._make_client()
@@ -225,6 +229,13 @@ class EngineModel:
         client = self.client
         if client is None or not client.alive:
             raise ModelNotReady(f"model {self.name} is not ready")
+        limits.check(request, limits.RequestLimits.from_settings(self.settings.engine, self.max_model_len))
+        limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
+        if len(client.streams) >= limit:
+            raise Overloaded(
+                f"model {self.name} has {len(client.streams)} requests in flight, as many as "
+                "max_rolling_batch_size + job_queue_size allow; retry later"
+            )
         ids = self.tokenize(request)
         if not request.prompt:
             request.prompt = self.tokenizer.decode(ids)

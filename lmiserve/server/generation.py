@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from ..errors import GenerationError, LmiServeError, ValidationFailed
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest, RequestOutput
+from . import deadline
 from .engine_model import EngineModel
 from .metrics import GenerationObserver, observe_generation
 
@@ -140,46 +141,51 @@ def timing_headers(outs: list[RequestOutput]) -> dict[str, str]:
 async def respond(
     model: EngineModel, requests: list[GenerationRequest], responder: Responder, request: Request
 ) -> Response:
-    """Run ``requests`` and answer with ``responder``'s protocol."""
+    """Run ``requests`` and answer with ``responder``'s protocol, within the request's deadline."""
     observer = observe_generation(request, model.name)
     try:
+        seconds = deadline.budget(request, float(model.settings.model.predict_timeout))
         gens = submit_all(model, requests)
     except LmiServeError as err:
-        status, body = responder.error_body(err)
-        return Response(body, status_code=status, media_type="application/json", headers=err.headers)
+        return _error(responder, err)
+    clock = asyncio.get_running_loop()
+    ends = clock.time() + seconds
     stream = updates(model, gens, observer)
     outs = [g.output for g in gens]
     if hasattr(responder, "start"):
         responder.start(outs)  # a responder that reports on all outputs (usage in every chunk)
     if responder.stream:
         try:
-            first = await stream.__anext__()
+            first = await asyncio.wait_for(stream.__anext__(), ends - clock.time())
         except StopAsyncIteration:
             first = None
+        except TimeoutError:
+            await stream.aclose()
+            return _error(responder, deadline.expired(outs, seconds))
         except LmiServeError as err:
-            status, body = responder.error_body(err)
-            return Response(body, status_code=status, media_type="application/json")
+            return _error(responder, err)
         if first is not None and first[1].error is not None:  # refused before the first byte
             await stream.aclose()
             status, body = responder.error_body(output_error(first[1]))
             return Response(body, status_code=status, media_type="application/json")
-        return StreamingResponse(_stream(responder, stream, first, outs), media_type=responder.media_type)
+        body = _stream(responder, stream, first, outs, (ends, seconds))
+        return StreamingResponse(body, media_type=responder.media_type)
 
     consume = asyncio.ensure_future(_drain(stream))
     gone = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({consume, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({consume, gone}, timeout=ends - clock.time(), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        left = gone.done()
         gone.cancel()
     if not consume.done():
         consume.cancel()
         await asyncio.gather(consume, return_exceptions=True)
         await stream.aclose()
-        return Response(status_code=499)
+        return Response(status_code=499) if left else _error(responder, deadline.expired(outs, seconds))
     err = consume.exception()
     if isinstance(err, LmiServeError):
-        status, body = responder.error_body(err)
-        return Response(body, status_code=status, media_type="application/json")
+        return _error(responder, err)
     if err is not None:
         raise err
     failed = next((o for o in outs if o.error is not None), None)
@@ -187,6 +193,11 @@ async def respond(
         status, body = responder.error_body(output_error(failed))
         return Response(body, status_code=status, media_type="application/json")
     return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
+
+
+def _error(responder: Responder, err: LmiServeError) -> Response:
+    status, body = responder.error_body(err)
+    return Response(body, status_code=status, media_type="application/json", headers=err.headers)
 
 
 async def _drain(stream: AsyncIterator[tuple[int, RequestOutput]]) -> None:
@@ -199,7 +210,10 @@ async def _stream(
     stream: AsyncIterator[tuple[int, RequestOutput]],
     first: tuple[int, RequestOutput] | None,
     outs: list[RequestOutput],
+    ends: tuple[float, float],
 ) -> AsyncIterator[bytes]:
+    """The streamed body; ``ends`` is the deadline (loop time) and its length in seconds."""
+    clock = asyncio.get_running_loop()
     try:
         pending = [first] if first is not None else []
         while True:
@@ -211,9 +225,12 @@ async def _stream(
                 if data:
                     yield data
             try:
-                pending = [await stream.__anext__()]
+                pending = [await asyncio.wait_for(stream.__anext__(), ends[0] - clock.time())]
             except StopAsyncIteration:
                 break
+            except TimeoutError:
+                yield responder.error_chunk(deadline.expired(outs, ends[1]).detail)
+                return
         tail = responder.end(outs)
         if tail:
             yield tail

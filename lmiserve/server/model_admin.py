@@ -2,7 +2,7 @@
 
 A model is registered from a ``url``: a local model directory (with or without
 ``serving.properties``), a ``file://`` URL of one, or a model file (``.gguf``) whose directory
-becomes the model directory. Query parameters override the directory's ``serving.properties``
+becomes the model directory, under one of the ``model_roots`` directories. Query parameters override the directory's ``serving.properties``
 the way command-line flags do; the server's own settings (log level, ports) stay the server's.
 """
 
@@ -20,6 +20,7 @@ from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
 from .model_factory import build_model
 from .registry import ModelRegistry, ServedModel
+from .security import check_model_path, model_roots
 
 log = logging.getLogger("lmiserve.management")
 
@@ -36,8 +37,9 @@ REGISTER_PARAMETERS = {
 }
 
 
-def model_location(url: str) -> tuple[Path, str | None]:
-    """(model directory, model file or None) for a registration ``url``."""
+def model_location(url: str, roots: list[Path]) -> tuple[Path, str | None]:
+    """(model directory, model file or None) for a registration ``url``, which must lie under one
+    of ``roots`` once ``..`` and symlinks are resolved."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         path = Path(unquote(parsed.path))
@@ -45,6 +47,7 @@ def model_location(url: str) -> tuple[Path, str | None]:
         path = Path(url)
     else:
         raise BadRequest(f"url {url!r}: only local model directories (a path or file://) can be loaded")
+    path = check_model_path(path, roots, url)
     if path.is_dir():
         return path, None
     if path.is_file():
@@ -53,7 +56,7 @@ def model_location(url: str) -> tuple[Path, str | None]:
 
 
 def registration_settings(url: str, params: dict[str, str], server: Settings) -> Settings:
-    directory, model_file = model_location(url)
+    directory, model_file = model_location(url, model_roots(server))
     cli: dict[str, str] = {}
     for name, key in REGISTER_PARAMETERS.items():
         if params.get(name) not in (None, ""):

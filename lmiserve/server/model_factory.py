@@ -7,12 +7,14 @@ import importlib.util
 
 from ..config import Settings
 from ..devices import npu_available
-from ..handlers.loader import HandlerLoadError, check_syntax, resolve_entry_point
+from ..handlers.custom_formatters import formatters_only, load_custom_formatters
+from ..handlers.loader import USER_MODULE, HandlerLoadError, check_syntax, resolve_entry_point, user_module
 from ..model_store import ModelNotFound, architectures
 from ..rolling_batch.models.spec import ARCHITECTURES
 from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
 from .registry import ServedModel
+from .security import remote_code_refusal
 
 TEXT_GENERATION_HANDLER = "lmiserve.handlers.text_generation"
 EMBEDDING_HANDLER = "lmiserve.handlers.embedding"
@@ -86,10 +88,37 @@ def _check_npu(settings: Settings) -> None:
         )
 
 
+def _user_handler(settings: Settings) -> bool:
+    """A handler serves the model: option.entryPoint, or a model's own module that is more than
+    custom formatters (a model.py with only formatters keeps the rolling-batch engine)."""
+    cfg = settings.model
+    if cfg.entry_point:
+        return True
+    name = user_module(settings.model_dir)
+    if name == USER_MODULE and formatters_only(settings.model_dir, cfg.handler, cfg.output_formatter):
+        return False
+    return name is not None
+
+
 def build_model(settings: Settings) -> ServedModel:
     """The served model for these settings; raises ModelLoadError for what cannot start."""
+    refusal = None if _user_handler(settings) else remote_code_refusal(settings)
+    if refusal:
+        raise ModelLoadError(refusal)
+    model = _build_model(settings)
+    if isinstance(model, EngineModel):
+        try:
+            model.custom_formatters = load_custom_formatters(settings.model_dir, settings.model.output_formatter)
+        except HandlerLoadError as exc:
+            raise ModelLoadError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the user's model.py failed while importing
+            raise ModelLoadError(f"importing model.py failed: {type(exc).__name__}: {exc}") from None
+    return model
+
+
+def _build_model(settings: Settings) -> ServedModel:
     cfg = settings.model
-    if cfg.entry_point or (settings.model_dir / "model.py").is_file():
+    if _user_handler(settings):
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
     if cfg.rolling_batch == "vllm":
         return _vllm_model(settings)

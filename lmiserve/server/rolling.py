@@ -8,6 +8,7 @@ from starlette.responses import Response
 from ..errors import ValidationFailed
 from ..formatters import lmi_rolling
 from .bodies import read_body
+from .custom_rolling import invoke_custom
 from .engine_model import EngineModel
 from .generation import respond
 
@@ -20,6 +21,8 @@ def defaults(model: EngineModel) -> lmi_rolling.Defaults:
 
 
 async def invoke_rolling(model: EngineModel, request: Request) -> Response:
+    if model.custom_formatters:
+        return await invoke_custom(model, request, model.custom_formatters, defaults(model))
     body = await read_body(request)
     try:
         req = lmi_rolling.parse_request(body, defaults(model))

@@ -9,7 +9,7 @@ import time
 import uvicorn
 
 from .. import __version__
-from ..config import Settings
+from ..config import ConfigError, Settings
 from .app import create_app
 from .drain import DrainingServer
 from .handler_model import ModelLoadError
@@ -57,7 +57,11 @@ def run(settings: Settings) -> int:
             _loaded(model),
         )
 
-    app = create_app(registry, settings, on_startup=load_models)
+    try:
+        app = create_app(registry, settings, on_startup=load_models)
+    except ConfigError as exc:  # an api_keys_file that cannot be read
+        log.error("cannot start: %s", exc)
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.server.host,

@@ -25,7 +25,8 @@ def handler_dir(root: Path, properties: str = "") -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = handler_dir(tmp_path_factory.mktemp("mgmt") / "base", "model_name=base\n")
-    with ServerProcess(base) as s:
+    # the tests load models from their own temporary directories
+    with ServerProcess(base, env={"SERVING_MODEL_ROOTS": str(tmp_path_factory.getbasetemp())}) as s:
         yield s.wait_ready()
 
 
@@ -103,7 +104,8 @@ def test_asynchronous_registration(client, tmp_path):
     ("method", "path", "params", "status"),
     [
         ("post", "/models", {}, 400),
-        ("post", "/models", {"url": "/no/such/dir"}, 400),
+        ("post", "/models", {"url": "/no/such/dir"}, 403),  # outside model_roots
+        ("post", "/models", {"url": "HERE/no-such-dir"}, 400),
         ("post", "/models", {"url": "s3://bucket/model"}, 400),
         ("post", "/models", {"url": "HERE", "model_name": "base"}, 409),
         ("post", "/models", {"url": "HERE", "model_name": "bad name!"}, 400),
@@ -115,7 +117,7 @@ def test_asynchronous_registration(client, tmp_path):
     ],
 )
 def test_errors(client, server, method, path, params, status):
-    params = {k: str(server.model_dir) if v == "HERE" else v for k, v in params.items()}
+    params = {k: v.replace("HERE", str(server.model_dir)) for k, v in params.items()}
     r = client.request(method.upper(), path, params=params)
     assert r.status_code == status
     body = r.json()

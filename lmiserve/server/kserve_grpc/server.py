@@ -26,8 +26,10 @@ from ...errors import BadRequest, LmiServeError
 from ...formatters import kserve
 from ..metrics import ServerMetrics
 from ..registry import ModelRegistry
+from ..security import ApiKeys
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
+from .auth import ApiKeyInterceptor
 from .dataplane import DataPlane
 
 log = logging.getLogger("lmiserve.grpc")
@@ -179,12 +181,14 @@ async def start_grpc(
         log.warning("grpc_port %d is the HTTP port; the KServe V2 gRPC service is off", port)
         return None
     limit = settings.server.max_request_size
+    keys = ApiKeys.from_settings(settings)
     server = grpc.aio.server(
+        interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else None,
         options=[
             ("grpc.so_reuseport", 0),  # a port another server holds is an error, not shared
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(registry, metrics), server)
     address = _address(host, port)

@@ -4,6 +4,8 @@ A handler model (a user's ``model.py``) gets every body as it is. For the built-
 body's shape picks the protocol (see :mod:`lmiserve.formatters.shapes`): LMI/TGI ``inputs``,
 OpenAI ``prompt`` or ``messages`` (answered in OpenAI's shapes, streamed as JSON lines unless
 ``option.output_formatter=sse``), embedding ``input``, or a KServe V2 inference request.
+With ``option.bedrock_compat`` every body but ``inputs`` and ``messages`` is Amazon Bedrock's
+Meta Llama schema (see :mod:`lmiserve.formatters.bedrock`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from starlette.responses import Response
 from ...errors import BadRequest
 from ...formatters.openai_common import JSONLINES_FRAMING, SSE_FRAMING, Style
 from ...formatters.shapes import invocation_shape
+from ..bedrock import invoke_bedrock, is_bedrock_body
 from ..bodies import read_body
 from ..engine_model import EngineModel
 from ..handler_model import HandlerModel
@@ -54,6 +57,12 @@ async def invoke(model: ServedModel, request: Request) -> Response:
         return await invoke_handler(model, request, body)
     if not isinstance(model, EngineModel):
         raise BadRequest(f"model {model.name} does not serve this route")
+    if model.custom_formatters and model.custom_formatters.input is not None:
+        return await invoke_rolling(model, request)  # the input formatter reads every body
+    if model.settings.model.bedrock_compat:
+        raw = await request.body()
+        if is_bedrock_body(_json(raw)):
+            return await invoke_bedrock(model, request, raw)
     body = await read_body(request)
     data = _json(body)
     shape = invocation_shape(data)

@@ -91,7 +91,7 @@ async def info(request: Request) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-@router.get("/health")
+@router.get("/health", response_class=Response, responses={200: {"description": "Healthy; empty body"}})
 async def health(request: Request) -> Response:
     healthy, _ = request.app.state.registry.ping()
     return Response(status_code=200 if healthy else 503)
