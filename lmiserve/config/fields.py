@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 MIB = 1024 * 1024
@@ -49,6 +49,12 @@ class KeySpec:
     @property
     def default(self) -> Any:
         return self.info.get_default(call_default_factory=True)
+
+
+class Area(BaseModel):
+    """One area of the settings (server, model, engine): a frozen pydantic model of settings."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=False, frozen=True)
 
 
 def setting(

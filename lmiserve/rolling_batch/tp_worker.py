@@ -23,7 +23,8 @@ import torch.distributed as dist
 from .. import logs
 from ..child import die_with_parent, ignore_stop_signals
 from ..devices import torch_dtype
-from .engine import EngineConfig, kv_cache_blocks
+from .engine import EngineConfig
+from .kv_memory import kv_cache_blocks
 from .model_runner import ModelRunner
 from .models.spec import read_config, spec_from_config
 from .parallel import TIMEOUT, StepChannel, agree_min, join_group, rank_device, rank_threads

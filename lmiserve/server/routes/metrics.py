@@ -10,7 +10,10 @@ from ..metrics import CONTENT_TYPE
 router = APIRouter()
 
 
-@router.get("/metrics")
-@router.get("/server/metrics")
+_TEXT = {200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}}
+
+
+@router.get("/metrics", response_class=Response, responses=_TEXT)
+@router.get("/server/metrics", response_class=Response, responses=_TEXT)
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.expose(), media_type=CONTENT_TYPE)

@@ -1,0 +1,136 @@
+"""The settings of the continuous-batching engine (``option.*`` keys read by the engine process)."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+
+from .fields import Area, parse_size, setting
+
+
+class EngineSettings(Area):
+    """The continuous-batching engine (option.rolling_batch=lmi)."""
+
+    max_rolling_batch_size: int = setting(
+        256,
+        "option.max_rolling_batch_size",
+        "Most sequences running at once in the rolling batch.",
+        env_aliases=("MAX_BATCH_SIZE",),
+        ge=1,
+    )
+    max_rolling_batch_prefill_tokens: int | None = setting(
+        None,
+        "option.max_rolling_batch_prefill_tokens",
+        "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
+        "empty: 512 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
+        "option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
+        key_aliases=("option.max_prefill_tokens",),
+        ge=1,
+    )
+    kv_cache_memory: int | None = setting(
+        None,
+        "option.kv_cache_memory",
+        "Memory for the paged KV cache (bytes, or 2GiB / 512MiB); empty: on CPUs the smaller of 2 GiB and "
+        "a quarter of the available memory, on GPUs what gpu_memory_utilization leaves after the weights.",
+        allowed="a size such as 2GiB, 512MiB or a number of bytes",
+    )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        "option.gpu_memory_utilization",
+        "Share of an accelerator's memory lmiserve may use (weights, activations and KV cache).",
+        gt=0,
+        le=1,
+    )
+    block_size: int | None = setting(
+        None,
+        "option.block_size",
+        "Tokens per KV-cache block; empty: 128 on NPUs (their attention kernels' granule), 16 elsewhere. "
+        "option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
+        key_aliases=("option.cache_block_size",),
+        ge=1,
+        le=1024,
+    )
+    max_input_token_len: int | None = setting(
+        None,
+        "option.max_input_token_len",
+        "Longest prompt, in tokens, a request may bring (MindIE's maxInputTokenLen); longer prompts are "
+        "refused with a validation error. Empty: only max_model_len limits prompts.",
+        ge=1,
+    )
+    max_iter_times: int | None = setting(
+        None,
+        "option.max_iter_times",
+        "Most tokens one request may generate (MindIE's maxIterTimes): a larger max_new_tokens is lowered "
+        "to it. Empty: no cap beyond max_model_len.",
+        ge=1,
+    )
+    max_new_tokens_limit: int | None = setting(
+        None,
+        "option.max_new_tokens_limit",
+        "Largest max_new_tokens (max_tokens) a request may ask for; larger values are refused with a "
+        "validation error. Empty: the context length (max_model_len).",
+        ge=1,
+    )
+    max_n: int = setting(
+        16, "option.max_n", "Most sequences (n) one request may ask for; more are refused.", ge=1, le=1024
+    )
+    max_best_of: int = setting(
+        16,
+        "option.max_best_of",
+        "Most candidate sequences (best_of, or beams) one request may ask for; more are refused.",
+        ge=1,
+        le=1024,
+    )
+    max_stop_sequences: int = setting(
+        16, "option.max_stop_sequences", "Most stop strings one request may bring; more are refused.", ge=0
+    )
+    max_stop_sequence_length: int = setting(
+        1024,
+        "option.max_stop_sequence_length",
+        "Longest stop string, in characters, a request may bring; longer ones are refused.",
+        ge=1,
+    )
+    max_prefill_batch_size: int | None = setting(
+        None,
+        "option.max_prefill_batch_size",
+        "Most prompts one engine step prefills (MindIE's maxPrefillBatchSize); empty: as many as the "
+        "step's token budget admits.",
+        ge=1,
+    )
+    npu_device_ids: str | None = setting(
+        None,
+        "option.npu_device_ids",
+        "The Ascend NPUs this server may use, as a comma-separated list of device ids (MindIE's npuDeviceIds); "
+        "the engine sees them as npu:0, npu:1, ... through ASCEND_RT_VISIBLE_DEVICES. Empty: all of them.",
+        allowed="comma-separated device ids such as 0,1,2,3",
+        pattern=r"^\s*\d+(\s*,\s*\d+)*\s*$",
+    )
+    enable_prefix_caching: bool = setting(
+        True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
+    )
+    engine_heartbeat_timeout: int = setting(
+        60,
+        "option.engine_heartbeat_timeout",
+        "Seconds the engine may go without finishing a step while requests are in flight; then it is "
+        "reported unhealthy on /ping, its requests end with an error and it is restarted. 0: never.",
+        ge=0,
+    )
+
+    @field_validator(
+        "kv_cache_memory",
+        "max_rolling_batch_prefill_tokens",
+        "block_size",
+        "max_input_token_len",
+        "max_iter_times",
+        "max_new_tokens_limit",
+        "max_prefill_batch_size",
+        "npu_device_ids",
+        mode="before",
+    )
+    @classmethod
+    def _empty(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> object:
+        return None if v is None else parse_size(v)
