@@ -148,7 +148,8 @@ def test_hung_engine_is_detected_killed_and_restarted(server):
         assert wait_for(lambda: ping(server) == 200)
         assert engine_pid(c) != old
         assert f"engine process (pid {old}) is stalled" in server.log()
-        ok = c.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3})
+        # greedy: the default temperature samples, and a sampled EOS would end it early
+        ok = c.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3, "temperature": 0})
         assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 
 
