@@ -107,6 +107,12 @@ class EngineSettings(Area):
     enable_prefix_caching: bool = setting(
         True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
     )
+    enforce_eager: bool = setting(
+        False,
+        "option.enforce_eager",
+        "Run every engine step kernel by kernel. By default, on CUDA GPUs, decode steps are captured as "
+        "CUDA graphs for batch sizes up to max_rolling_batch_size (at most 512) and replayed.",
+    )
     engine_heartbeat_timeout: int = setting(
         60,
         "option.engine_heartbeat_timeout",

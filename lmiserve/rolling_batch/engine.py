@@ -20,6 +20,7 @@ import torch
 
 from .. import wire
 from ..devices import torch_dtype
+from . import graphs
 from .beam_search import BeamState
 from .block_manager import BlockManager
 from .guided import GuidedDecoder
@@ -54,6 +55,8 @@ class EngineConfig:
     ops: str = "auto"
     tensor_parallel_degree: int = 1
     max_prefill_seqs: int | None = None
+    enforce_eager: bool = False
+    """No device graphs: every step runs kernel by kernel."""
 
 
 def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -115,6 +118,7 @@ class Engine:
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "tensor_parallel_degree": tp,
+            "graph_batch_sizes": self.runner.graphs.buckets if self.runner.graphs else [],
         }
         if self.ranks is not None:
             self.info["rank_pids"] = self.ranks.pids
@@ -173,7 +177,11 @@ class Engine:
             )
         self.runner.allocate_cache(self.num_blocks)
         if self.ranks is not None:
-            self.runner.channel = self.ranks.ready()
+            self.runner.channel = self.ranks.ready(self.runner.ops.unified_attention)
+        elif not cfg.enforce_eager and self.runner.ops.unified_attention:
+            backend = graphs.backend_for(cfg.device)
+            if backend is not None:
+                self.runner.capture_graphs(cfg.max_num_seqs, backend)
         return block_bytes
 
     def _num_blocks(self, block_bytes: int) -> int:

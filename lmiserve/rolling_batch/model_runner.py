@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .graphs import DecodeGraphs, GraphBackend
 from .models.decoder import AttentionMetadata, DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
@@ -16,6 +17,7 @@ from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
+from .step_inputs import build_step_arrays, step_tensors
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -69,6 +71,9 @@ class ModelRunner:
             self.model = DecoderModel(self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head)
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.graphs: DecodeGraphs | None = None
+        """Captured decode steps (CUDA graphs), once :meth:`capture_graphs` has run."""
+        self.max_model_len = max_model_len
 
     @property
     def block_bytes(self) -> int:
@@ -91,56 +96,17 @@ class ModelRunner:
         self.v_cache.zero_()
         self.kv_caches = [(self.k_cache[i], self.v_cache[i]) for i in range(spec.num_layers)]
 
+    def capture_graphs(self, max_num_seqs: int, backend: GraphBackend) -> None:
+        """Capture decode steps for every batch-size bucket up to ``max_num_seqs``."""
+        width = -(-self.max_model_len // self.block_size)
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, width, self.device, backend)
+        graphs.capture()
+        self.graphs = graphs
+
     # --- inputs ---------------------------------------------------------------------------
-    def _slots(self, seq_blocks: list[int], start: int, count: int) -> list[int]:
-        bs = self.block_size
-        return [seq_blocks[p // bs] * bs + p % bs for p in range(start, start + count)]
-
-    def _tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
-        width = max(len(i.seq.block_table) for i in items)
-        rows = [i.seq.block_table + [0] * (width - len(i.seq.block_table)) for i in items]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device)
-
-    def _lists(self, out: SchedulerOutput) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Input ids, positions, slots (decodes first) and the prefills' cumulative lengths."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for item in out.decodes:
-            seq, pos = item.seq, item.start
-            ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.extend(self._slots(seq.block_table, pos, 1))
-        cu = [0]
-        for item in out.prefills:
-            seq, start, n = item.seq, item.start, item.num_tokens
-            ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            slots.extend(self._slots(seq.block_table, start, n))
-            cu.append(cu[-1] + n)
-        return ids, positions, slots, cu
-
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        ids, positions, slots, cu = self._lists(out)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(out.decodes),
-        )
-        if out.decodes:
-            meta.decode_block_tables = self._tables(out.decodes)
-            meta.decode_seq_lens = torch.tensor([i.start + 1 for i in out.decodes], dtype=torch.int32, device=dev)
-        if out.prefills:
-            meta.prefill_block_tables = self._tables(out.prefills)
-            meta.prefill_cu_q_lens = torch.tensor(cu, dtype=torch.int32, device=dev)
-            meta.prefill_seq_lens = torch.tensor(
-                [i.start + i.num_tokens for i in out.prefills], dtype=torch.int32, device=dev
-            )
-        return (
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            meta,
-        )
+        arrays = build_step_arrays(out, self.block_size)
+        return step_tensors(arrays, self.device, self.ops.unified_attention)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -159,10 +125,10 @@ class ModelRunner:
         the channel is marked broken and no further step is sent."""
         if channel.broken is not None:
             raise TensorParallelError(channel.broken)
-        ids, positions, slots, cu = self._lists(out)
+        arrays = build_step_arrays(out, self.block_size)
         copies, out.copies = out.copies, []  # a retried step must not copy again
         try:
-            input_ids, pos, meta, block_copies = channel.send(out, ids, positions, slots, cu, copies)
+            input_ids, pos, meta, block_copies = channel.send(arrays, copies)
             if block_copies is not None:
                 self.copy_block_tensors(*block_copies)
             return self.model.forward(input_ids, pos, meta, self.kv_caches)
@@ -178,8 +144,12 @@ class ModelRunner:
             if out.copies:
                 self.copy_blocks(out.copies)
                 out.copies = []  # a retried step must not copy again
-            input_ids, positions, meta = self.prepare(out)
-            hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+            arrays = build_step_arrays(out, self.block_size)
+            if self.graphs is not None and self.graphs.fits(arrays):
+                hidden = self.graphs.run(arrays)
+            else:
+                input_ids, positions, meta = step_tensors(arrays, self.device, self.ops.unified_attention)
+                hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
         sampled: list[ScheduledSeq] = []
         sample_rows: list[int] = []
         prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)

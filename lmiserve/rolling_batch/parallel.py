@@ -18,16 +18,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..child import exit_description
 from .models.decoder import AttentionMetadata
-
-if TYPE_CHECKING:
-    from .scheduler import SchedulerOutput
+from .step_inputs import StepArrays, step_tensors
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -122,7 +121,7 @@ def agree_min(value: int, device: str) -> int:
 
 # --- the per-step broadcast --------------------------------------------------------------
 _STOP, _STEP = 0, 1
-# kind, tokens, decodes, prefills, decode table width, prefill table width, block copies, payload
+# kind, tokens, sequences, decodes, block-table width, block copies, payload length, unused
 _HEADER = 8
 
 StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None]
@@ -132,46 +131,38 @@ StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, tuple[torch.Te
 class StepChannel:
     """Rank 0 sends each step's inputs; every other rank receives them.
 
-    Two broadcasts per step: a fixed header with the sizes, then one int64 tensor with input
-    ids, positions, slots, block tables, lengths and block copies back to back. Every rank,
-    rank 0 included, takes its step tensors as views of that one tensor.
+    Two broadcasts per step: a fixed header with the sizes, then one int64 tensor with the
+    step's arrays (:class:`StepArrays`) and block copies back to back. Every rank then makes its
+    step tensors from the same arrays, as a single process does.
     """
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, unified: bool = False):
         self.device = device
+        self.unified = unified
+        """Whether this group's ops take the whole step in one attention call."""
         self._header = torch.zeros(_HEADER, dtype=torch.long, device=device)
         self.broken: str | None = None
         """Set on rank 0 when a step failed once sent: the ranks are out of step from then on."""
 
-    def send(
-        self,
-        out: SchedulerOutput,
-        ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        cu: list[int],
-        copies: list[tuple[int, int]],
-    ) -> StepInputs:
-        decodes, prefills = out.decodes, out.prefills
-        dw = max((len(i.seq.block_table) for i in decodes), default=0)
-        pw = max((len(i.seq.block_table) for i in prefills), default=0)
-        payload = ids + positions + slots
-        for items, width in ((decodes, dw), (prefills, pw)):
-            for item in items:
-                table = item.seq.block_table
-                payload += table
-                payload += [0] * (width - len(table))
-        payload += [i.start + 1 for i in decodes]
-        if prefills:
-            payload += cu
-            payload += [i.start + i.num_tokens for i in prefills]
-        payload += [s for s, _ in copies]
-        payload += [d for _, d in copies]
-        header = [_STEP, len(ids), len(decodes), len(prefills), dw, pw, len(copies), len(payload)]
+    def send(self, arrays: StepArrays, copies: list[tuple[int, int]]) -> StepInputs:
+        flat = np.asarray(copies, dtype=np.int64).T.ravel() if copies else np.zeros(0, dtype=np.int64)
+        payload = np.concatenate(
+            [
+                arrays.input_ids,
+                arrays.positions,
+                arrays.slots,
+                arrays.block_tables.ravel(),
+                arrays.cu_q_lens,
+                arrays.seq_lens,
+                flat,
+            ],
+            dtype=np.int64,
+        )
+        s, w = arrays.block_tables.shape
+        header = [_STEP, arrays.num_tokens, s, arrays.num_decodes, w, len(copies), payload.shape[0], 0]
         dist.broadcast(torch.tensor(header, dtype=torch.long, device=self.device), 0)
-        data = torch.tensor(payload, dtype=torch.long, device=self.device)
-        dist.broadcast(data, 0)
-        return _unpack(header, data)
+        dist.broadcast(torch.from_numpy(payload).to(self.device), 0)
+        return self._inputs(arrays, flat, len(copies))
 
     def recv(self) -> StepInputs | None:
         """The next step's inputs, or None when rank 0 stops the ranks."""
@@ -179,35 +170,33 @@ class StepChannel:
         header = self._header.tolist()
         if header[0] == _STOP:
             return None
-        data = torch.empty(header[7], dtype=torch.long, device=self.device)
+        _, t, s, nd, w, ncopies, size, _ = header
+        data = torch.empty(size, dtype=torch.long, device=self.device)
         dist.broadcast(data, 0)
-        return _unpack(header, data)
+        values = data.cpu().numpy()
+        bounds = np.cumsum([0, t, t, t, s * w, s + 1, s, 2 * ncopies])
+        part = [values[a:b] for a, b in zip(bounds, bounds[1:])]
+        arrays = StepArrays(
+            input_ids=part[0],
+            positions=part[1],
+            slots=part[2],
+            block_tables=part[3].astype(np.int32).reshape(s, w),
+            cu_q_lens=part[4].astype(np.int32),
+            seq_lens=part[5].astype(np.int32),
+            num_decodes=nd,
+        )
+        return self._inputs(arrays, part[6], ncopies)
+
+    def _inputs(self, arrays: StepArrays, copies: np.ndarray, ncopies: int) -> StepInputs:
+        ids, positions, meta = step_tensors(arrays, self.device, self.unified)
+        block_copies = None
+        if ncopies:
+            both = torch.from_numpy(np.ascontiguousarray(copies)).to(self.device)
+            block_copies = (both[:ncopies], both[ncopies:])
+        return ids, positions, meta, block_copies
 
     def stop(self) -> None:
         dist.broadcast(torch.zeros(_HEADER, dtype=torch.long, device=self.device), 0)
-
-
-def _unpack(header: list[int], data: torch.Tensor) -> StepInputs:
-    _, tokens, nd, npf, dw, pw, ncopies, _ = header
-    at = 0
-
-    def take(n: int) -> torch.Tensor:
-        nonlocal at
-        at += n
-        return data[at - n : at]
-
-    ids, positions = take(tokens), take(tokens)
-    meta = AttentionMetadata(slot_mapping=take(tokens), num_decodes=nd)
-    decode_tables, prefill_tables = take(nd * dw), take(npf * pw)
-    if nd:
-        meta.decode_block_tables = decode_tables.view(nd, dw).to(torch.int32)
-        meta.decode_seq_lens = take(nd).to(torch.int32)
-    if npf:
-        meta.prefill_block_tables = prefill_tables.view(npf, pw).to(torch.int32)
-        meta.prefill_cu_q_lens = take(npf + 1).to(torch.int32)
-        meta.prefill_seq_lens = take(npf).to(torch.int32)
-    copies = (take(ncopies), take(ncopies)) if ncopies else None
-    return ids, positions, meta, copies
 
 
 # --- ranks 1..N-1, seen from rank 0 -------------------------------------------------------
@@ -291,9 +280,9 @@ class WorkerRanks:
         self.check()
         join_group(self.store, 0, self.world, self.device)
 
-    def ready(self) -> StepChannel:
-        """The ranks wait for steps from now on."""
-        self.channel = StepChannel(self.device)
+    def ready(self, unified: bool) -> StepChannel:
+        """The ranks wait for steps from now on (``unified``: the ops' kind of attention call)."""
+        self.channel = StepChannel(self.device, unified)
         return self.channel
 
     def close(self, grace: float = 10.0) -> None:

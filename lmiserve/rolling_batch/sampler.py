@@ -111,6 +111,8 @@ class Sampler:
         if sampled:
             tokens[sampled] = self._draw(scores[sampled], [seqs[i] for i in sampled])
         chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
+        # one read of the device for both (token ids are exact in float64)
+        token_ids, chosen_values = torch.stack((tokens.double(), chosen.double())).tolist()
         top = None
         k = max(s.params.logprobs for s in seqs)
         if k > 0:
@@ -120,7 +122,7 @@ class Sampler:
                 list(zip(indices[i, : seqs[i].params.logprobs].tolist(), values[i, : seqs[i].params.logprobs].tolist()))
                 for i in range(len(seqs))
             ]
-        return SampleResult(tokens.tolist(), chosen.tolist(), top)
+        return SampleResult([int(t) for t in token_ids], chosen_values, top)
 
     def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = scores.device

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..ops.metadata import PagedAttentionInputs
 from ..ops.reference import LinearWeight, ReferenceOps
 from .spec import ModelSpec
 from .weights import maybe, take
@@ -20,10 +21,14 @@ from .weights import maybe, take
 
 @dataclass
 class AttentionMetadata:
-    """Where each token of a step goes and what it attends to. Decode tokens come first."""
+    """Where each token of a step goes and what it attends to. Decode tokens come first.
+
+    Ops with one attention call for the whole step get ``paged``; the others get the decodes'
+    and the prompt chunks' metadata apart."""
 
     slot_mapping: torch.Tensor
     num_decodes: int
+    paged: PagedAttentionInputs | None = None
     decode_block_tables: torch.Tensor | None = None
     decode_seq_lens: torch.Tensor | None = None
     prefill_block_tables: torch.Tensor | None = None
@@ -133,6 +138,8 @@ class DecoderModel:
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata, tokens: int, nd: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
         ops, window = self.ops, self.spec.sliding_window
+        if meta.paged is not None:
+            return ops.attention(q, k_cache, v_cache, meta.paged, self.scale, window)
         if nd == tokens:
             return ops.attention_decode(
                 q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, window

@@ -1,7 +1,8 @@
 """The small set of device operations the models are written against.
 
 ``reference`` (plain torch, CPU and CUDA) defines what each op means; ``cpu`` is tuned for
-CPUs; ``npu`` runs Ascend's fused kernels through torch_npu (imported only when chosen).
+CPUs; ``cuda`` runs Triton kernels on CUDA GPUs (and, under ``TRITON_INTERPRET=1``, on the CPU
+for tests); ``npu`` runs Ascend's fused kernels through torch_npu (imported only when chosen).
 Models call only these ops (plus plain tensor indexing), so a device is supported by
 implementing them. Every implementation sits behind the same contract check
 (:mod:`.contract`).
@@ -14,7 +15,7 @@ from .reference import LinearWeight, ReferenceOps
 
 __all__ = ["CheckedOps", "ContractError", "LinearWeight", "ReferenceOps", "create_ops", "select_ops"]
 
-OPS_NAMES = ("auto", "reference", "cpu", "npu")
+OPS_NAMES = ("auto", "reference", "cpu", "cuda", "npu")
 
 
 def create_ops(device: str, name: str = "auto") -> ReferenceOps:
@@ -23,10 +24,16 @@ def create_ops(device: str, name: str = "auto") -> ReferenceOps:
         raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")
     if name == "auto":
         name = "cpu" if device == "cpu" else "npu" if device.startswith("npu") else "reference"
+        if device.startswith("cuda"):
+            name = _cuda_or_reference()
     if name == "cpu":
         from .cpu import CpuOps
 
         return CpuOps()
+    if name == "cuda":
+        from .cuda import CudaOps
+
+        return CudaOps()
     if name == "npu":
         from .npu import NpuOps
 
@@ -38,3 +45,14 @@ def select_ops(device: str, name: str = "auto") -> CheckedOps:
     """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops)."""
     ops = create_ops(device, name)
     return CheckedOps(ops, limits_for("npu" if ops.name == "npu" else device))
+
+
+def _cuda_or_reference() -> str:
+    """``cuda`` where Triton is importable (it ships with CUDA builds of torch), else ``reference``."""
+    import importlib.util
+    import logging
+
+    if importlib.util.find_spec("triton") is not None:
+        return "cuda"
+    logging.getLogger("lmiserve.ops").warning("Triton is not installed: the CUDA device runs the reference ops")
+    return "reference"

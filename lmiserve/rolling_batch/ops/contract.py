@@ -161,3 +161,21 @@ class CheckedOps:
             check_block_table(block_tables, lens, k_cache.shape[1])
             self._checked["prefill"] = (block_tables, cu_q_lens, seq_lens)
         return self.inner.attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window)
+
+    def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
+        """The whole step at once; checked on the host copies of its lengths (no device read,
+        so the check may run while a device graph is being captured)."""
+        self._attention_inputs(q, k_cache, v_cache)
+        if not self._seen("paged", paged.block_tables):
+            lens = paged.host_seq_lens
+            check_seq_lens(lens)
+            check_cumulative(paged.host_cu_q_lens, lens, q.shape[0])
+            check_block_table(paged.block_tables, lens, k_cache.shape[1])
+            if paged.seq_lens.shape[0] != len(lens) or paged.cu_q_lens.shape[0] != len(lens) + 1:
+                raise ContractError("the lengths on the device and on the host disagree in size")
+            if paged.max_q_len != max(
+                (b - a for a, b in zip(paged.host_cu_q_lens, paged.host_cu_q_lens[1:])), default=0
+            ):
+                raise ContractError(f"max_q_len {paged.max_q_len} is not the longest run of query rows")
+            self._checked["paged"] = (paged.block_tables,)
+        return self.inner.attention(q, k_cache, v_cache, paged, scale, window)

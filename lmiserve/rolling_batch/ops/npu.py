@@ -19,6 +19,9 @@ operator documentation):
 - Decode: the same kernel in the BSH layout, one query token per sequence.
   The kernel takes fp16 and bf16 only: an fp32 model's attention runs the reference ops
   (plain torch, on the NPU).
+- The engine's step (:meth:`NpuOps.attention`): decodes and prompt chunks together in one TND
+  call per layer (a decode is a sequence of one query token), its lengths taken from the
+  step's host copies, so the device is never read for them.
 - RMSNorm ``npu_rms_norm`` (it returns ``(y, rstd)`` like our interface), SwiGLU ``npu_swiglu``,
   rotary ``npu_apply_rotary_pos_emb`` (TND, half layout, head sizes 64 and 128) else
   ``npu_rotary_mul``, top-k/top-p ``npu_top_k_top_p`` (k between 1 and 1024).
@@ -39,6 +42,7 @@ ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 
 class NpuOps(ReferenceOps):
     name = "npu"
+    unified_attention = True
 
     def __init__(self) -> None:
         import torch_npu
@@ -146,14 +150,25 @@ class NpuOps(ReferenceOps):
         )
         return out.view(batch, heads, dim)
 
+    def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
+        if window > 0:
+            raise NotImplementedError("sliding-window attention is not available on NPUs")
+        if q.dtype not in ATTENTION_DTYPES:
+            return super().attention(q, k_cache, v_cache, paged, scale)
+        return self._tnd(q, k_cache, v_cache, paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens, scale)
+
     def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
         if q.dtype not in ATTENTION_DTYPES:
             return super().attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
+        cu, lens = self._host_lengths("prefill", cu_q_lens, seq_lens)
+        return self._tnd(q, k_cache, v_cache, block_tables, cu, lens, scale)
+
+    def _tnd(self, q, k_cache, v_cache, block_tables, cu, lens, scale):  # type: ignore[no-untyped-def]
+        """Query rows of many sequences (TND), causal and aligned to each sequence's end."""
         _, heads, dim = q.shape
         blocks, block_size, kv_heads, _ = k_cache.shape
-        cu, lens = self._host_lengths("prefill", cu_q_lens, seq_lens)
         out, _ = self.npu.npu_fused_infer_attention_score(
             q,
             k_cache.view(blocks, block_size, kv_heads * dim),

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
+from .metadata import PagedAttentionInputs
 
 
 @dataclass
@@ -37,6 +38,9 @@ def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Ten
 
 class ReferenceOps:
     name = "reference"
+    unified_attention = False
+    """True: the model makes one :meth:`attention` call per layer for the whole step; False:
+    one :meth:`attention_decode` for the decodes and one :meth:`attention_prefill` for the rest."""
 
     # --- linear layers -----------------------------------------------------------------
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
@@ -151,6 +155,24 @@ class ReferenceOps:
         for s, length in enumerate(seq_lens.tolist()):
             lo, hi = bounds[s], bounds[s + 1]
             out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
+        return out
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        paged: PagedAttentionInputs,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
+        """Every sequence of the step at once: q ``(T, H, D)``, sequence ``s`` at rows
+        ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens."""
+        out = torch.empty_like(q)
+        bounds = paged.host_cu_q_lens
+        for s, length in enumerate(paged.host_seq_lens):
+            lo, hi = bounds[s], bounds[s + 1]
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, paged.block_tables[s], length, scale, window)
         return out
 
     # --- sampling ---------------------------------------------------------------------

@@ -139,12 +139,14 @@ def test_fp16_engine_on_npu_ops_gives_the_reference_tokens(fake_npu, tiny_model_
         engine = make_engine(model_dir, ops=ops, dtype="fp16", block_size=128, max_num_batched_tokens=16)
         results[ops], _, _ = run(engine, arrivals)
     assert results["npu"] == results["reference"]
-    prefill = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "TND"]
-    decode = [c for c in calls(fake_npu, "npu_fused_infer_attention_score") if c["input_layout"] == "BSH"]
-    assert prefill and decode
-    assert all(c["block_table_dtype"] == torch.int32 and c["block_size"] == 128 for c in prefill + decode)
-    chunked = [c for c in prefill if c["actual_seq_lengths"][-1] < max(c["actual_seq_lengths_kv"])]
+    attention = calls(fake_npu, "npu_fused_infer_attention_score")
+    # the whole step in one TND call per layer: decodes are sequences of one query row
+    assert attention and all(c["input_layout"] == "TND" for c in attention)
+    assert all(c["block_table_dtype"] == torch.int32 and c["block_size"] == 128 for c in attention)
+    chunked = [c for c in attention if c["actual_seq_lengths"][-1] < max(c["actual_seq_lengths_kv"])]
     assert chunked  # a chunk continued a cached prefix: KV longer than its query rows
+    mixed = [c for c in attention if c["actual_seq_lengths"][0] == 1 and c["actual_seq_lengths"][-1] > 2]
+    assert mixed  # a decode and a prompt chunk in the same call
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

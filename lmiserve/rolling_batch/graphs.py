@@ -1,0 +1,203 @@
+"""Decode steps replayed from device graphs, one graph per batch-size bucket.
+
+A decode step of ``n`` sequences runs the graph of the smallest bucket ``b >= n``: the step's
+inputs are copied into the graph's fixed buffers, rows ``n..b`` padded (token 0, position 0,
+KV slot -1 so nothing is stored, length 1), the graph replays every kernel of the forward pass
+in one launch, and the first ``n`` rows of its output are the step's hidden states. Steps with
+prompt tokens, and batches above the largest bucket, run eagerly.
+
+Which device captures graphs is :func:`backend_for`'s choice: CUDA does (``torch.cuda.CUDAGraph``).
+Ascend NPUs run eagerly: torch_npu's fused attention takes the sequence lengths as host
+integers, which a captured graph would freeze. :class:`RecordingBackend` stands in for a device
+on the CPU: it "captures" by remembering the forward call and "replays" by running it again on
+the same buffers, so the bucket, padding and buffer logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from .models.decoder import AttentionMetadata, DecoderModel
+from .ops.contract import ContractError, check_seq_lens
+from .ops.metadata import PagedAttentionInputs
+from .step_inputs import StepArrays
+
+log = logging.getLogger("lmiserve.engine")
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+"""Batch sizes that get a graph (vLLM captures a similar ladder): fine steps at small batches,
+where padding costs most, coarser ones above."""
+
+
+def graph_buckets(max_num_seqs: int, limit: int = 512) -> list[int]:
+    """The buckets needed for batches up to ``max_num_seqs`` (at most ``limit``)."""
+    top = min(max_num_seqs, limit)
+    sizes = [b for b in BUCKETS if b < top]
+    return sizes + [min(b for b in (*BUCKETS, top) if b >= top)]
+
+
+class GraphBackend(Protocol):
+    name: str
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Capture ``fn`` (run once beforehand to warm up); the graph and its output tensor."""
+
+    def replay(self, graph: Any) -> None: ...
+
+
+class CudaGraphBackend:
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm-up: Triton compiles its kernels, cuBLAS picks its algorithms
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+class RecordingBackend:
+    """The CPU stand-in: remembers each captured call and runs it again on replay, writing into
+    the captured output tensor as a device graph would. ``log`` records what happened."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        fn()
+        out = fn()
+        self.log.append(("capture", out.shape[0]))
+        return (fn, out), out
+
+    def replay(self, graph: Any) -> None:
+        fn, out = graph
+        out.copy_(fn())
+        self.log.append(("replay", out.shape[0]))
+
+
+def backend_for(device: str) -> GraphBackend | None:
+    """The device's graph backend, or None where steps run eagerly."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return CudaGraphBackend()
+    return None
+
+
+class DecodeGraphs:
+    """Captured decode steps over fixed input buffers, for every bucket up to ``max_num_seqs``."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        device: str,
+        backend: GraphBackend,
+    ):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.buckets = graph_buckets(max_num_seqs)
+        top = self.buckets[-1]
+        self.width = max_blocks_per_seq
+        # fixed buffers: the graphs read their inputs from here
+        self.longs = torch.zeros((3, top), dtype=torch.long, device=device)  # ids, positions, slots
+        self.seq_lens = torch.ones(top, dtype=torch.int32, device=device)
+        self.tables = torch.zeros((top, self.width), dtype=torch.int32, device=device)
+        self.cu = torch.arange(top + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.replays = 0
+
+    def capture(self) -> float:
+        """Capture every bucket, the largest first (the others reuse its memory); seconds taken."""
+        started = time.monotonic()
+        self.longs[2].fill_(-1)  # warm-up and capture store nothing in the KV cache
+        with _no_grad():
+            for b in reversed(self.buckets):
+                self.graphs[b] = self.backend.capture(self._forward_fn(b))
+        took = time.monotonic() - started
+        log.info("captured %d decode graphs (%s backend, batch sizes %s) in %.1f s", len(self.buckets),
+                 self.backend.name, ",".join(map(str, self.buckets)), took)  # fmt: skip
+        return took
+
+    def _forward_fn(self, b: int) -> Callable[[], torch.Tensor]:
+        meta = AttentionMetadata(
+            slot_mapping=self.longs[2, :b],
+            num_decodes=b,
+            paged=PagedAttentionInputs(
+                block_tables=self.tables[:b],
+                cu_q_lens=self.cu[: b + 1],
+                seq_lens=self.seq_lens[:b],
+                max_q_len=1,
+                host_cu_q_lens=list(range(b + 1)),
+                host_seq_lens=[1] * b,
+            ),
+        )
+        ids, positions = self.longs[0, :b], self.longs[1, :b]
+        return lambda: self.model.forward(ids, positions, meta, self.kv_caches)
+
+    def bucket_for(self, n: int) -> int | None:
+        i = bisect.bisect_left(self.buckets, n)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def fits(self, arrays: StepArrays) -> bool:
+        """A step the graphs can run: decodes only, few enough, block tables narrow enough."""
+        n = arrays.num_seqs
+        return (
+            n > 0 and arrays.num_decodes == n and n <= self.buckets[-1] and arrays.block_tables.shape[1] <= self.width
+        )
+
+    def run(self, arrays: StepArrays) -> torch.Tensor:
+        """The step's hidden states ``(n, hidden)`` from the smallest bucket's graph."""
+        n = arrays.num_seqs
+        b = self.bucket_for(n)
+        if b is None or not self.fits(arrays):
+            raise ContractError(f"a step of {n} sequences does not fit the captured decode graphs")
+        lens = arrays.seq_lens
+        check_seq_lens(lens.tolist())
+        longs = np.zeros((3, b), dtype=np.int64)
+        longs[2] = -1
+        longs[0, :n], longs[1, :n], longs[2, :n] = arrays.input_ids, arrays.positions, arrays.slots
+        padded_lens = np.ones(b, dtype=np.int32)
+        padded_lens[:n] = lens
+        tables = np.zeros((b, arrays.block_tables.shape[1]), dtype=np.int32)
+        tables[:n] = arrays.block_tables
+        self.longs[:, :b].copy_(_host(longs), non_blocking=True)
+        self.seq_lens[:b].copy_(_host(padded_lens), non_blocking=True)
+        self.tables[:b, : tables.shape[1]].copy_(_host(tables), non_blocking=True)
+        graph, out = self.graphs[b]
+        self.backend.replay(graph)
+        self.replays += 1
+        return out[:n]
+
+
+def _host(array: np.ndarray) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory() if torch.cuda.is_available() else tensor
+
+
+@contextlib.contextmanager
+def _no_grad() -> Iterator[None]:
+    with torch.inference_mode():
+        yield

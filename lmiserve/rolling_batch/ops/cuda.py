@@ -1,0 +1,86 @@
+"""The device ops on CUDA GPUs: Triton kernels for the paged cache and the element-wise work.
+
+- Attention: one launch per layer for the whole step (decodes, prompt chunks and prompts that
+  continue a cached prefix together), reading keys and values straight from the paged cache
+  (:mod:`.triton_kernels.attention`). Its launch is sized from host integers only, so it can be
+  captured in a CUDA graph.
+- K/V writes: one launch per layer; slot -1 (padding) stores nothing, without a host check.
+- RMSNorm with the residual add, rotary embedding and SwiGLU: one fused launch each, for fp16
+  and bf16. fp32 keeps the reference ops, whose rounding matches transformers step for step.
+- Linear layers: cuBLAS through ``F.linear`` on the fused QKV and gate/up weights.
+
+Triton comes with CUDA builds of torch. The same kernels run on the CPU under
+``TRITON_INTERPRET=1``, which is how they are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .metadata import PagedAttentionInputs
+from .reference import ReferenceOps
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class CudaOps(ReferenceOps):
+    name = "cuda"
+    unified_attention = True
+
+    def __init__(self) -> None:
+        from . import triton_kernels
+
+        self.kernels = triton_kernels
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
+        self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        paged: PagedAttentionInputs,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
+        return self.kernels.paged_attention(
+            q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, paged.max_q_len, scale, window
+        )
+
+    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        return self.kernels.paged_attention(q, k_cache, v_cache, block_tables, cu, seq_lens, 1, scale, window)
+
+    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        bounds = cu_q_lens.tolist()
+        longest = max((b - a for a, b in zip(bounds, bounds[1:])), default=0)
+        return self.kernels.paged_attention(
+            q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, longest, scale, window
+        )
+
+    def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
+        if x.dtype in _HALF and x.is_contiguous():
+            return self.kernels.rms_norm(x, weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):  # type: ignore[no-untyped-def]
+        if x.dtype in _HALF and x.is_contiguous() and residual.is_contiguous():
+            return self.kernels.add_rms_norm(x, residual, weight, eps)
+        return super().add_rms_norm(x, residual, weight, eps)
+
+    def rotary(self, q, k, cos, sin, interleaved=False):  # type: ignore[no-untyped-def]
+        if (
+            not interleaved
+            and q.dtype in _HALF
+            and cos.dtype == q.dtype
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+        ):
+            return self.kernels.rotary_(q, k, cos, sin)
+        return super().rotary(q, k, cos, sin, interleaved)
+
+    def swiglu(self, gate_up):  # type: ignore[no-untyped-def]
+        if gate_up.dtype in _HALF and gate_up.is_contiguous():
+            return self.kernels.swiglu(gate_up)
+        return super().swiglu(gate_up)

@@ -1,0 +1,12 @@
+"""Triton kernels of the CUDA ops (:mod:`..cuda`).
+
+Triton ships with CUDA builds of torch. With ``TRITON_INTERPRET=1`` (set before this package
+is imported) the same kernels run on the CPU through Triton's interpreter: slowly, but enough
+to check them against the reference ops on small shapes without a GPU.
+"""
+
+from .attention import paged_attention
+from .cache import write_kv
+from .elementwise import add_rms_norm, rms_norm, rotary_, swiglu
+
+__all__ = ["add_rms_norm", "paged_attention", "rms_norm", "rotary_", "swiglu", "write_kv"]

@@ -1,0 +1,135 @@
+"""A step's model inputs, built once per step from the scheduler's output.
+
+Each scheduled sequence is read once for its fields (start, token count, the token ids it
+runs, its block table); positions, KV slots, the padded block-table matrix and the lengths
+are then worked out for the whole step at once with numpy, never token by token, and reach
+the device in two copies (one int64 array, one int32 array).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+from .models.decoder import AttentionMetadata
+from .ops.metadata import PagedAttentionInputs
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class StepArrays:
+    """The step on the host. Decodes come first; a decode is a run of one token."""
+
+    input_ids: np.ndarray
+    """int64 ``(T,)``."""
+    positions: np.ndarray
+    """int64 ``(T,)``."""
+    slots: np.ndarray
+    """int64 ``(T,)``: where each token's key and value go in the paged cache."""
+    block_tables: np.ndarray
+    """int32 ``(S, W)``: each sequence's blocks, padded with block 0."""
+    cu_q_lens: np.ndarray
+    """int32 ``(S + 1,)``: where each sequence's tokens start, and the end."""
+    seq_lens: np.ndarray
+    """int32 ``(S,)``: each sequence's length once this step has run."""
+    num_decodes: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def max_q_len(self) -> int:
+        return int(np.diff(self.cu_q_lens).max(initial=0))
+
+
+def _exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
+    items = out.decodes + out.prefills
+    n = len(items)
+    starts = np.fromiter((i.start for i in items), np.int64, n)
+    counts = np.fromiter((i.num_tokens for i in items), np.int64, n)
+    tables = [i.seq.block_table for i in items]
+    widths = np.fromiter(map(len, tables), np.int64, n)
+    cu = _exclusive_cumsum(counts)
+    total = int(cu[-1])
+    ids = np.fromiter(
+        chain.from_iterable(i.seq.token_ids[i.start : i.start + i.num_tokens] for i in items), np.int64, total
+    )
+    # the block-table matrix, filled in one scatter
+    table_cu = _exclusive_cumsum(widths)
+    flat = np.fromiter(chain.from_iterable(tables), np.int32, int(table_cu[-1]))
+    matrix = np.zeros((n, int(widths.max(initial=0))), dtype=np.int32)
+    table_rows = np.repeat(np.arange(n), widths)
+    matrix[table_rows, np.arange(flat.shape[0]) - table_cu[table_rows]] = flat
+    # per token: its sequence, position and slot
+    owner = np.repeat(np.arange(n), counts)
+    positions = starts[owner] + (np.arange(total) - cu[owner])
+    slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return StepArrays(
+        input_ids=ids,
+        positions=positions,
+        slots=slots,
+        block_tables=matrix,
+        cu_q_lens=cu.astype(np.int32),
+        seq_lens=(starts + counts).astype(np.int32),
+        num_decodes=len(out.decodes),
+    )
+
+
+def step_tensors(
+    arrays: StepArrays, device: str | torch.device, unified: bool
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Input ids, positions and attention metadata on ``device``.
+
+    ``unified``: the ops take the whole step in one attention call (:class:`PagedAttentionInputs`);
+    otherwise decodes and prompt chunks get metadata of their own."""
+    t, s, nd = arrays.num_tokens, arrays.num_seqs, arrays.num_decodes
+    tables = arrays.block_tables
+    pieces = [tables.ravel(), arrays.cu_q_lens, arrays.seq_lens]
+    if not unified:
+        pieces.append(arrays.cu_q_lens[nd:] - nd)
+    longs = _to_device(np.concatenate([arrays.input_ids, arrays.positions, arrays.slots]), device)
+    ints = _to_device(np.concatenate(pieces), device)
+    w = tables.shape[1]
+    table_t = ints[: s * w].view(s, w)
+    cu_t = ints[s * w : s * w + s + 1]
+    lens_t = ints[s * w + s + 1 : s * w + 2 * s + 1]
+    meta = AttentionMetadata(slot_mapping=longs[2 * t :], num_decodes=nd)
+    if unified:
+        meta.paged = PagedAttentionInputs(
+            block_tables=table_t,
+            cu_q_lens=cu_t,
+            seq_lens=lens_t,
+            max_q_len=arrays.max_q_len,
+            host_cu_q_lens=arrays.cu_q_lens.tolist(),
+            host_seq_lens=arrays.seq_lens.tolist(),
+        )
+    else:
+        if nd:
+            meta.decode_block_tables = table_t[:nd]
+            meta.decode_seq_lens = lens_t[:nd]
+        if s > nd:
+            meta.prefill_block_tables = table_t[nd:]
+            meta.prefill_cu_q_lens = ints[s * w + 2 * s + 1 :]
+            meta.prefill_seq_lens = lens_t[nd:]
+    return longs[:t], longs[t : 2 * t], meta
+
+
+def _to_device(array: np.ndarray, device: str | torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,71 @@
+"""The engine on the CUDA ops (Triton kernels, interpreted on the CPU) and its decode graphs
+(the recording stand-in for CUDA graphs): transformers' greedy tokens, token for token."""
+
+import pytest
+
+from lmiserve.rolling_batch import graphs
+from lmiserve.wire import SamplingParams
+from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run
+
+PROMPTS = ("What is Deep Learning?", "The quick brown fox " * 6, "Hi")
+
+
+def _arrivals(tokenizer, new_tokens=6):
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    return prompts, {
+        0: [("a", prompts[0], SamplingParams(max_new_tokens=new_tokens))],
+        2: [(str(i), p, SamplingParams(max_new_tokens=new_tokens)) for i, p in enumerate(prompts[1:], 1)],
+    }
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_cuda_ops_give_transformers_greedy_tokens(arch, tiny_model_dirs, tiny_tokenizer):
+    """Decodes beside prompt chunks (a 16-token budget chunks the long prompt), one attention
+    launch per layer for the whole step."""
+    model_dir = tiny_model_dirs[arch]
+    prompts, arrivals = _arrivals(tiny_tokenizer)
+    engine = make_engine(model_dir, ops="cuda", max_num_batched_tokens=16)
+    assert engine.runner.ops.name == "cuda" and engine.runner.graphs is None  # no device graphs on the CPU
+    tokens, _, _ = run(engine, arrivals)
+    for rid, prompt in zip(("a", "1", "2"), prompts):
+        assert tokens[rid][0] == hf_greedy(model_dir, prompt, 6), rid
+
+
+def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(monkeypatch, tiny_model_dirs, tiny_tokenizer):
+    recorder = graphs.RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    model_dir = tiny_model_dirs["llama"]
+    prompts, arrivals = _arrivals(tiny_tokenizer, new_tokens=5)
+    engine = make_engine(model_dir, ops="cuda", max_num_seqs=6, max_num_batched_tokens=64)
+    assert engine.runner.graphs.buckets == [1, 2, 4, 6]
+    assert engine.info["graph_batch_sizes"] == [1, 2, 4, 6]
+    assert [e for e in recorder.log if e[0] == "capture"] == [("capture", b) for b in (6, 4, 2, 1)]
+    tokens, _, _ = run(engine, arrivals)
+    replays = [size for kind, size in recorder.log if kind == "replay"]
+    assert 1 in replays and 4 in replays  # "a" alone, then three sequences padded to four
+    assert engine.runner.graphs.replays == len(replays)
+    eager = make_engine(model_dir, ops="cuda", max_num_seqs=6, max_num_batched_tokens=64, enforce_eager=True)
+    assert eager.runner.graphs is None
+    assert run(eager, arrivals)[0] == tokens
+    for rid, prompt in zip(("a", "1", "2"), prompts):
+        assert tokens[rid][0] == hf_greedy(model_dir, prompt, 5), rid
+
+
+def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_dirs, tiny_tokenizer):
+    """Padded rows carry slot -1: a replay padded from three sequences to four changes only
+    the blocks of the three."""
+    import torch
+
+    recorder = graphs.RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    engine = make_engine(tiny_model_dirs["llama"], ops="cuda", max_num_seqs=4, max_num_batched_tokens=64)
+    prompt = tiny_tokenizer("Hi there")["input_ids"]
+    for rid in "xyz":
+        engine.add_request(rid, prompt, SamplingParams(max_new_tokens=3))
+    engine.step()  # the three prompts, eagerly
+    before = engine.runner.k_cache.clone()
+    engine.step()  # three decodes, replayed in the graph of four
+    assert recorder.log[-1] == ("replay", 4)
+    changed = (engine.runner.k_cache != before).any(dim=(0, 2, 3, 4)).nonzero().flatten().tolist()
+    assert changed and set(changed) <= {b for s in engine.scheduler.running for b in s.block_table}
+    assert torch.isfinite(engine.runner.k_cache).all()
