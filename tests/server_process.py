@@ -26,6 +26,8 @@ class ServerProcess:
         self.model_dir = model_dir
         self.log_path = model_dir.parent / f"server-{self.port}.log"
         full_env = dict(os.environ)
+        # each test server gets a gRPC port of its own (the default 8081 may be taken by another)
+        full_env.setdefault("SERVING_GRPC_PORT", str(free_port()))
         full_env.update(env or {})
         cmd = [
             sys.executable,

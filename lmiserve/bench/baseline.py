@@ -7,22 +7,35 @@ from pathlib import Path
 
 
 def run_baseline(
-    model_path: Path, dtype: str, prompts: list[list[int]], concurrencies: list[int], max_new_tokens: int
+    model_path: Path,
+    dtype: str,
+    prompts: list[list[int]],
+    concurrencies: list[int],
+    max_new_tokens: int,
+    device: str = "cpu",
 ) -> list[dict[str, object]]:
+    """Output tokens/s of ``generate`` with static batches of each size, on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from ..devices import torch_dtype
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype)).to(device).eval()
+
+    def wait() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
     pad = model.generation_config.pad_token_id
     if pad is None:
         pad = 0
     results = []
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, do_sample=False, pad_token_id=pad)  # warm up
+        warm = torch.tensor([prompts[0][:16]], device=device)
+        model.generate(warm, max_new_tokens=4, do_sample=False, pad_token_id=pad)
         for batch in concurrencies:
-            ids = torch.tensor([prompts[i % len(prompts)] for i in range(batch)])
+            ids = torch.tensor([prompts[i % len(prompts)] for i in range(batch)], device=device)
+            wait()
             started = time.perf_counter()
             model.generate(
                 ids,
@@ -32,10 +45,12 @@ def run_baseline(
                 do_sample=False,
                 pad_token_id=pad,
             )
+            wait()
             seconds = time.perf_counter() - started
             results.append(
                 {
                     "concurrency": batch,
+                    "device": device,
                     "output_tokens": batch * max_new_tokens,
                     "seconds": seconds,
                     "output_tokens_per_s": batch * max_new_tokens / seconds,

@@ -21,7 +21,7 @@ from .report import plot, table, write_json
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the running server")
     parser.add_argument("--api", choices=sorted(APIS), default="lmi", help="protocol to load the server with")
-    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrency levels")
+    parser.add_argument("--concurrency", default="1,8,32,128", help="comma-separated concurrency levels")
     parser.add_argument("--prompt-tokens", type=int, default=190)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=0, help="measured requests per level (default: max(8, 3 x c))")
@@ -32,8 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=None, help="model name (default: the server's only model)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the served model's)")
-    parser.add_argument("--baseline", action="store_true", help="also measure transformers generate (batch = c)")
+    parser.add_argument(
+        "--baseline", action="store_true", help="also measure transformers generate (batch = c) on the server's device"
+    )
     parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
+    parser.add_argument("--device", default=None, help="baseline device (default: the server's, e.g. cuda:0)")
     parser.add_argument("--out", default="bench-results", help="directory for report.json and report.png")
 
 
@@ -90,14 +93,22 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline:
         from .baseline import run_baseline
 
-        dtype = args.dtype or (info.get("engine") or {}).get("dtype") or "fp32"
-        print(f"transformers generate ({dtype}), batch sizes {levels} ...", file=sys.stderr, flush=True)
-        report["baseline"] = run_baseline(path, dtype, ids, levels, args.max_new_tokens)
+        engine = info.get("engine") or {}
+        dtype = args.dtype or engine.get("dtype") or "fp32"
+        device = args.device or engine.get("device") or "cpu"
+        print(f"transformers generate ({dtype} on {device}), batch sizes {levels} ...", file=sys.stderr, flush=True)
+        report["baseline"] = run_baseline(path, dtype, ids, levels, args.max_new_tokens, device)
         report["config"]["baseline_dtype"] = dtype
+        report["config"]["baseline_device"] = device
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(report, out / "report.json")
-    plot(report, out / "report.png")
     print(table(report))
-    print(f"\nwrote {out / 'report.json'} and {out / 'report.png'}", file=sys.stderr)
+    written = [str(out / "report.json")]
+    try:
+        plot(report, out / "report.png")
+        written.append(str(out / "report.png"))
+    except ImportError as exc:  # the figures above and in the JSON stand without the plot
+        print(f"no plot ({exc}); install matplotlib (lmiserve[bench]) for report.png", file=sys.stderr)
+    print(f"\nwrote {' and '.join(written)}", file=sys.stderr)
     return 0 if all(row.get("errors", 1) == 0 for row in report["server"]) else 1

@@ -118,7 +118,7 @@ class Engine:
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "tensor_parallel_degree": tp,
-            "graph_batch_sizes": self.runner.graphs.buckets if self.runner.graphs else [],
+            "decode_graphs": ",".join(map(str, self.runner.graphs.buckets)) if self.runner.graphs else "off",
         }
         if self.ranks is not None:
             self.info["rank_pids"] = self.ranks.pids

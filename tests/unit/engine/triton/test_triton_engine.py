@@ -38,7 +38,7 @@ def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(monkeypatch, 
     prompts, arrivals = _arrivals(tiny_tokenizer, new_tokens=5)
     engine = make_engine(model_dir, ops="cuda", max_num_seqs=6, max_num_batched_tokens=64)
     assert engine.runner.graphs.buckets == [1, 2, 4, 6]
-    assert engine.info["graph_batch_sizes"] == [1, 2, 4, 6]
+    assert engine.info["decode_graphs"] == "1,2,4,6"
     assert [e for e in recorder.log if e[0] == "capture"] == [("capture", b) for b in (6, 4, 2, 1)]
     tokens, _, _ = run(engine, arrivals)
     replays = [size for kind, size in recorder.log if kind == "replay"]
