@@ -2,6 +2,12 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton kernels run through Triton's interpreter where no CUDA GPU is driven (read when Triton
+# is first imported, so before any test module imports it)
+if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "" or not any(
+    os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl")
+):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pathlib import Path
 

@@ -1,11 +1,16 @@
-"""The Triton kernels run on the CPU through Triton's interpreter in these tests.
+"""The Triton kernels' tests: compiled on a CUDA GPU where there is one, else on the CPU
+through Triton's interpreter (``TRITON_INTERPRET=1``, set by the top-level conftest before
+anything imports Triton). Without Triton they are not collected."""
 
-The interpreter is chosen when a kernel is defined, so the variable is set here, before any
-test module imports the kernels; without Triton the tests are skipped."""
-
-import os
+import importlib.util
 
 import pytest
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+if importlib.util.find_spec("triton") is None:
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> str:
+    return "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -67,7 +67,7 @@ def test_half_precision_close_to_the_reference(dtype):
     q = torch.randn(sum(q_lens), 8, 64).to(dtype)
     cu = torch.tensor([0, 1, 34, 44], dtype=torch.int32)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    got = paged_attention(q, k_cache, v_cache, tables, cu, seq_lens, 33, 0.125)
+    got = _run(q, k_cache, v_cache, tables, [1, 33, 10], lengths)  # scale 64 ** -0.5 = 0.125
     want = ReferenceOps().attention_prefill(q, k_cache, v_cache, tables, cu, seq_lens, 0.125)
     assert got.dtype == dtype
     assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)

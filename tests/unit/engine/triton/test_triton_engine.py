@@ -19,24 +19,26 @@ def _arrivals(tokenizer, new_tokens=6):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_cuda_ops_give_transformers_greedy_tokens(arch, tiny_model_dirs, tiny_tokenizer):
+def test_cuda_ops_give_transformers_greedy_tokens(arch, tiny_model_dirs, tiny_tokenizer, kernel_device):
     """Decodes beside prompt chunks (a 16-token budget chunks the long prompt), one attention
     launch per layer for the whole step."""
     model_dir = tiny_model_dirs[arch]
     prompts, arrivals = _arrivals(tiny_tokenizer)
-    engine = make_engine(model_dir, ops="cuda", max_num_batched_tokens=16)
-    assert engine.runner.ops.name == "cuda" and engine.runner.graphs is None  # no device graphs on the CPU
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=16, enforce_eager=True)
+    assert engine.runner.ops.name == "cuda" and engine.runner.graphs is None
     tokens, _, _ = run(engine, arrivals)
     for rid, prompt in zip(("a", "1", "2"), prompts):
         assert tokens[rid][0] == hf_greedy(model_dir, prompt, 6), rid
 
 
-def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(monkeypatch, tiny_model_dirs, tiny_tokenizer):
+def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(
+    monkeypatch, tiny_model_dirs, tiny_tokenizer, kernel_device
+):
     recorder = graphs.RecordingBackend()
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
     model_dir = tiny_model_dirs["llama"]
     prompts, arrivals = _arrivals(tiny_tokenizer, new_tokens=5)
-    engine = make_engine(model_dir, ops="cuda", max_num_seqs=6, max_num_batched_tokens=64)
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_seqs=6, max_num_batched_tokens=64)
     assert engine.runner.graphs.buckets == [1, 2, 4, 6]
     assert engine.info["decode_graphs"] == "1,2,4,6"
     assert [e for e in recorder.log if e[0] == "capture"] == [("capture", b) for b in (6, 4, 2, 1)]
@@ -44,21 +46,25 @@ def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(monkeypatch, 
     replays = [size for kind, size in recorder.log if kind == "replay"]
     assert 1 in replays and 4 in replays  # "a" alone, then three sequences padded to four
     assert engine.runner.graphs.replays == len(replays)
-    eager = make_engine(model_dir, ops="cuda", max_num_seqs=6, max_num_batched_tokens=64, enforce_eager=True)
+    eager = make_engine(
+        model_dir, ops="cuda", device=kernel_device, max_num_seqs=6, max_num_batched_tokens=64, enforce_eager=True
+    )
     assert eager.runner.graphs is None
     assert run(eager, arrivals)[0] == tokens
     for rid, prompt in zip(("a", "1", "2"), prompts):
         assert tokens[rid][0] == hf_greedy(model_dir, prompt, 5), rid
 
 
-def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_dirs, tiny_tokenizer):
+def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_dirs, tiny_tokenizer, kernel_device):
     """Padded rows carry slot -1: a replay padded from three sequences to four changes only
     the blocks of the three."""
     import torch
 
     recorder = graphs.RecordingBackend()
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
-    engine = make_engine(tiny_model_dirs["llama"], ops="cuda", max_num_seqs=4, max_num_batched_tokens=64)
+    engine = make_engine(
+        tiny_model_dirs["llama"], ops="cuda", device=kernel_device, max_num_seqs=4, max_num_batched_tokens=64
+    )
     prompt = tiny_tokenizer("Hi there")["input_ids"]
     for rid in "xyz":
         engine.add_request(rid, prompt, SamplingParams(max_new_tokens=3))

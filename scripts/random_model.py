@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Write a random-weight model of a named shape, with SmolLM2's tokenizer, for speed work.
+
+    python scripts/random_model.py llama-1b /tmp/llama-1b [--dtype bf16]
+
+Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
+outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
+(Llama-3.2-1B's: hidden 2048, 16 layers, 32/8 heads, intermediate 8192), ``llama-8b``
+(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336). The vocabulary is
+SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+SHAPES = {
+    "smollm2": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    intermediate_size=1536, tie_word_embeddings=True, rope_theta=100000.0),
+    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=8192, tie_word_embeddings=True, rope_theta=500000.0),
+    "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=14336, tie_word_embeddings=False, rope_theta=500000.0),
+}  # fmt: skip
+
+
+def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from lmiserve.devices import torch_dtype
+    from lmiserve.model_store import DEFAULT_MODEL_ID, resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        rms_norm_eps=1e-5,
+        **SHAPES[shape],
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(config).to(torch_dtype(dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dtype", default="bf16")
+    args = parser.parse_args(argv)
+    path = build(args.shape, args.out, args.dtype)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
