@@ -107,6 +107,13 @@ class EngineSettings(Area):
     enable_prefix_caching: bool = setting(
         True, "option.enable_prefix_caching", "Reuse the KV cache of shared prompt prefixes across requests."
     )
+    deterministic: bool = setting(
+        False,
+        "option.deterministic",
+        "Batch-invariant mode: a request's greedy tokens (and seeded samples) do not depend on the other "
+        "requests in the batch, on how its prompt was chunked or on prefix-cache hits. Costs throughput; "
+        "see the README's Deterministic mode.",
+    )
     enforce_eager: bool = setting(
         False,
         "option.enforce_eager",

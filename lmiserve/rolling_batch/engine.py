@@ -57,6 +57,8 @@ class EngineConfig:
     max_prefill_seqs: int | None = None
     enforce_eager: bool = False
     """No device graphs: every step runs kernel by kernel."""
+    deterministic: bool = False
+    """A request's tokens do not depend on the rest of the batch (:mod:`.ops.batch_invariant`)."""
 
 
 def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -118,6 +120,7 @@ class Engine:
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "tensor_parallel_degree": tp,
+            "deterministic": config.deterministic,
             "decode_graphs": ",".join(map(str, self.runner.graphs.buckets)) if self.runner.graphs else "off",
         }
         if self.ranks is not None:
@@ -163,6 +166,7 @@ class Engine:
             cfg.block_size,
             cfg.ops,
             shard=Shard(0, tp) if tp > 1 else None,
+            deterministic=cfg.deterministic,
         )
         block_bytes = self.runner.block_bytes
         self.num_blocks = self._num_blocks(block_bytes)

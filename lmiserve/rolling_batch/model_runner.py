@@ -48,13 +48,14 @@ class ModelRunner:
         block_size: int,
         ops_name: str = "auto",
         shard: Shard | None = None,
+        deterministic: bool = False,
     ):
         """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
         part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head."""
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
-        self.ops = select_ops(device, ops_name)
+        self.ops = select_ops(device, ops_name, deterministic)
         self.channel: StepChannel | None = None
         """Set on rank 0 of a tensor-parallel group: each step's inputs go to the other ranks."""
         cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)

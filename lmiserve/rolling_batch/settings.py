@@ -47,6 +47,7 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
         tensor_parallel_degree=resolve_degree(model.tensor_parallel_degree, device),
         max_prefill_seqs=engine.max_prefill_batch_size,
         enforce_eager=engine.enforce_eager,
+        deterministic=engine.deterministic,
     )
 
 

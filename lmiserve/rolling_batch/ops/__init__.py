@@ -41,10 +41,16 @@ def create_ops(device: str, name: str = "auto") -> ReferenceOps:
     return ReferenceOps()
 
 
-def select_ops(device: str, name: str = "auto") -> CheckedOps:
-    """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops)."""
+def select_ops(device: str, name: str = "auto", deterministic: bool = False) -> CheckedOps:
+    """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops);
+    ``deterministic``: a token's result does not depend on the rest of the step."""
     ops = create_ops(device, name)
-    return CheckedOps(ops, limits_for("npu" if ops.name == "npu" else device))
+    limits = limits_for("npu" if ops.name == "npu" else device)
+    if deterministic:
+        from .batch_invariant import BatchInvariantOps
+
+        return CheckedOps(BatchInvariantOps(ops), limits)
+    return CheckedOps(ops, limits)
 
 
 def _cuda_or_reference() -> str:

@@ -1,0 +1,125 @@
+"""Deterministic mode: ops whose result for a token does not depend on the rest of the step.
+
+What changes a token's rounding with the batch, and what is done about it here:
+
+- Matrix multiplies choose their kernel and blocking by the number of rows (oneDNN, MKL and
+  cuBLAS all do), so a row's sums are added in another order in a larger batch. Here every
+  multiply runs on blocks of exactly :data:`ROWS` rows (the last one padded): the same kernel,
+  the same order, for every row, whatever else is in the step.
+- Attention over a prompt chunk is computed by tiles of queries, so a token's result depends on
+  how its prompt was chunked and on whether its prefix came from the cache. Here every query
+  token is attended on its own, as a decode would be: over its own keys in position order, with
+  the device's decode kernel (which splits work across sequences and heads, never along keys).
+- Row-wise reductions (RMSNorm, log-sum-exp) are per row in the CPU and CUDA kernels; the plain
+  torch versions (fp32, the reference ops) are given blocks of :data:`ROWS` rows too.
+
+Sampling is already per row, with per-request generators. Different dtypes, devices or kernel
+libraries still give different answers: the mode fixes the order of operations, not the hardware.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metadata import PagedAttentionInputs
+from .reference import LinearWeight
+
+ROWS = 16
+"""Rows per matrix multiply: a decode batch of up to 16 costs one block; larger steps run
+several, each reading weights that are by then in the cache."""
+
+_PER_ROW_KERNELS = ("cpu", "cuda")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def in_blocks(fn, x: torch.Tensor, *args):  # type: ignore[no-untyped-def]
+    """``fn`` over ``x`` (rows on the first dimension) in blocks of exactly ROWS rows."""
+    rows = x.shape[0]
+    if rows == 0:
+        return fn(x, *args)
+    pad = (-rows) % ROWS
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
+    outs = [fn(x[i : i + ROWS], *args) for i in range(0, rows + pad, ROWS)]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.cat(parts)[:rows] for parts in zip(*outs))
+    return torch.cat(outs)[:rows]
+
+
+class BatchInvariantOps:
+    """Wraps an ops implementation; everything not overridden here is the implementation's own."""
+
+    def __init__(self, inner):  # type: ignore[no-untyped-def]
+        self.inner = inner
+        self.name = inner.name
+        self.unified_attention = inner.unified_attention
+        self._expanded: tuple[object, object] | None = None
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    # --- rows ---------------------------------------------------------------------------------
+    def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        shape = x.shape
+        y = in_blocks(self.inner.linear, x.reshape(-1, shape[-1]).contiguous(), w)
+        return y.view(*shape[:-1], y.shape[-1])
+
+    def _per_row(self, x: torch.Tensor) -> bool:
+        return self.inner.name in _PER_ROW_KERNELS and x.dtype in _HALF
+
+    def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
+        if self._per_row(x):
+            return self.inner.rms_norm(x, weight, eps)
+        return in_blocks(self.inner.rms_norm, x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):  # type: ignore[no-untyped-def]
+        if self._per_row(x):
+            return self.inner.add_rms_norm(x, residual, weight, eps)
+        h = residual + x
+        return in_blocks(self.inner.rms_norm, h, weight, eps)[0], h
+
+    def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inner.name == "cpu" and getattr(self.inner, "kernels", False):
+            return self.inner.argmax_logsumexp(logits)  # one row per task in the C++ kernel
+        return in_blocks(self.inner.argmax_logsumexp, logits)
+
+    # --- attention: every query token on its own ----------------------------------------------
+    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        tables, lens = self._as_decodes(block_tables, cu_q_lens, seq_lens)
+        return self.inner.attention_decode(q, k_cache, v_cache, tables, lens, scale, window)
+
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+        if paged.max_q_len <= 1:
+            return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
+        tables, lens = self._as_decodes(paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens)
+        tokens = q.shape[0]
+        decodes = PagedAttentionInputs(
+            block_tables=tables,
+            cu_q_lens=torch.arange(tokens + 1, dtype=torch.int32, device=q.device),
+            seq_lens=lens,
+            max_q_len=1,
+            host_cu_q_lens=list(range(tokens + 1)),
+            host_seq_lens=lens.tolist(),
+        )
+        return self.inner.attention(q, k_cache, v_cache, decodes, scale, window)
+
+    def _as_decodes(self, block_tables: torch.Tensor, cu, lens):  # type: ignore[no-untyped-def]
+        """One row per query token: its sequence's block table and its own length (position + 1).
+        Worked out once per step (every layer gets the same tables); ``cu``/``lens`` are host lists
+        or tensors."""
+        cached = self._expanded
+        if cached is not None and cached[0] is block_tables:
+            return cached[1]
+        cu = cu if isinstance(cu, list) else cu.tolist()
+        lens = lens if isinstance(lens, list) else lens.tolist()
+        counts = [b - a for a, b in zip(cu, cu[1:])]
+        owner = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        own_lens = [n - m + 1 + j for n, m in zip(lens, counts) for j in range(m)]
+        dev = block_tables.device
+        result = (
+            block_tables.index_select(0, owner.to(dev)).contiguous(),
+            torch.tensor(own_lens, dtype=torch.int32, device=dev),
+        )
+        self._expanded = (block_tables, result)
+        return result
