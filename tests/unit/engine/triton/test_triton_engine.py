@@ -75,3 +75,26 @@ def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_di
     changed = (engine.runner.k_cache != before).any(dim=(0, 2, 3, 4)).nonzero().flatten().tolist()
     assert changed and set(changed) <= {b for s in engine.scheduler.running for b in s.block_table}
     assert torch.isfinite(engine.runner.k_cache).all()
+
+
+def test_deterministic_mode_on_the_cuda_ops(tiny_model_dirs, tiny_tokenizer, kernel_device):
+    """bf16, one Triton attention launch per step: the same tokens alone, in a batch of four
+    under a small step budget, and with the prefix cached."""
+    model_dir = tiny_model_dirs["qwen3"]
+    prompt = tiny_tokenizer("The quick brown fox jumps over the lazy dog while the cat sleeps")["input_ids"]
+    others = [tiny_tokenizer(t)["input_ids"] for t in ("Hi", "What is Deep Learning?", "A b c d e f g")]
+    params = SamplingParams(max_new_tokens=6)
+
+    def target(budget, batch, warm=False):
+        engine = make_engine(
+            model_dir, ops="cuda", device=kernel_device, dtype="bf16", deterministic=True,
+            max_num_batched_tokens=budget, enforce_eager=True,
+        )  # fmt: skip
+        if warm:
+            run(engine, {0: [("w", prompt, SamplingParams(max_new_tokens=1))]})
+        arrivals = {0: [(f"o{i}", p, params) for i, p in enumerate(batch)] + [("t", prompt, params)]}
+        return run(engine, arrivals)[0]["t"][0]
+
+    alone = target(512, [])
+    assert target(16, others) == alone
+    assert target(16, [], warm=True) == alone
