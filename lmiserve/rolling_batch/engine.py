@@ -120,7 +120,7 @@ class Engine:
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "tensor_parallel_degree": tp,
-            "deterministic": config.deterministic,
+            "deterministic": "on" if config.deterministic else "off",
             "decode_graphs": ",".join(map(str, self.runner.graphs.buckets)) if self.runner.graphs else "off",
         }
         if self.ranks is not None:
