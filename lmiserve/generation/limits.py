@@ -16,15 +16,18 @@ from .request import GenerationRequest
 
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids and counts beyond a signed 32-bit integer cannot name anything real."""
+MAX_STOP_CHARACTERS = 32768
+"""All the stop strings of one request together (MindIE's limit, 32 * 1024); it bounds the
+stop-string automaton a request compiles."""
 
 
 @dataclass(frozen=True)
 class RequestLimits:
     max_new_tokens: int
-    max_n: int = 16
-    max_best_of: int = 16
-    max_stop_sequences: int = 16
-    max_stop_sequence_length: int = 1024
+    max_n: int = 128
+    max_best_of: int = 128
+    max_stop_sequences: int = 1024
+    max_stop_sequence_length: int = 32768
     max_new_tokens_name: str = "max_new_tokens_limit"
 
     @classmethod
@@ -62,6 +65,9 @@ def check(request: GenerationRequest, limits: RequestLimits) -> None:
             f"a stop sequence of {longest} characters is longer than max_stop_sequence_length "
             f"({limits.max_stop_sequence_length})"
         )
+    total = sum(len(s) for s in request.stop)
+    if total > MAX_STOP_CHARACTERS:
+        raise ValidationFailed(f"the stop sequences have {total} characters in all, more than {MAX_STOP_CHARACTERS}")
     ids = [*(request.prompt_ids or ()), *p.stop_token_ids]
     if any(not 0 <= i <= MAX_TOKEN_ID for i in ids):
         raise ValidationFailed("token ids must be between 0 and 2147483647")
