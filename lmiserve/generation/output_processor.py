@@ -30,7 +30,12 @@ class OutputProcessor:
             seed=request.params.seed,
             arrival=time.monotonic(),
         )
-        self._detok = [IncrementalDetokenizer(tokenizer, prompt_ids, request.skip_special_tokens) for _ in range(count)]
+        self._detok = [
+            IncrementalDetokenizer(
+                tokenizer, prompt_ids, request.skip_special_tokens, request.spaces_between_special_tokens
+            )
+            for _ in range(count)
+        ]
         stops = StopAutomaton(request.stop)  # compiled once, shared by every sequence
         self._stops = [StopStringMatcher(stops, request.include_stop_str_in_output) for _ in range(count)]
 

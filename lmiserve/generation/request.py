@@ -18,6 +18,9 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool | None = None
+    """Join the text around kept special tokens with a space (True) or nothing (False);
+    None: as the tokenizer decodes."""
     truncate: int | None = None
     """Keep only the last ``truncate`` prompt tokens."""
     prompt_ids: list[int] | None = None

@@ -167,7 +167,7 @@ async def respond(
         if first is not None and first[1].error is not None:  # refused before the first byte
             await stream.aclose()
             status, body = responder.error_body(output_error(first[1]))
-            return Response(body, status_code=status, media_type="application/json")
+            return Response(body, status_code=status, media_type=_error_media_type(responder))
         body = _stream(responder, stream, first, outs, (ends, seconds))
         return StreamingResponse(body, media_type=responder.media_type)
 
@@ -195,9 +195,14 @@ async def respond(
     return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
 
 
+def _error_media_type(responder: Responder) -> str:
+    """JSON, unless the protocol answers a refused stream in the stream's own framing (LMI)."""
+    return getattr(responder, "error_media_type", "application/json")
+
+
 def _error(responder: Responder, err: LmiServeError) -> Response:
     status, body = responder.error_body(err)
-    return Response(body, status_code=status, media_type="application/json", headers=err.headers)
+    return Response(body, status_code=status, media_type=_error_media_type(responder), headers=err.headers)
 
 
 async def _drain(stream: AsyncIterator[tuple[int, RequestOutput]]) -> None:

@@ -31,7 +31,7 @@ ROUTES = {
     "databricks": "/serving-endpoints/tiny/invocations",
 }
 SHAPES = {
-    "lmi": lambda b: {"code", "error"} <= set(b),
+    "lmi": lambda b: {"code", "error"} <= set(b) or b.get("details", {}).get("finish_reason") == "error",
     "tgi": lambda b: set(b) == {"error", "error_type"},
     "completions": lambda b: set(b["error"]) == {"message", "type", "param", "code"},
     "chat": lambda b: set(b["error"]) == {"message", "type", "param", "code"},
