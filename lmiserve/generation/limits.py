@@ -16,6 +16,10 @@ from .request import GenerationRequest
 
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids and counts beyond a signed 32-bit integer cannot name anything real."""
+MINDIE_MAX_ITER_TIMES = 512
+"""MindIE Server's default maxIterTimes (its configuration reference, ScheduleConfig): what a
+MindIE request that names no max_tokens / max_new_tokens generates at most, unless
+option.max_iter_times says otherwise."""
 MAX_STOP_CHARACTERS = 32768
 """All the stop strings of one request together (MindIE's limit, 32 * 1024); it bounds the
 stop-string automaton a request compiles."""
@@ -46,7 +50,7 @@ class RequestLimits:
 def check(request: GenerationRequest, limits: RequestLimits) -> None:
     """Raise :class:`ValidationFailed` naming the first limit ``request`` goes beyond."""
     p = request.params
-    if p.max_new_tokens > limits.max_new_tokens:
+    if p.max_new_tokens > limits.max_new_tokens and not request.cap_max_new_tokens:
         raise ValidationFailed(
             f"max_new_tokens ({p.max_new_tokens}) is more than {limits.max_new_tokens_name} ({limits.max_new_tokens})"
         )

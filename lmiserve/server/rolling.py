@@ -23,8 +23,9 @@ def defaults(model: EngineModel) -> lmi_rolling.Defaults:
 async def invoke_rolling(model: EngineModel, request: Request) -> Response:
     if model.custom_formatters:
         return await invoke_custom(model, request, model.custom_formatters, defaults(model))
-    body = await read_body(request)
+    body = b""
     try:
+        body = await read_body(request)
         req = lmi_rolling.parse_request(body, defaults(model))
     except (BadRequest, ValidationFailed) as err:
         status, data, media_type = lmi_rolling.refusal(body, defaults(model), err)
