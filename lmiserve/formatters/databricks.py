@@ -43,6 +43,7 @@ def task_of(data: Any) -> str:
 
 class DatabricksCompletionRequest(CompletionRequest):
     max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+    temperature: float = Field(1.0, ge=0, le=2)  # Databricks: a float in [0, 2]
     error_behavior: Literal["error", "truncate"] = "error"
     use_raw_prompt: bool = False
 
@@ -81,4 +82,5 @@ def completion_requests(
             gen.prompt = templated[i]
             gen.add_special_tokens = False
         gen.fit_context = limited and req.error_behavior == "error"
+        gen.cap_max_new_tokens = gen.max_new_tokens_omitted = False  # MindIE's rules are not Databricks'
     return out
