@@ -341,3 +341,49 @@ def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
     data = asyncio.run(collect(r, [out]))
     golden("databricks/completion_stream_truncated.sse", data)
     assert b'"finish_reason":"length"' in data and data.endswith(b"data: [DONE]\n\n")
+
+
+# --- KServe open inference protocol V2 -----------------------------------------------------------
+
+V2_REQUEST = {
+    "id": "42",
+    "inputs": [
+        {"name": "input0", "shape": [2, 2], "datatype": "UINT32", "data": [1, 2, 3, 4]},
+        {"name": "input1", "shape": [3], "datatype": "BOOL", "data": [True]},
+    ],
+    "outputs": [{"name": "output0"}],
+}
+V2_ANSWER = {"outputs": [{"name": "output0", "shape": [3, 2], "datatype": "FP32", "data": [1.0, 1.1, 2.0, 2.1, 3.0, 3.1]}]}
+
+
+def test_kserve_handler_answer_is_the_documents_response(monkeypatch):
+    from lmiserve.formatters import kserve, kserve_handler
+
+    body = orjson.dumps(V2_REQUEST)
+    data = kserve_handler.handler_response("mymodel", kserve_handler.request_id(body), orjson.dumps(V2_ANSWER))
+    golden("kserve/handler_infer.json", data)
+    assert orjson.loads(data)["id"] == "42" and orjson.loads(data)["outputs"] == V2_ANSWER["outputs"]
+    # no id in the request: a new one, always present
+    monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
+    monkeypatch.setattr(kserve_handler, "new_request_id", lambda: "generated-id")
+    bare = orjson.dumps({k: v for k, v in V2_REQUEST.items() if k != "id"})
+    data = kserve_handler.handler_response("mymodel", kserve_handler.request_id(bare), orjson.dumps(V2_ANSWER["outputs"]))
+    assert orjson.loads(data)["id"] == "generated-id"
+    from lmiserve.errors import HandlerFailure
+
+    for bad in (b"not json", b'{"generated_text": "x"}', b'[{"name": "o"}]'):
+        with pytest.raises(HandlerFailure):
+            kserve_handler.handler_response("mymodel", "", bad)
+
+
+def test_kserve_response_id_is_always_present(monkeypatch):
+    from lmiserve.formatters import kserve
+
+    monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
+    data = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["What is Deep Learning?"]}],
+        "parameters": {"max_tokens": 4},
+    }
+    body, header = kserve.rest_body(kserve.plan(kserve.parse_infer(data)).response("tiny", ["Deep Learning is a"]))
+    golden("kserve/infer_without_id.json", body)
+    assert orjson.loads(body)["id"] == "generated-id"
