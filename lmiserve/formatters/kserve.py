@@ -54,6 +54,8 @@ MODEL_VERSION = "1"
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
 PLATFORM = "pytorch_lmiserve"
 HANDLER_PLATFORM = "python_lmiserve"
 TEXT_INPUT = "text_input"

@@ -47,7 +47,8 @@ def handler_response(model_name: str, req_id: str, answer: bytes) -> bytes:
     body: dict[str, Any] = {
         "model_name": model_name,
         "model_version": MODEL_VERSION,
-        "id": req_id or (data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else "")
+        "id": req_id
+        or (data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else "")
         or new_request_id(),
     }
     if isinstance(data, dict) and isinstance(data.get("parameters"), dict):

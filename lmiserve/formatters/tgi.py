@@ -155,9 +155,7 @@ def text_from_parts(parts: list[Any]) -> str:
                 raise ValidationFailed(f"inputs[{i}]: a text part needs a non-empty 'text'")
             texts.append(text)
         elif kind in MEDIA_PARTS:
-            raise ValidationFailed(
-                f"inputs[{i}]: this model reads text only; it cannot take a part of type {kind!r}"
-            )
+            raise ValidationFailed(f"inputs[{i}]: this model reads text only; it cannot take a part of type {kind!r}")
         else:
             raise ValidationFailed(f"inputs[{i}]: type must be one of text, {', '.join(MEDIA_PARTS)} (got {kind!r})")
     if not texts:

@@ -108,7 +108,9 @@ def test_root_route_refuses_media_parts_on_a_text_model(server):
     parts = [{"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": "/xxxx/test.png"}]
     r = httpx.post(server.url + "/", json={"inputs": parts}, timeout=60)
     assert r.status_code == 422 and "image_url" in r.json()["error"]
-    r = httpx.post(server.url + "/", json={"inputs": [{"type": "text", "text": PROMPT}], "parameters": {"max_new_tokens": 2}})
+    r = httpx.post(
+        server.url + "/", json={"inputs": [{"type": "text", "text": PROMPT}], "parameters": {"max_new_tokens": 2}}
+    )
     assert r.status_code == 200 and len(r.json()) == 1
 
 

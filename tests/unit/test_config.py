@@ -202,7 +202,9 @@ def test_config_show_names_the_file_where_it_wins_golden(tmp_path):
     env = {"OPTION_DTYPE": "bf16", "SERVING_BATCH_SIZE": "4", "OPTION_MAX_ROLLING_BATCH_SIZE": "16"}
     out = render(load_settings(tmp_path, env=env)).replace(str(tmp_path.resolve()), "MODEL_DIR")
     keys = ("option.dtype", "batch_size", "option.max_rolling_batch_size")
-    text = "".join(" ".join(line.split()) + "\n" for line in out.splitlines() if line.split()[:1] and line.split()[0] in keys)
+    text = "".join(
+        " ".join(line.split()) + "\n" for line in out.splitlines() if line.split()[:1] and line.split()[0] in keys
+    )
     fixture = _P(__file__).resolve().parents[1] / "fixtures" / "protocols" / "config" / "precedence.txt"
     if not fixture.exists():
         fixture.write_text(text)

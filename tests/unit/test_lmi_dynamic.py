@@ -72,7 +72,7 @@ def test_malformed_body_answers_424_invoke_handler_failure(body):
     out = service.handle(Input({}, batch=[Input({}, [("data", body)])]))
     slot = out._slot(0)
     assert slot.code == 424 and slot.message == "invoke handler failure"
-    (key, data), = slot.parts
+    ((key, data),) = slot.parts
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "protocols" / "lmi" / "dynamic_error.json"
     if body == b'{"prompt": "x"}':
         if not fixture.exists():

@@ -40,7 +40,28 @@ MINDIE_REQUEST = {
     "stream": False,
 }
 PREFILL = [(5050, "My"), (829, " name"), (374, " is"), (77018, " Olivier"), (323, " and"), (358, " I")]
-TEXT_IDS = [2776, 264, 3162, 23576, 504, 9625, 13, 358, 2948, 311, 1936, 2513, 11, 5310, 3482, 8357, 323, 6371, 10500, 13]
+TEXT_IDS = [
+    2776,
+    264,
+    3162,
+    23576,
+    504,
+    9625,
+    13,
+    358,
+    2948,
+    311,
+    1936,
+    2513,
+    11,
+    5310,
+    3482,
+    8357,
+    323,
+    6371,
+    10500,
+    13,
+]
 TEXT_PIECES = ["'m", " a", " software", " engineer", " from", " France", ".", " I", " love", " to", " build"]
 TEXT_PIECES += [" things", ",", " especially", " web", " applications", " and", " mobile", " apps", "."]
 STREAM_IDS = [29915, 29885, 263, 5176, 1410, 29891, 1058, 338, 3063, 363, 263, 2058, 304, 5735, 297, 29889, 306]
@@ -89,7 +110,9 @@ def test_mindie_text_inference_example():
     assert (details["prompt_tokens"], details["generated_tokens"], details["seed"]) == (6, 20, 789070824)
     assert [t["id"] for t in details["prefill"]] == [i for i, _ in PREFILL]
     assert all(list(t) == ["id", "logprob", "special", "text"] for t in details["prefill"] + details["tokens"])
-    expected = "'m a software engineer from France. I love to build things, especially web applications and mobile apps."
+    expected = (
+        "'m a software engineer from France. I love to build things, especially web applications and mobile apps."
+    )
     assert answer[0]["generated_text"] == expected
 
 
@@ -113,7 +136,10 @@ def test_mindie_multimodal_inputs():
     parts = [{"type": "text", "text": "My name is Olivier and I"}, {"type": "text", "text": "tell me more"}]
     parsed = tgi.parse(orjson.dumps({"inputs": parts}), None, mindie=True)
     assert parsed.generation.prompt == "My name is Olivier and I\ntell me more"
-    example = [{"type": "text", "text": "My name is Olivier and I"}, {"type": "image_url", "image_url": "/xxxx/test.png"}]
+    example = [
+        {"type": "text", "text": "My name is Olivier and I"},
+        {"type": "image_url", "image_url": "/xxxx/test.png"},
+    ]
     with pytest.raises(ValidationFailed) as err:
         tgi.parse(orjson.dumps({"inputs": example, "parameters": MINDIE_REQUEST["parameters"]}), None, mindie=True)
     status, body = mindie_tgi.MindieResponder(parsed).error_body(err.value)
@@ -273,7 +299,10 @@ USER = {"role": "user", "content": "hi"}
 @pytest.mark.parametrize(
     "name,fields",
     [
-        ("too_many_tools", {"tools": [{"type": "function", "function": {**FUNCTION, "name": f"f{i}"}} for i in range(33)]}),
+        (
+            "too_many_tools",
+            {"tools": [{"type": "function", "function": {**FUNCTION, "name": f"f{i}"}} for i in range(33)]},
+        ),
         ("no_description", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
         ("json_schema_without_name", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
         ("json_schema_without_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
@@ -300,7 +329,10 @@ def test_databricks_chat_accepts_what_its_reference_allows():
     messages = [
         {"role": "system", "content": "be brief"},
         USER,
-        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f1", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f1", "arguments": "{}"}}],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
     ]
     rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
@@ -315,7 +347,9 @@ def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
     from .test_protocol_golden import output
 
     def responder(stream: bool):
-        req = databricks.parse_completion({"prompt": "What is Deep Learning?", "error_behavior": "truncate", "stream": stream})
+        req = databricks.parse_completion(
+            {"prompt": "What is Deep Learning?", "error_behavior": "truncate", "stream": stream}
+        )
         r = openai_completions.CompletionResponder(req, "tiny", databricks.COMPLETIONS)
         r.id, r.created, r.truncate_on_timeout = "id-1", 1700000000, True
         return r
@@ -327,7 +361,11 @@ def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
     body = r.body([out])
     golden("databricks/completion_truncated.json", body)
     assert orjson.loads(body)["choices"][0] | {"text": None} == {
-        "index": 0, "text": None, "logprobs": None, "finish_reason": "length", "stop_reason": None
+        "index": 0,
+        "text": None,
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
     }
 
     import asyncio
@@ -353,7 +391,9 @@ V2_REQUEST = {
     ],
     "outputs": [{"name": "output0"}],
 }
-V2_ANSWER = {"outputs": [{"name": "output0", "shape": [3, 2], "datatype": "FP32", "data": [1.0, 1.1, 2.0, 2.1, 3.0, 3.1]}]}
+V2_ANSWER = {
+    "outputs": [{"name": "output0", "shape": [3, 2], "datatype": "FP32", "data": [1.0, 1.1, 2.0, 2.1, 3.0, 3.1]}]
+}
 
 
 def test_kserve_handler_answer_is_the_documents_response(monkeypatch):
@@ -367,7 +407,9 @@ def test_kserve_handler_answer_is_the_documents_response(monkeypatch):
     monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
     monkeypatch.setattr(kserve_handler, "new_request_id", lambda: "generated-id")
     bare = orjson.dumps({k: v for k, v in V2_REQUEST.items() if k != "id"})
-    data = kserve_handler.handler_response("mymodel", kserve_handler.request_id(bare), orjson.dumps(V2_ANSWER["outputs"]))
+    data = kserve_handler.handler_response(
+        "mymodel", kserve_handler.request_id(bare), orjson.dumps(V2_ANSWER["outputs"])
+    )
     assert orjson.loads(data)["id"] == "generated-id"
     from lmiserve.errors import HandlerFailure
 

@@ -15,8 +15,8 @@ from starlette.responses import Response
 from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
 from ...formatters import kserve, kserve_handler
 from .. import handler_response
-from ..handler_model import HandlerModel
 from ..generation import respond
+from ..handler_model import HandlerModel
 from ..kserve_grpc.dataplane import DataPlane
 from ..metrics import STATE_KEY
 
