@@ -60,7 +60,8 @@ class EngineSettings(Area):
         None,
         "option.max_iter_times",
         "Most tokens one request may generate (MindIE's maxIterTimes): a larger max_new_tokens is lowered "
-        "to it. Empty: no cap beyond max_model_len.",
+        "to it. Empty: no cap beyond max_model_len; a MindIE request (/ or /v1/completions) that names "
+        "no max_new_tokens / max_tokens then gets MindIE's default, 512.",
         ge=1,
     )
     max_new_tokens_limit: int | None = setting(
