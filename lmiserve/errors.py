@@ -37,6 +37,11 @@ class ValidationFailed(LmiServeError):
     title = "Validation Failed"
 
 
+class InvalidParameter(ValidationFailed):
+    """A well-formed request with a generation parameter out of its range (``top_p: 2``), as
+    opposed to a body that does not fit the schema (a missing field, a wrong type)."""
+
+
 class NotFound(LmiServeError):
     kind = "not_found"
     status = 404

@@ -60,7 +60,8 @@ class EngineSettings(Area):
         None,
         "option.max_iter_times",
         "Most tokens one request may generate (MindIE's maxIterTimes): a larger max_new_tokens is lowered "
-        "to it. Empty: no cap beyond max_model_len.",
+        "to it. Empty: no cap beyond max_model_len; a MindIE request (/ or /v1/completions) that names "
+        "no max_new_tokens / max_tokens then gets MindIE's default, 512.",
         ge=1,
     )
     max_new_tokens_limit: int | None = setting(
@@ -71,22 +72,32 @@ class EngineSettings(Area):
         ge=1,
     )
     max_n: int = setting(
-        16, "option.max_n", "Most sequences (n) one request may ask for; more are refused.", ge=1, le=1024
+        128,
+        "option.max_n",
+        "Most sequences (n) one request may ask for; more are refused. 128: MindIE's range for n.",
+        ge=1,
+        le=1024,
     )
     max_best_of: int = setting(
-        16,
+        128,
         "option.max_best_of",
-        "Most candidate sequences (best_of, or beams) one request may ask for; more are refused.",
+        "Most candidate sequences (best_of, or beams) one request may ask for; more are refused. "
+        "128: MindIE's range for best_of.",
         ge=1,
         le=1024,
     )
     max_stop_sequences: int = setting(
-        16, "option.max_stop_sequences", "Most stop strings one request may bring; more are refused.", ge=0
+        1024,
+        "option.max_stop_sequences",
+        "Most stop strings one request may bring; more are refused. 1024: MindIE's limit. Whatever "
+        "the count, the stop strings of one request may have 32768 characters in all.",
+        ge=0,
     )
     max_stop_sequence_length: int = setting(
-        1024,
+        32768,
         "option.max_stop_sequence_length",
-        "Longest stop string, in characters, a request may bring; longer ones are refused.",
+        "Longest stop string, in characters, a request may bring; longer ones are refused. 32768: "
+        "MindIE's limit for a single stop string on /v1/completions.",
         ge=1,
     )
     max_prefill_batch_size: int | None = setting(

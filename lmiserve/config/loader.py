@@ -1,8 +1,10 @@
 """Resolve ``serving.properties``, the environment and CLI flags into validated settings.
 
-Precedence, lowest first: defaults < ``serving.properties`` < LMI/SageMaker alias variables
-(``HF_MODEL_ID``, ``SAGEMAKER_BIND_TO_PORT``...) < ``OPTION_*`` / ``SERVING_*`` < CLI flags.
-Every resolved value remembers where it came from, for ``lmiserve config show``.
+Precedence, as DJL Serving documents it: a key set in ``serving.properties`` wins over the
+environment, which fills in only the keys the file is silent on (there ``OPTION_*`` /
+``SERVING_*`` win over the LMI/SageMaker alias variables ``HF_MODEL_ID``,
+``SAGEMAKER_BIND_TO_PORT``...); CLI flags win over both. Every resolved value remembers where
+it came from, for ``lmiserve config show``.
 """
 
 from __future__ import annotations
@@ -218,8 +220,10 @@ def load_settings(
         merged.update(layer)
         warnings += w
     alias_layer, direct_layer, w = _env_layers(env)
-    merged.update(alias_layer)
-    merged.update(direct_layer)
+    env_layer = {**alias_layer, **direct_layer}
+    for key, entry in env_layer.items():
+        if key not in merged:  # the file wins; the environment fills in what it leaves unset
+            merged[key] = entry
     warnings += w
     for key, value in (cli or {}).items():
         if value is not None:

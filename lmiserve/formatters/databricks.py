@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ..errors import BadRequest, ValidationFailed
 from ..generation.request import GenerationRequest
@@ -43,12 +43,37 @@ def task_of(data: Any) -> str:
 
 class DatabricksCompletionRequest(CompletionRequest):
     max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+    temperature: float = Field(1.0, ge=0, le=2)  # Databricks: a float in [0, 2]
     error_behavior: Literal["error", "truncate"] = "error"
     use_raw_prompt: bool = False
 
 
+MAX_TOOLS = 32
+
+
 class DatabricksChatRequest(ChatRequest):
-    pass
+    """The rules Databricks' chat reference states beyond OpenAI's."""
+
+    @model_validator(mode="after")
+    def _databricks_rules(self) -> DatabricksChatRequest:
+        tools = self.tools or []
+        if len(tools) > MAX_TOOLS:
+            raise ValueError(f"at most {MAX_TOOLS} tools are supported (got {len(tools)})")
+        for i, tool in enumerate(tools):
+            if not tool.function.description:
+                raise ValueError(f"tools[{i}].function.description is required")
+        rf = self.response_format
+        if rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema or {}
+            missing = [key for key in ("name", "schema") if key not in schema]
+            if missing:
+                raise ValueError(f"response_format.json_schema needs {' and '.join(missing)}")
+        for i, message in enumerate(self.messages):
+            if message.role == "system" and i != 0:
+                raise ValueError(f"messages[{i}]: the system role may appear only once, as the first message")
+            if message.tool_call_id and message.role != "tool":
+                raise ValueError(f"messages[{i}]: tool_call_id is allowed only on tool messages")
+        return self
 
 
 def _validated(model: type, data: dict[str, Any]) -> Any:
@@ -81,4 +106,5 @@ def completion_requests(
             gen.prompt = templated[i]
             gen.add_special_tokens = False
         gen.fit_context = limited and req.error_behavior == "error"
+        gen.cap_max_new_tokens = gen.max_new_tokens_omitted = False  # MindIE's rules are not Databricks'
     return out

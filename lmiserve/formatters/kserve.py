@@ -17,6 +17,7 @@ bytes, the layout of gRPC's ``raw_input_contents`` too. The generate extension t
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,12 @@ from .validation import describe
 SERVER_NAME = "lmiserve"
 EXTENSIONS = ("generate", "binary_tensor_data")
 MODEL_VERSION = "1"
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
 PLATFORM = "pytorch_lmiserve"
 HANDLER_PLATFORM = "python_lmiserve"
 TEXT_INPUT = "text_input"
@@ -273,7 +280,8 @@ class InferPlan:
 
     def response(self, model_name: str, texts: list[str]) -> InferResponse:
         outputs = [OutputTensor(name, BYTES, list(self.shape), list(texts), binary) for name, binary in self.outputs]
-        return InferResponse(model_name, MODEL_VERSION, self.request.id, outputs)
+        # the Open Inference Protocol's response always has an id: the request's, else a new one
+        return InferResponse(model_name, MODEL_VERSION, self.request.id or new_request_id(), outputs)
 
 
 def plan(req: InferRequest) -> InferPlan:

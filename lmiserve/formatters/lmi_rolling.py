@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from ..errors import BadRequest, LmiServeError, ValidationFailed
+from ..errors import BadRequest, InvalidParameter, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import SamplingParams
 from .validation import describe
@@ -30,7 +30,7 @@ class RollingParameters(BaseModel):
 
     do_sample: bool = False
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, ge=0)
     repetition_penalty: float = Field(1.0, gt=0)
     top_k: int = Field(0, ge=-1)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -56,6 +56,7 @@ class RollingParameters(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     top_n_tokens: int = Field(0, ge=0, le=20)
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     output_formatter: Literal["json", "jsonlines", "sse"] | None = None
 
     @model_validator(mode="before")
@@ -114,21 +115,22 @@ class ParsedRequest:
 
 
 def _sampling(p: RollingParameters) -> SamplingParams:
-    if p.num_beams > 1:
+    if p.num_beams > 1:  # every beam comes back: the best answers, the others are best_of_sequences
         return SamplingParams(
             max_new_tokens=p.max_new_tokens,
-            n=p.n,
-            best_of=p.n,
+            n=p.num_beams,
+            best_of=p.num_beams,
             num_beams=p.num_beams,
             length_penalty=p.length_penalty,
             early_stopping=p.early_stopping,
             ignore_eos=p.ignore_eos_token,
             logprobs=p.top_n_tokens,
         )
+    greedy = p.temperature == 0  # as vLLM-backed LMI: temperature 0 is greedy decoding
     return SamplingParams(
         max_new_tokens=p.max_new_tokens,
-        do_sample=p.do_sample,
-        temperature=p.temperature,
+        do_sample=p.do_sample and not greedy,
+        temperature=p.temperature if not greedy else 1.0,
         top_k=max(p.top_k, 0),
         top_p=p.top_p,
         min_p=p.min_p,
@@ -150,8 +152,15 @@ def _sampling(p: RollingParameters) -> SamplingParams:
     )
 
 
+VALUE_ERRORS = frozenset(
+    {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "value_error", "literal_error"}
+)
+"""Pydantic error types that mean a value out of range rather than a body of the wrong shape."""
+
+
 def parse_request(body: bytes, defaults: Defaults) -> ParsedRequest:
-    """Parse and validate; BadRequest for a malformed body, ValidationFailed for bad values."""
+    """Parse and validate: :class:`BadRequest` for a body that does not fit the schema (not
+    JSON, no ``inputs``, a wrong type), :class:`InvalidParameter` for a value out of range."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -162,31 +171,66 @@ def parse_request(body: bytes, defaults: Defaults) -> ParsedRequest:
         raise BadRequest("request body has no 'inputs'")
     if data.get("parameters") is not None and not isinstance(data["parameters"], dict):
         raise BadRequest("'parameters' must be a JSON object")
+    if defaults.tgi_compat and "details" not in (data.get("parameters") or {}):
+        # DJL turns details on under tgi_compat, as TGI's clients expect them
+        data = {**data, "parameters": {**(data.get("parameters") or {}), "details": True}}
     try:
         request = RollingRequest.model_validate(data)
     except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
+        if all(e.get("type") in VALUE_ERRORS for e in err.errors()):
+            raise InvalidParameter(describe(err)) from None
+        raise BadRequest(describe(err)) from None
     p = request.parameters
-    fmt = p.output_formatter or defaults.output_formatter
-    if fmt not in ("json", "jsonlines", "sse"):
-        fmt = "json"
-    if request.stream is not None:
-        stream = request.stream
-    else:
-        stream = defaults.enable_streaming or fmt in ("jsonlines", "sse")
-    if stream and fmt == "json":
-        fmt = "sse" if defaults.tgi_compat else "jsonlines"
+    stream, fmt = _stream_and_format(request.stream, p.output_formatter, defaults)
     if stream and (p.n > 1 or (p.best_of or 1) > 1 or p.num_beams > 1):
-        raise ValidationFailed("n, best_of and num_beams greater than 1 work only without streaming")
+        raise InvalidParameter("n, best_of and num_beams greater than 1 work only without streaming")
     generation = GenerationRequest(
         prompt=request.inputs,
         params=_sampling(p),
         stop=list(p.stop_sequences),
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
         truncate=p.truncate,
     )
-    return ParsedRequest(generation, p, stream, fmt if stream else "json", defaults.tgi_compat)
+    return ParsedRequest(generation, p, stream, fmt, defaults.tgi_compat)
+
+
+def _stream_and_format(stream: bool | None, formatter: str | None, defaults: Defaults) -> tuple[bool, str]:
+    """Whether to stream, and the format: json when not streaming, else jsonlines or sse."""
+    fmt = formatter or defaults.output_formatter
+    if fmt not in ("json", "jsonlines", "sse"):
+        fmt = "json"
+    if stream is None:
+        stream = defaults.enable_streaming or fmt in ("jsonlines", "sse")
+    if stream and fmt == "json":
+        fmt = "sse" if defaults.tgi_compat else "jsonlines"
+    return stream, fmt if stream else "json"
+
+
+def refusal(body: bytes, defaults: Defaults, err: LmiServeError) -> tuple[int, bytes, str]:
+    """``(status, body, media type)`` for a request refused before generation began.
+
+    A body that does not fit the schema gets the document's payload-validation answer,
+    ``{"error", "code": 424}`` with status 424. A well-formed request with a bad parameter
+    value gets the document's error response with status 400: the ``generated_text: ""``
+    object, or, for a streaming request, the one ``{"token": {"id": -1, ...}}`` line.
+    """
+    if not isinstance(err, InvalidParameter):
+        return 424, validation_error_body(err.detail), JSON
+    data = orjson.loads(body)
+    params = data.get("parameters") or {}
+    raw_stream = data.get("stream")
+    formatter = params.get("output_formatter")
+    stream, fmt = _stream_and_format(
+        raw_stream if isinstance(raw_stream, bool) else None,
+        formatter if isinstance(formatter, str) else None,
+        defaults,
+    )
+    req = ParsedRequest(GenerationRequest("", SamplingParams()), RollingParameters(), stream, fmt, defaults.tgi_compat)
+    if stream:
+        return 400, stream_error_chunk(req, err.detail), req.content_type
+    return 400, generation_error_body(req), JSON
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -235,7 +279,7 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
             details["top_tokens"] = [_top(t, tgi) for t in best.tokens]
         if p.decoder_input_details and out.prompt_tokens is not None:
             details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
-        count = p.n if p.n > 1 or p.num_beams > 1 else (p.best_of or 1)
+        count = p.num_beams if p.num_beams > 1 else p.n if p.n > 1 else (p.best_of or 1)
         if count > 1:
             details["best_of_sequences"] = [
                 {**_sequence_details(s, req), "generated_text": _full_text(out, s, p)} for s in ranked[1:count]
@@ -314,10 +358,17 @@ class LmiResponder:
     def error_chunk(self, message: str) -> bytes:
         return stream_error_chunk(self.req, message)
 
+    @property
+    def error_media_type(self) -> str:
+        return self.req.content_type
+
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        if isinstance(err, ValidationFailed):
-            return 424, validation_error_body(err.detail)
-        return (err.status if err.status >= 400 else 500), generation_error_body(self.req)
+        """A request refused or failed before its first byte: the document's error response
+        (the stream's error line when streaming); a refused value is a 400."""
+        status = 400 if isinstance(err, ValidationFailed) else err.status if err.status >= 400 else 500
+        if self.stream:
+            return status, stream_error_chunk(self.req, err.detail)
+        return status, generation_error_body(self.req)
 
 
 def validation_error_body(message: str) -> bytes:

@@ -83,6 +83,9 @@ class StyledResponder:
     style: Style
     stream: bool
     outs: list[RequestOutput] | None = None
+    truncate_on_timeout: bool = False
+    """When the request's time runs out, answer what was generated so far, ending with
+    ``length`` (Databricks' ``error_behavior: "truncate"``), instead of an error."""
 
     def start(self, outs: list[RequestOutput]) -> None:
         self.outs = outs

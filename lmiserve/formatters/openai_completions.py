@@ -4,6 +4,13 @@
 prompt gets ``n`` choices (the best ``n`` of ``best_of``). Streaming sends SSE chunks and then
 ``data: [DONE]``. ``usage`` counts every choice and carries MindIE's per-token ``batch_size``
 and ``queue_wait_time`` lists.
+
+MindIE's document decides where it and OpenAI differ: ``max_tokens`` left out means MindIE's
+maxIterTimes (``option.max_iter_times``, else 512), and any ``max_tokens`` is lowered to
+``min(max_iter_times, max_tokens)`` and to what fits in the context instead of refused;
+``temperature`` is any value >= 0; ``stop`` may hold 32768 characters in all;
+``stop_token_ids`` outside int32 are ignored; a stream with ``use_beam_search`` or ``n`` > 1
+is "fake streaming", one event holding every choice.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import BadRequest, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
@@ -31,12 +38,43 @@ from .validation import describe
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
+MAX_I32 = 2**31 - 1
+MAX_STOP_CHARACTERS = 32768
+DEFAULT_MAX_TOKENS = 16
+"""A placeholder while the prompt's length is unknown: a request without ``max_tokens`` gets
+max_iter_times (MindIE's default) when it is tokenized."""
+
+
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_I32)
+    temperature: float = Field(1.0, ge=0)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _int32_stop_token_ids(cls, data: Any) -> Any:
+        ids = data.get("stop_token_ids") if isinstance(data, dict) else None
+        if isinstance(ids, list):  # MindIE: ids outside int32 are ignored
+            kept = [i for i in ids if not (isinstance(i, int) and not isinstance(i, bool)) or 0 <= i <= MAX_I32]
+            data = {**data, "stop_token_ids": kept}
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_length(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s for s in v):
+            raise ValueError("a stop string must not be empty")
+        if sum(len(s) for s in v) > MAX_STOP_CHARACTERS:
+            raise ValueError(f"stop strings may have {MAX_STOP_CHARACTERS} characters in all")
+        return v
+
+    @property
+    def fake_streaming(self) -> bool:
+        """MindIE streams beam search and n > 1 as one event holding every choice."""
+        return self.stream and (self.use_beam_search or self.n > 1)
 
     @field_validator("prompt")
     @classmethod
@@ -83,7 +121,7 @@ def parse(data: dict[str, Any]) -> CompletionRequest:
 def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
     k = req.logprobs
     params = req.sampling(
-        req.max_tokens,
+        req.max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=k or 0,
         prompt_logprobs=(k or 0) if (req.echo and k is not None) else None,
     )
@@ -96,6 +134,8 @@ def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             token_strings=k is not None,
+            cap_max_new_tokens=True,
+            max_new_tokens_omitted=req.max_tokens is None,
         )
         for text, ids in req.prompts()
     ]
@@ -163,23 +203,26 @@ class CompletionResponder(StyledResponder):
             "stop_reason": seq.stop_reason,
         }
 
-    def body(self, outs: list[RequestOutput]) -> bytes:
+    def _whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
         choices = []
         for i, out in enumerate(outs):
             for rank, seq in enumerate(chosen(out, self.req.n)):
                 choices.append(self._choice(i, out, seq, rank))
-        return orjson.dumps(
-            {
-                "id": self.id,
-                "object": self.object,
-                "created": self.created,
-                "model": self.model,
-                "choices": choices,
-                "usage": usage(outs, mindie=self.mindie_usage),
-            }
-        )
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(outs, mindie=self.mindie_usage),
+        }
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        return orjson.dumps(self._whole(outs))
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
+        if self.req.fake_streaming:
+            return b""  # every choice goes out at the end, in one event
         seq = out.sequences[out.last_index]
         if not seq.new_tokens and not seq.finished:
             return b""
@@ -217,6 +260,8 @@ class CompletionResponder(StyledResponder):
 
     def end(self, outs: list[RequestOutput]) -> bytes:
         tail = b""
+        if self.req.fake_streaming:
+            return self.frame(self._whole(outs)) + self.style.framing.done
         if self.req.include_usage:
             tail += self.frame(
                 {

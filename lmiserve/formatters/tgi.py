@@ -1,10 +1,12 @@
-"""Text Generation Inference (TGI) and MindIE's TGI-style API: ``/``, ``/generate``,
-``/generate_stream``, ``/tokenize``, ``/info``.
+"""Text Generation Inference (TGI): ``/generate``, ``/generate_stream``, ``/tokenize``, ``/info``,
+and the request side of MindIE's TGI-style ``/`` (its answers: :mod:`.mindie_tgi`).
 
-Requests ``{"inputs", "parameters", "stream"}``; ``/generate`` answers one object, ``/``
-a one-element list (what TGI's Python client reads), streams are SSE events
-``data:{"token", "generated_text", "details"}``. Values are checked against the ranges the
-MindIE document gives; failures answer TGI's ``{"error", "error_type": "validation"}`` (422).
+Requests ``{"inputs", "parameters", "stream"}``. ``/generate`` answers TGI's
+``GenerateResponse``; ``/generate_stream`` TGI's SSE events
+``data:{"index", "token", "generated_text", "details"}`` (no space after ``data:``, an int
+token id), as TGI's router writes them. Values are checked against the ranges the MindIE
+document gives; failures answer TGI's ``{"error", "error_type": "validation"}`` (422).
+``inputs`` may also be MindIE's multimodal list of ``{"type": ..., ...}`` parts.
 """
 
 from __future__ import annotations
@@ -138,8 +140,31 @@ class TgiRequest(BaseModel):
         return {} if v is None else v
 
 
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def text_from_parts(parts: list[Any]) -> str:
+    """MindIE's multimodal ``inputs``: the text parts joined with newlines (as vLLM joins a
+    message's text parts). Media parts are refused: every model served here reads text only."""
+    texts = []
+    for i, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str) or not text:
+                raise ValidationFailed(f"inputs[{i}]: a text part needs a non-empty 'text'")
+            texts.append(text)
+        elif kind in MEDIA_PARTS:
+            raise ValidationFailed(f"inputs[{i}]: this model reads text only; it cannot take a part of type {kind!r}")
+        else:
+            raise ValidationFailed(f"inputs[{i}]: type must be one of text, {', '.join(MEDIA_PARTS)} (got {kind!r})")
+    if not texts:
+        raise ValidationFailed("inputs: the list holds no text part")
+    return "\n".join(texts)
+
+
 class ParsedTgi:
-    def __init__(self, request: TgiRequest, stream: bool):
+    def __init__(self, request: TgiRequest, stream: bool, cap_max_new_tokens: bool = False):
         self.request = request
         p = request.parameters
         self.parameters = p
@@ -165,17 +190,22 @@ class ParsedTgi:
             ),
             stop=list(p.stop),
             truncate=p.truncate,
+            cap_max_new_tokens=cap_max_new_tokens,
         )
 
 
-def parse(body: bytes, stream: bool | None = None) -> ParsedTgi:
-    """``stream`` None: the body decides (``/``); True/False: the route decides."""
+def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> ParsedTgi:
+    """``stream`` None: the body decides (``/``); True/False: the route decides. ``mindie``:
+    MindIE's ``/``, where ``max_new_tokens`` is lowered to what the server allows
+    (``min(max_iter_times, max_new_tokens)``, and what fits in the context) instead of refused."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object with 'inputs'")
+    if isinstance(data.get("inputs"), list):
+        data = {**data, "inputs": text_from_parts(data["inputs"])}
     try:
         request = TgiRequest.model_validate(data)
     except ValidationError as err:
@@ -186,7 +216,7 @@ def parse(body: bytes, stream: bool | None = None) -> ParsedTgi:
         raise ValidationFailed("decoder_input_details == true is not supported when streaming tokens")
     if wants_stream and (p.best_of or 1) > 1:
         raise ValidationFailed("best_of > 1 is not supported when streaming tokens")
-    return ParsedTgi(request, wants_stream)
+    return ParsedTgi(request, wants_stream, cap_max_new_tokens=mindie)
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -197,6 +227,7 @@ def token(t: TokenOutput) -> dict[str, Any]:
 
 
 def _prefill(out: RequestOutput) -> list[dict[str, Any]]:
+    """TGI's ``PrefillToken``: id, text, logprob."""
     if out.prompt_tokens is None:
         return []
     return [{"id": t.id, "text": t.text, "logprob": t.logprob} for t in out.prompt_tokens]
@@ -213,23 +244,21 @@ def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
 
 
 def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
-    """One ``GenerateResponse``: ``generated_text``, plus ``details`` when asked for."""
+    """TGI's ``GenerateResponse``: ``generated_text``, plus ``details`` (finish_reason,
+    generated_tokens, seed, prefill, tokens, then best_of_sequences and top_tokens when there
+    are any) when asked for."""
     p = parsed.parameters
     ranked = out.ranked()
     best = ranked[0]
     body: dict[str, Any] = {"generated_text": _text(out, best, parsed)}
     if p.details or p.decoder_input_details:
         details: dict[str, Any] = {
-            "prompt_tokens": len(out.prompt_token_ids),
             "finish_reason": best.finish_reason,
             "generated_tokens": len(best.tokens),
             "seed": parsed.seed,
             "prefill": _prefill(out),
             "tokens": [token(t) for t in best.tokens],
         }
-        top = _top_tokens(best, parsed)
-        if top is not None:
-            details["top_tokens"] = top
         if len(ranked) > 1:
             details["best_of_sequences"] = [
                 {
@@ -243,19 +272,23 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
                 }
                 for s in ranked[1:]
             ]
+        top = _top_tokens(best, parsed)
+        if top is not None:
+            details["top_tokens"] = top
         body["details"] = details
     return body
 
 
 class TgiResponder:
-    """TGI answers as a server Responder; ``as_list`` for ``/`` (TGI's compat route)."""
+    """TGI's answers (``/generate``, ``/generate_stream``) as a server Responder."""
 
-    def __init__(self, parsed: ParsedTgi, as_list: bool):
+    def __init__(self, parsed: ParsedTgi, as_list: bool = False):
         self.parsed = parsed
         self.stream = parsed.stream
         self.media_type = SSE if parsed.stream else "application/json"
         self.as_list = as_list
         self._first = True
+        self._index = 0
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
         seq = out.sequences[0]
@@ -266,14 +299,16 @@ class TgiResponder:
             if self._first and p.return_full_text:
                 tok["text"] = out.prompt + tok["text"]
             self._first = False
-            event: dict[str, Any] = {"token": tok, "generated_text": None, "details": None}
+            self._index += 1
+            event: dict[str, Any] = {"index": self._index, "token": tok}
             if p.top_n_tokens:
                 event["top_tokens"] = [token(a) for a in t.top or []]
+            event["generated_text"] = None
+            event["details"] = None
             if seq.finished and i == len(seq.new_tokens) - 1:
                 event["generated_text"] = _text(out, seq, self.parsed)
                 if p.details:
                     event["details"] = {
-                        "prompt_tokens": len(out.prompt_token_ids),
                         "finish_reason": seq.finish_reason,
                         "generated_tokens": len(seq.tokens),
                         "seed": self.parsed.seed,

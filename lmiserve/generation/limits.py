@@ -16,15 +16,22 @@ from .request import GenerationRequest
 
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids and counts beyond a signed 32-bit integer cannot name anything real."""
+MINDIE_MAX_ITER_TIMES = 512
+"""MindIE Server's default maxIterTimes (its configuration reference, ScheduleConfig): what a
+MindIE request that names no max_tokens / max_new_tokens generates at most, unless
+option.max_iter_times says otherwise."""
+MAX_STOP_CHARACTERS = 32768
+"""All the stop strings of one request together (MindIE's limit, 32 * 1024); it bounds the
+stop-string automaton a request compiles."""
 
 
 @dataclass(frozen=True)
 class RequestLimits:
     max_new_tokens: int
-    max_n: int = 16
-    max_best_of: int = 16
-    max_stop_sequences: int = 16
-    max_stop_sequence_length: int = 1024
+    max_n: int = 128
+    max_best_of: int = 128
+    max_stop_sequences: int = 1024
+    max_stop_sequence_length: int = 32768
     max_new_tokens_name: str = "max_new_tokens_limit"
 
     @classmethod
@@ -43,7 +50,7 @@ class RequestLimits:
 def check(request: GenerationRequest, limits: RequestLimits) -> None:
     """Raise :class:`ValidationFailed` naming the first limit ``request`` goes beyond."""
     p = request.params
-    if p.max_new_tokens > limits.max_new_tokens:
+    if p.max_new_tokens > limits.max_new_tokens and not request.cap_max_new_tokens:
         raise ValidationFailed(
             f"max_new_tokens ({p.max_new_tokens}) is more than {limits.max_new_tokens_name} ({limits.max_new_tokens})"
         )
@@ -62,6 +69,9 @@ def check(request: GenerationRequest, limits: RequestLimits) -> None:
             f"a stop sequence of {longest} characters is longer than max_stop_sequence_length "
             f"({limits.max_stop_sequence_length})"
         )
+    total = sum(len(s) for s in request.stop)
+    if total > MAX_STOP_CHARACTERS:
+        raise ValidationFailed(f"the stop sequences have {total} characters in all, more than {MAX_STOP_CHARACTERS}")
     ids = [*(request.prompt_ids or ()), *p.stop_token_ids]
     if any(not 0 <= i <= MAX_TOKEN_ID for i in ids):
         raise ValidationFailed("token ids must be between 0 and 2147483647")

@@ -13,7 +13,7 @@ from typing import Any
 from ..wire import SeqDelta, TopLogprob
 from .detokenizer import IncrementalDetokenizer
 from .request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
-from .stop_strings import StopStringMatcher
+from .stop_strings import StopAutomaton, StopStringMatcher
 
 
 class OutputProcessor:
@@ -30,8 +30,14 @@ class OutputProcessor:
             seed=request.params.seed,
             arrival=time.monotonic(),
         )
-        self._detok = [IncrementalDetokenizer(tokenizer, prompt_ids, request.skip_special_tokens) for _ in range(count)]
-        self._stops = [StopStringMatcher(request.stop, request.include_stop_str_in_output) for _ in range(count)]
+        self._detok = [
+            IncrementalDetokenizer(
+                tokenizer, prompt_ids, request.skip_special_tokens, request.spaces_between_special_tokens
+            )
+            for _ in range(count)
+        ]
+        stops = StopAutomaton(request.stop)  # compiled once, shared by every sequence
+        self._stops = [StopStringMatcher(stops, request.include_stop_str_in_output) for _ in range(count)]
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

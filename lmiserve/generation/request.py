@@ -18,6 +18,9 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool | None = None
+    """Join the text around kept special tokens with a space (True) or nothing (False);
+    None: as the tokenizer decodes."""
     truncate: int | None = None
     """Keep only the last ``truncate`` prompt tokens."""
     prompt_ids: list[int] | None = None
@@ -26,6 +29,11 @@ class GenerationRequest:
     """Record each token's own text (OpenAI logprobs list tokens as strings)."""
     add_special_tokens: bool = True
     """Let the tokenizer add its special tokens (False for chat prompts, whose template has them)."""
+    cap_max_new_tokens: bool = False
+    """Lower ``max_new_tokens`` to what the server allows (max_iter_times, max_new_tokens_limit,
+    the room left in the context) instead of refusing it (MindIE's rule)."""
+    max_new_tokens_omitted: bool = False
+    """The client sent no ``max_new_tokens`` (MindIE: then max_iter_times, 512 unless configured)."""
     fit_context: bool = False
     """Refuse the request when the prompt leaves no room for ``max_new_tokens`` in the context
     (otherwise generation just ends when the context is full)."""

@@ -115,9 +115,8 @@ class TextGenerationService:
         for index, item in enumerate(inputs.get_batches()):
             try:
                 requests.append(self._prepare(index, item))
-            except BadRequest as exc:
-                output.error(exc.detail, code=400, message="Bad Request", batch_index=index)
-            except ValidationFailed as exc:
+            except (BadRequest, ValidationFailed) as exc:
+                # LMI's dynamic-batch schema: every error is 424 {"code", "message", "error"}
                 output.error(exc.detail, batch_index=index)
         direct = [r for r in requests if not r.stream]
         streamed = [r for r in requests if r.stream]

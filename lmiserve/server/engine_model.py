@@ -182,12 +182,20 @@ class EngineModel:
             raise ValidationFailed(
                 f"the prompt has {len(ids)} tokens, more than max_input_token_len ({engine.max_input_token_len})"
             )
+        if request.max_new_tokens_omitted:  # MindIE: max_iter_times, 512 unless configured
+            wanted_new = engine.max_iter_times or limits.MINDIE_MAX_ITER_TIMES
+            request.params = msgspec.structs.replace(request.params, max_new_tokens=wanted_new)
         if engine.max_iter_times is not None and request.params.max_new_tokens > engine.max_iter_times:
             request.params = msgspec.structs.replace(request.params, max_new_tokens=engine.max_iter_times)
         if len(ids) >= self.max_model_len:
             raise ValidationFailed(
                 f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
             )
+        if request.cap_max_new_tokens or request.max_new_tokens_omitted:
+            # MindIE: outputLen = min(maxSeqLen - inputLen, maxOutputLen); it ends with "length"
+            room = min(self.max_model_len - len(ids), engine.max_new_tokens_limit or self.max_model_len)
+            if request.params.max_new_tokens > room:
+                request.params = msgspec.structs.replace(request.params, max_new_tokens=room)
         wanted = len(ids) + request.params.max_new_tokens
         if request.fit_context and wanted > self.max_model_len:
             raise ValidationFailed(

@@ -161,13 +161,15 @@ async def respond(
             first = None
         except TimeoutError:
             await stream.aclose()
+            if getattr(responder, "truncate_on_timeout", False):
+                return StreamingResponse(_truncated_stream(responder, outs), media_type=responder.media_type)
             return _error(responder, deadline.expired(outs, seconds))
         except LmiServeError as err:
             return _error(responder, err)
         if first is not None and first[1].error is not None:  # refused before the first byte
             await stream.aclose()
             status, body = responder.error_body(output_error(first[1]))
-            return Response(body, status_code=status, media_type="application/json")
+            return Response(body, status_code=status, media_type=_error_media_type(responder))
         body = _stream(responder, stream, first, outs, (ends, seconds))
         return StreamingResponse(body, media_type=responder.media_type)
 
@@ -182,7 +184,12 @@ async def respond(
         consume.cancel()
         await asyncio.gather(consume, return_exceptions=True)
         await stream.aclose()
-        return Response(status_code=499) if left else _error(responder, deadline.expired(outs, seconds))
+        if left:
+            return Response(status_code=499)
+        if getattr(responder, "truncate_on_timeout", False):
+            truncate(outs)
+            return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
+        return _error(responder, deadline.expired(outs, seconds))
     err = consume.exception()
     if isinstance(err, LmiServeError):
         return _error(responder, err)
@@ -195,9 +202,38 @@ async def respond(
     return Response(responder.body(outs), media_type="application/json", headers=timing_headers(outs))
 
 
+def _error_media_type(responder: Responder) -> str:
+    """JSON, unless the protocol answers a refused stream in the stream's own framing (LMI)."""
+    return getattr(responder, "error_media_type", "application/json")
+
+
 def _error(responder: Responder, err: LmiServeError) -> Response:
     status, body = responder.error_body(err)
-    return Response(body, status_code=status, media_type="application/json", headers=err.headers)
+    return Response(body, status_code=status, media_type=_error_media_type(responder), headers=err.headers)
+
+
+def truncate(outs: list[RequestOutput]) -> None:
+    """End every unfinished sequence where it is, as if it had reached its length."""
+    for out in outs:
+        for seq in out.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason = "length"
+                seq.new_tokens = []
+
+
+async def _truncated_stream(responder: Responder, outs: list[RequestOutput]) -> AsyncIterator[bytes]:
+    """The end of a stream whose time ran out: each unfinished sequence ends with ``length``."""
+    for index, out in enumerate(outs):
+        for seq in out.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.new_tokens = "length", []
+                out.last_index = seq.index
+                data = responder.chunk(index, out)
+                if data:
+                    yield data
+    tail = responder.end(outs)
+    if tail:
+        yield tail
 
 
 async def _drain(stream: AsyncIterator[tuple[int, RequestOutput]]) -> None:
@@ -229,6 +265,10 @@ async def _stream(
             except StopAsyncIteration:
                 break
             except TimeoutError:
+                if getattr(responder, "truncate_on_timeout", False):
+                    async for data in _truncated_stream(responder, outs):
+                        yield data
+                    return
                 yield responder.error_chunk(deadline.expired(outs, ends[1]).detail)
                 return
         tail = responder.end(outs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import Response
 
-from ..errors import ValidationFailed
+from ..errors import BadRequest, ValidationFailed
 from ..formatters import lmi_rolling
 from .bodies import read_body
 from .custom_rolling import invoke_custom
@@ -23,9 +23,11 @@ def defaults(model: EngineModel) -> lmi_rolling.Defaults:
 async def invoke_rolling(model: EngineModel, request: Request) -> Response:
     if model.custom_formatters:
         return await invoke_custom(model, request, model.custom_formatters, defaults(model))
-    body = await read_body(request)
+    body = b""
     try:
+        body = await read_body(request)
         req = lmi_rolling.parse_request(body, defaults(model))
-    except ValidationFailed as err:
-        return Response(lmi_rolling.validation_error_body(err.detail), status_code=424, media_type=lmi_rolling.JSON)
+    except (BadRequest, ValidationFailed) as err:
+        status, data, media_type = lmi_rolling.refusal(body, defaults(model), err)
+        return Response(data, status_code=status, media_type=media_type)
     return await respond(model, [req.generation], lmi_rolling.LmiResponder(req), request)

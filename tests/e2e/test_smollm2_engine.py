@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_dir):
     d = tmp_path_factory.mktemp("smollm2-engine")
-    shutil.copy(REPO / "serving.properties", d / "serving.properties")
-    with ServerProcess(d, env={"OPTION_DTYPE": "fp32"}) as s:
+    # serving.properties wins over OPTION_* (DJL's precedence): the override goes in the file
+    (d / "serving.properties").write_text((REPO / "serving.properties").read_text() + "option.dtype=fp32\n")
+    with ServerProcess(d) as s:
         yield s.wait_ready(timeout=300)
 
 

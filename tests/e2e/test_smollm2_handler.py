@@ -1,7 +1,6 @@
 """End to end: the real SmolLM2 model behind the default dynamic-batch handler."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,10 @@ def expected(smollm2_expected):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_dir):
     d = tmp_path_factory.mktemp("smollm2")
-    shutil.copy(REPO / "serving.properties", d / "serving.properties")
-    with ServerProcess(d, env={"OPTION_DTYPE": "fp32", "OPTION_ROLLING_BATCH": "disable"}) as s:
+    # serving.properties wins over OPTION_* (DJL's precedence): the overrides go in the file
+    extra = "option.dtype=fp32\noption.rolling_batch=disable\n"
+    (d / "serving.properties").write_text((REPO / "serving.properties").read_text() + extra)
+    with ServerProcess(d) as s:
         yield s.wait_ready(timeout=300)
 
 

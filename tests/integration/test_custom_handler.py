@@ -180,3 +180,29 @@ def test_raising_handler_body(tmp_path):
             r = c.post("/invocations", json={"inputs": "x"})
     assert r.status_code == 424
     assert r.json() == {"code": 424, "message": "invoke handler failure", "error": "RuntimeError: the model refuses"}
+
+
+def test_kserve_v2_infer_reaches_a_users_handler(tmp_path):
+    """KServe V2 inference on a model.py: the handler gets the V2 request and its tensors come
+    back as the V2 response, with the request's id (or a new one)."""
+    d = model_dir(tmp_path, "v2_model.py")
+    request = {
+        "id": "42",
+        "inputs": [{"name": "input0", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+        "outputs": [{"name": "output0"}],
+    }
+    with ServerProcess(d) as server:
+        server.wait_ready()
+        with server.client() as c:
+            r = c.post("/v2/models/model/infer", json=request)
+            assert r.status_code == 200, r.text
+            assert r.json() == {
+                "model_name": "model",
+                "model_version": "1",
+                "id": "42",
+                "outputs": [{"name": "output0", "datatype": "FP32", "shape": [2, 2], "data": [2, 4, 6, 8]}],
+            }
+            r = c.post("/v2/models/model/infer", json={k: v for k, v in request.items() if k != "id"})
+            assert r.status_code == 200 and len(r.json()["id"]) == 32
+            r = c.post("/v2/models/model/infer", json={"inputs": "nope"})
+            assert r.status_code == 400 and set(r.json()) == {"error"}

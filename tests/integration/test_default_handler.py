@@ -105,7 +105,7 @@ def test_seeded_sampling_is_reproducible(server):
         ({"inputs": "x", "parameters": {"temperature": -1}}, 424, "parameters.temperature"),
         ({"inputs": "x", "parameters": {"max_new_tokens": 100000}}, 424, "max_model_len"),
         ({"inputs": ""}, 424, "must not be empty"),
-        ({"prompt": "x"}, 400, "no 'inputs'"),
+        ({"prompt": "x"}, 424, "no 'inputs'"),
     ],
 )
 def test_bad_requests_answer_the_dynamic_batch_error_shape(server, body, code, fragment):
@@ -124,7 +124,8 @@ def test_body_without_json_content_type_is_still_parsed_or_refused(server, refer
         r = c.post(
             "/invocations", content=b"inputs=hello", headers={"Content-Type": "application/x-www-form-urlencoded"}
         )
-    assert r.status_code == 400 and r.json()["error"].startswith("request body is not valid JSON")
+    assert r.status_code == 424 and r.json()["error"].startswith("request body is not valid JSON")
+    assert r.json()["message"] == "invoke handler failure"
 
 
 def test_enable_streaming_option_streams_by_default(tiny_llama_dir, tmp_path, reference):

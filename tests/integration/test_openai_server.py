@@ -202,8 +202,12 @@ def test_openai_errors(server, client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=5)
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=-1)
     assert "temperature" in str(err.value)
+    # MindIE's /v1/completions takes any temperature >= 0 (chat keeps OpenAI's [0, 2])
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=5).choices
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=5)
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 2})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "word " * 400})
@@ -220,6 +224,29 @@ def test_openai_errors(server, client):
         },
     )
     assert r.status_code == 400, r.text
+
+
+def test_completions_without_max_tokens_run_to_max_iter_times_within_the_context(server, reference):
+    """MindIE: max_tokens left out is maxIterTimes (512 by default), lowered to what fits in the
+    context (256 tokens here); a max_tokens beyond the context is lowered the same way."""
+    prompt = len(reference.tokenizer(PROMPT)["input_ids"])
+    for extra in ({}, {"max_tokens": 2147483647}):
+        body = {"model": "tiny", "prompt": PROMPT, "ignore_eos": True, **extra}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["usage"]["completion_tokens"] == 256 - prompt
+        assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_streams_as_one_event_holding_every_choice(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "n": 2, "temperature": 1, "seed": 3, "stream": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    events = [e for e in r.text.split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]" and len(events) == 2
+    event = json.loads(events[0][len("data: ") :])
+    assert sorted(c["index"] for c in event["choices"]) == [0, 1]
+    assert all(c["finish_reason"] for c in event["choices"]) and event["usage"]["completion_tokens"] <= 6
 
 
 def test_beam_search_completions(client, reference):

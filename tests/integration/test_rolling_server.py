@@ -158,11 +158,27 @@ def test_best_of_sequences(server):
         ({"inputs": "x", "parameters": {"n": 2}, "stream": True}, "without streaming"),
     ],
 )
-def test_validation_errors_are_424_before_inference(server, body, fragment):
+def test_bad_values_answer_the_documents_error_response_before_inference(server, body, fragment):
     r = post(server, body)
+    assert r.status_code == 400
+    if body.get("stream"):
+        assert r.headers["content-type"].startswith("application/jsonlines")
+        line = json.loads(r.text)
+        assert line["token"]["id"] == -1 and line["details"]["finish_reason"] == "error"
+    else:
+        assert r.json() == {
+            "generated_text": "",
+            "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None},
+        }
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"prompt_x": "x"}', b'{"inputs": 7}'])
+def test_payload_validation_is_424(server, content):
+    with server.client() as c:
+        r = c.post("/invocations", content=content, headers={"Content-Type": "application/json"})
     assert r.status_code == 424
     payload = r.json()
-    assert payload["code"] == 424 and fragment in payload["error"] and set(payload) == {"error", "code"}
+    assert set(payload) == {"error", "code"} and payload["code"] == 424
 
 
 def test_client_disconnect_frees_its_blocks(server):
@@ -202,3 +218,4 @@ def test_tgi_compat(tiny_llama_dir, tmp_path, reference):
     assert r.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(e[len("data:") :]) for e in r.text.split("\n\n") if e]
     assert events[-1]["generated_text"] == body[0]["generated_text"]
+    assert events[-1]["details"]["finish_reason"]  # details are on by default under tgi_compat

@@ -84,22 +84,23 @@ def test_stopping_the_server_stops_the_ranks(tiny_llama_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "error"),
+    ("extra", "error"),
     [
         (
-            {"OPTION_ROLLING_BATCH": "disable"},
+            "option.tensor_parallel_degree=2\noption.rolling_batch=disable\n",
             "option.tensor_parallel_degree > 1 needs the lmi engine (option.rolling_batch=lmi, npu or auto); "
             "option.rolling_batch=disable runs transformers generate on one device",
         ),
         (
-            {"OPTION_TENSOR_PARALLEL_DEGREE": "3"},
+            "option.tensor_parallel_degree=3\n",
             "num_attention_heads 4 is not divisible by tensor_parallel_degree 3; "
             "degrees this model can be split over: 1, 2, 4",
         ),
     ],
 )
-def test_a_degree_that_cannot_work_stops_start_up_with_one_line(tiny_llama_dir, tmp_path, env, error):
-    s = start(tmp_path / "m", tiny_llama_dir, "option.tensor_parallel_degree=2\n", env=env)
+def test_a_degree_that_cannot_work_stops_start_up_with_one_line(tiny_llama_dir, tmp_path, extra, error):
+    # serving.properties wins over the environment (DJL's precedence), so the values are in the file
+    s = start(tmp_path / "m", tiny_llama_dir, extra)
     assert s.wait_exit() == 1
     s.stop()
     log = s.log()

@@ -36,7 +36,9 @@ def test_client_generate_with_details(server, reference):
 
 
 def test_client_generate_stream(server, reference):
-    client = Client(server.url, timeout=60)
+    # TGI's client streams from its base URL; "/" is MindIE's (a list token id), so TGI clients
+    # that stream use TGI's own /generate_stream
+    client = Client(server.url + "/generate_stream", timeout=60)
     responses = list(client.generate_stream(PROMPT, max_new_tokens=10))
     assert "".join(r.token.text for r in responses) == responses[-1].generated_text == reference.text(PROMPT, 10)
     assert all(r.generated_text is None for r in responses[:-1])
@@ -69,7 +71,47 @@ def test_generate_stream_route_sends_sse_events(server):
     assert all(set(e) >= {"token", "generated_text", "details"} for e in events)
     assert events[0]["generated_text"] is None and events[0]["details"] is None
     last = events[-1]
-    assert set(last["details"]) == {"prompt_tokens", "finish_reason", "generated_tokens", "seed"}
+    assert [e["index"] for e in events] == list(range(1, len(events) + 1))
+    assert all(isinstance(e["token"]["id"], int) for e in events)
+    assert r.text.startswith("data:{")
+    assert set(last["details"]) == {"finish_reason", "generated_tokens", "seed"}
+
+
+def test_root_route_streams_mindies_events(server, reference):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True}, "stream": True}
+    r = httpx.post(server.url + "/", json=body, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = [e for e in r.text.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: {") for e in chunks)
+    events = [json.loads(e[len("data: ") :]) for e in chunks]
+    ids = [i for e in events for i in e["token"]["id"]]
+    assert ids == reference.ids(PROMPT, 4)[: len(ids)]
+    assert set(events[-1]["details"]) == {"prompt_tokens", "finish_reason", "generated_tokens", "seed"}
+
+
+def test_root_route_lowers_max_new_tokens_to_what_fits(server, reference):
+    """MindIE: at most min(max_iter_times, max_new_tokens) tokens, and what fits in the context
+    (256 here); a request beyond that generates until the context is full and ends with length."""
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 2147483647, "details": True}}
+    r = httpx.post(server.url + "/", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    details = r.json()[0]["details"]
+    prompt = len(reference.tokenizer(PROMPT)["input_ids"])
+    assert details["prompt_tokens"] == prompt
+    assert details["finish_reason"] in ("length", "eos_token")
+    assert details["generated_tokens"] <= 256 - prompt
+    r = httpx.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 422  # TGI's own route keeps refusing it
+
+
+def test_root_route_refuses_media_parts_on_a_text_model(server):
+    parts = [{"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": "/xxxx/test.png"}]
+    r = httpx.post(server.url + "/", json={"inputs": parts}, timeout=60)
+    assert r.status_code == 422 and "image_url" in r.json()["error"]
+    r = httpx.post(
+        server.url + "/", json={"inputs": [{"type": "text", "text": PROMPT}], "parameters": {"max_new_tokens": 2}}
+    )
+    assert r.status_code == 200 and len(r.json()) == 1
 
 
 def test_best_of_with_sampling(server):

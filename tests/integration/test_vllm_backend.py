@@ -278,8 +278,11 @@ def test_requests_vllm_refuses_answer_each_protocols_4xx(server, fake_log):
     mark = fake_log.mark()
     # refused by the vllm backend before vLLM sees it
     r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"num_beams": 2, "max_new_tokens": 4}})
-    assert r.status_code == 424
-    assert r.json() == {"error": "beam search (num_beams > 1) is not available on the vllm backend", "code": 424}
+    assert r.status_code == 400  # LMI's documented error response for a request it cannot serve
+    assert r.json() == {
+        "generated_text": "",
+        "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None},
+    }
     assert fake_log.events("generate", mark) == []
     # refused by vLLM's SamplingParams
     r = post(server, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "min_tokens": 10})

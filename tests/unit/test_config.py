@@ -24,11 +24,15 @@ def test_defaults_follow_lmi(tmp_path):
     assert all(str(src) == "default" for src in s.sources.values())
 
 
-def test_file_then_env_then_cli(tmp_path):
+def test_file_wins_over_env_and_cli_wins_over_both(tmp_path):
+    # DJL: serving.properties wins; OPTION_* / SERVING_* apply only where the file is silent
     write(tmp_path, "option.dtype=fp16\nbatch_size=2\nport=9000\n")
-    s = load_settings(tmp_path, env={"OPTION_DTYPE": "bf16"}, cli={"port": "9100"})
-    assert s.model.dtype == "bf16"
-    assert str(s.sources["option.dtype"]) == "env OPTION_DTYPE"
+    env = {"OPTION_DTYPE": "bf16", "SERVING_BATCH_SIZE": "4", "OPTION_MAX_ROLLING_BATCH_SIZE": "16"}
+    s = load_settings(tmp_path, env=env, cli={"port": "9100"})
+    assert s.model.dtype == "fp16"
+    assert str(s.sources["option.dtype"]).startswith("file ")
+    assert s.engine.max_rolling_batch_size == 16
+    assert str(s.sources["option.max_rolling_batch_size"]) == "env OPTION_MAX_ROLLING_BATCH_SIZE"
     assert s.model.batch_size == 2
     assert str(s.sources["batch_size"]).startswith("file ")
     assert s.server.port == 9100
@@ -73,8 +77,13 @@ def test_lmi_and_sagemaker_aliases(tmp_path, name, value, key, expected):
     assert str(s.sources[key]) == f"env {name}"
 
 
-def test_explicit_variable_beats_alias_and_alias_beats_file(tmp_path):
+def test_explicit_variable_beats_alias_and_file_beats_both(tmp_path):
     write(tmp_path, "option.model_id=/from/file\noption.tensor_parallel_degree=1\n")
+    s = load_settings(tmp_path, env={"HF_MODEL_ID": "org/alias", "OPTION_MODEL_ID": "/explicit"})
+    assert s.model.model_id == "/from/file"
+    s = load_settings(tmp_path, env={"SM_NUM_GPUS": "2", "TENSOR_PARALLEL_DEGREE": "4"})
+    assert s.model.tensor_parallel_degree == 1
+    (tmp_path / "serving.properties").unlink()
     s = load_settings(tmp_path, env={"HF_MODEL_ID": "org/alias", "OPTION_MODEL_ID": "/explicit"})
     assert s.model.model_id == "/explicit"
     s = load_settings(tmp_path, env={"HF_MODEL_ID": "org/alias"})
@@ -184,3 +193,19 @@ def test_config_show_lists_every_key_with_its_source(tmp_path):
 def test_missing_model_dir_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope", env={})
+
+
+def test_config_show_names_the_file_where_it_wins_golden(tmp_path):
+    from pathlib import Path as _P
+
+    write(tmp_path, "option.dtype=fp16\nbatch_size=2\n")
+    env = {"OPTION_DTYPE": "bf16", "SERVING_BATCH_SIZE": "4", "OPTION_MAX_ROLLING_BATCH_SIZE": "16"}
+    out = render(load_settings(tmp_path, env=env)).replace(str(tmp_path.resolve()), "MODEL_DIR")
+    keys = ("option.dtype", "batch_size", "option.max_rolling_batch_size")
+    text = "".join(
+        " ".join(line.split()) + "\n" for line in out.splitlines() if line.split()[:1] and line.split()[0] in keys
+    )
+    fixture = _P(__file__).resolve().parents[1] / "fixtures" / "protocols" / "config" / "precedence.txt"
+    if not fixture.exists():
+        fixture.write_text(text)
+    assert text == fixture.read_text()

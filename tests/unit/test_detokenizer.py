@@ -62,3 +62,24 @@ def test_leading_spaces_survive_streaming(metaspace_tokenizer):
     assert "".join(pieces) == " hello world"
     # decoding each token alone would have dropped the spaces
     assert "".join(tok.decode([t]) for t in gen) == "helloworld"
+
+
+@pytest.mark.parametrize("spaces,fixture", [(True, "spaces_between_special_tokens.txt"), (False, "no_spaces.txt")])
+def test_spaces_between_special_tokens(tiny_tokenizer, spaces, fixture):
+    from pathlib import Path
+
+    hello = tiny_tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    eos = tiny_tokenizer.eos_token_id
+    ids = hello + [eos] + hello + [eos]
+    detok = IncrementalDetokenizer(tiny_tokenizer, [], skip_special_tokens=False, spaces_between_special_tokens=spaces)
+    text = "".join([detok.add([t]) for t in ids] + [detok.flush()])
+    eos_text = tiny_tokenizer.convert_ids_to_tokens(eos)
+    sep = " " if spaces else ""
+    assert text == sep.join(["hello world", eos_text, "hello world", eos_text])
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "protocols" / "lmi" / fixture
+    if not path.exists():
+        path.write_text(text)
+    assert text == path.read_text()
+    # skipped special tokens do not split the text
+    detok = IncrementalDetokenizer(tiny_tokenizer, [], skip_special_tokens=True, spaces_between_special_tokens=spaces)
+    assert "".join([detok.add([t]) for t in ids] + [detok.flush()]) == "hello worldhello world"

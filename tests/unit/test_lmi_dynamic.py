@@ -58,3 +58,26 @@ def test_golden_response_bytes():
         == '[{"generated_text":"Deep Learning is"},{"generated_text":"é"}]'.encode()
     )
     assert format_stream_line(["This", ""]) == b'{"outputs":["This",""]}\n'
+
+
+@pytest.mark.parametrize("body", [b"nope", b'{"prompt": "x"}', b'{"inputs": "x", "parameters": []}'])
+def test_malformed_body_answers_424_invoke_handler_failure(body):
+    """LMI's dynamic-batch schema: errors are 424 {"code": 424, "message": "invoke handler failure", ...}."""
+    from pathlib import Path
+
+    from lmiserve.handlers.inputs import Input
+    from lmiserve.handlers.text_generation import TextGenerationService
+
+    service = TextGenerationService.__new__(TextGenerationService)  # a malformed body never reaches the model
+    out = service.handle(Input({}, batch=[Input({}, [("data", body)])]))
+    slot = out._slot(0)
+    assert slot.code == 424 and slot.message == "invoke handler failure"
+    ((key, data),) = slot.parts
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "protocols" / "lmi" / "dynamic_error.json"
+    if body == b'{"prompt": "x"}':
+        if not fixture.exists():
+            fixture.write_bytes(data)
+        assert data == fixture.read_bytes()
+    import json
+
+    assert list(json.loads(data)) == ["code", "message", "error"]

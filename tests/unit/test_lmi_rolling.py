@@ -170,6 +170,7 @@ def test_parameters_map_to_sampling():
     "params,where",
     [
         ({"temperature": -1}, "temperature"),
+        ({"temperature": -0.01}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"n": 3, "best_of": 2}, "best_of (2) must be at least n (3)"),
@@ -195,3 +196,82 @@ def test_n_with_streaming_is_refused():
 def test_malformed_bodies(body):
     with pytest.raises(BadRequest):
         fmt.parse_request(body, fmt.Defaults())
+
+
+# --- the document's error responses, details under tgi_compat, beams, temperature 0 ------------
+
+
+def refusal(body, **defaults):
+    import json
+
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        fmt.parse_request(raw, fmt.Defaults(**defaults))
+    except (BadRequest, ValidationFailed) as err:
+        return fmt.refusal(raw, fmt.Defaults(**defaults), err)
+    raise AssertionError("the request was accepted")
+
+
+@pytest.mark.parametrize("params", [{"top_p": 2}, {"temperature": -3}, {"n": 3, "best_of": 2}])
+def test_bad_parameter_value_answers_the_documents_error_response(params):
+    status, body, media_type = refusal({"inputs": "x", "parameters": params})
+    assert (status, media_type) == (400, "application/json")
+    golden("bad_parameter.json", body)
+    status, body, media_type = refusal({"inputs": "x", "parameters": params, "stream": True})
+    assert (status, media_type) == (400, "application/jsonlines")
+    golden("bad_parameter_stream.jsonl", body)
+
+
+@pytest.mark.parametrize(
+    "body", [b"nope", b"[]", b'{"prompt": "x"}', b'{"inputs": 5}', b'{"inputs": "x", "parameters": {"top_p": "high"}}']
+)
+def test_payload_validation_answers_424(body):
+    status, data, media_type = refusal(body)
+    assert (status, media_type) == (424, "application/json")
+    import orjson
+
+    answer = orjson.loads(data)
+    assert list(answer) == ["error", "code"] and answer["code"] == 424 and answer["error"]
+
+
+def test_responder_refusals_are_the_documents_error_response():
+    from lmiserve.errors import GenerationError
+
+    req = parse({"inputs": "x"})
+    status, body = fmt.LmiResponder(req).error_body(ValidationFailed("n (200) is more than max_n (128)"))
+    assert status == 400
+    golden("bad_parameter.json", body)
+    req = parse({"inputs": "x", "stream": True})
+    responder = fmt.LmiResponder(req)
+    assert responder.error_media_type == "application/jsonlines"
+    status, body = responder.error_body(GenerationError("boom"))
+    assert status == 500
+    golden("bad_parameter_stream.jsonl", body)
+
+
+def test_tgi_compat_turns_details_on_unless_asked_not_to():
+    req = parse({"inputs": PROMPT}, tgi_compat=True)
+    assert req.parameters.details
+    golden("tgi_compat_default.json", fmt.final_body(output(finish="eos_token"), req))
+    assert not parse({"inputs": PROMPT, "parameters": {"details": False}}, tgi_compat=True).parameters.details
+    assert not parse({"inputs": PROMPT}).parameters.details
+
+
+def test_beam_search_returns_the_other_beams_as_best_of_sequences():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True, "num_beams": 3}})
+    p = req.generation.params
+    assert (p.num_beams, p.n, p.best_of) == (3, 3, 3)
+    golden("beams.json", fmt.final_body(output(sequences=3), req))
+
+
+def test_temperature_zero_is_greedy():
+    p = parse({"inputs": "x", "parameters": {"temperature": 0, "do_sample": True}}).generation.params
+    assert (p.do_sample, p.temperature) == (False, 1.0)
+    p = parse({"inputs": "x", "parameters": {"temperature": 0.5, "do_sample": True}}).generation.params
+    assert (p.do_sample, p.temperature) == (True, 0.5)
+
+
+def test_spaces_between_special_tokens_reaches_the_request():
+    assert parse({"inputs": "x"}).generation.spaces_between_special_tokens is True
+    req = parse({"inputs": "x", "parameters": {"spaces_between_special_tokens": False}})
+    assert req.generation.spaces_between_special_tokens is False

@@ -192,9 +192,9 @@ def test_arbitrary_bytes(parser, raw):
     "params,fragment",
     [
         ({"max_new_tokens": 257}, "max_model_len (256)"),
-        ({"n": 17}, "max_n (16)"),
-        ({"best_of": 17, "n": 1}, "max_best_of (16)"),
-        ({"num_beams": 40}, "max_best_of (16)"),
+        ({"n": 129}, "max_n (128)"),
+        ({"best_of": 129, "n": 1}, "max_best_of (128)"),
+        ({"num_beams": 400}, "max_best_of (128)"),
         ({"stop_token_ids": [2**40]}, "token ids"),
     ],
 )
@@ -217,5 +217,10 @@ def test_stop_sequence_limits_and_configured_values(tmp_path):
 
     configured = load_settings(tmp_path, env={"OPTION_MAX_NEW_TOKENS_LIMIT": "64", "OPTION_MAX_N": "2"}).engine
     got = limits.RequestLimits.from_settings(configured, 4096)
-    assert (got.max_new_tokens, got.max_n, got.max_best_of, got.max_stop_sequences) == (64, 2, 16, 16)
+    assert (got.max_new_tokens, got.max_n, got.max_best_of, got.max_stop_sequences) == (64, 2, 128, 1024)
+    assert got.max_stop_sequence_length == 32768
+    # the documents' largest stop lists are allowed; more characters than 32768 in all are not
+    limits.check(GenerationRequest("x", wire.SamplingParams(max_new_tokens=1), stop=["s" * 32] * 1024), got)
+    with pytest.raises(ValidationFailed, match="32769 characters in all"):
+        limits.check(GenerationRequest("x", wire.SamplingParams(max_new_tokens=1), stop=["s" * 33] * 993), got)
     assert limits.RequestLimits.from_settings(load_settings(tmp_path, env={}).engine, 4096).max_new_tokens == 4096

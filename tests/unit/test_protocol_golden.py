@@ -105,16 +105,17 @@ def tgi_parsed(body: dict, stream: bool | None = None):
     return parsed
 
 
-def test_tgi_generate_and_compat():
+def test_tgi_generate():
+    """TGI's own GenerateResponse on /generate (MindIE's / is in test_spec_examples)."""
     parsed = tgi_parsed({"inputs": PROMPT, "parameters": {"details": True}}, stream=False)
-    golden("tgi/generate.json", tgi.TgiResponder(parsed, as_list=False).body([output()]))
-    golden("tgi/compat.json", tgi.TgiResponder(parsed, as_list=True).body([output()]))
+    golden("tgi/generate.json", tgi.TgiResponder(parsed).body([output()]))
 
 
 def test_tgi_stream_and_failure():
+    """TGI's own StreamResponse on /generate_stream: ``data:`` with no space, an int id, an index."""
     parsed = tgi_parsed({"inputs": PROMPT, "parameters": {"details": True}}, stream=True)
-    golden("tgi/stream.sse", replay(tgi.TgiResponder(parsed, as_list=False), output()))
-    golden("tgi/stream_error.sse", replay(tgi.TgiResponder(parsed, as_list=False), output(), fail_after=2))
+    golden("tgi/stream.sse", replay(tgi.TgiResponder(parsed), output()))
+    golden("tgi/stream_error.sse", replay(tgi.TgiResponder(parsed), output(), fail_after=2))
 
 
 # --- OpenAI -------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ async def _completions(request: Request, model: EngineModel, data: dict) -> Resp
         templated = [model.chat_prompt([{"role": "user", "content": t}], None) for t in texts] or None
     generations = databricks.completion_requests(req, model.max_model_len, templated)
     responder = openai_completions.CompletionResponder(req, model.name, databricks.COMPLETIONS)
+    responder.truncate_on_timeout = req.error_behavior == "truncate"
     if templated is not None:
         responder.echo_prompts = [text for text, _ in req.prompts()]
     return await respond(model, generations, responder, request)

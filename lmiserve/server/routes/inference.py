@@ -22,7 +22,7 @@ from ..bodies import read_body
 from ..engine_model import EngineModel
 from ..handler_model import HandlerModel
 from ..handler_response import invoke_handler
-from ..model_factory import EMBEDDING_HANDLER
+from ..model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
 from ..registry import ServedModel
 from ..rolling import invoke_rolling
 from .kserve import kserve_infer
@@ -48,7 +48,8 @@ def _styles(model: EngineModel) -> tuple[Style, Style]:
 
 async def invoke(model: ServedModel, request: Request) -> Response:
     if isinstance(model, HandlerModel):
-        body = await read_body(request)
+        # the built-in dynamic-batch handler answers a malformed body itself (424, LMI's schema)
+        body = await request.body() if model.entry_point == TEXT_GENERATION_HANDLER else await read_body(request)
         if model.entry_point == EMBEDDING_HANDLER:
             data = _json(body)
             if invocation_shape(data) == "embeddings":
@@ -63,7 +64,7 @@ async def invoke(model: ServedModel, request: Request) -> Response:
         raw = await request.body()
         if is_bedrock_body(_json(raw)):
             return await invoke_bedrock(model, request, raw)
-    body = await read_body(request)
+    body = await request.body()  # not JSON: the LMI schema's payload validation answers it (424)
     data = _json(body)
     shape = invocation_shape(data)
     completions_style, chat_style = _styles(model)

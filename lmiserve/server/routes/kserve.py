@@ -12,9 +12,11 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ...errors import BadRequest, PayloadTooLarge
-from ...formatters import kserve
+from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
+from ...formatters import kserve, kserve_handler
+from .. import handler_response
 from ..generation import respond
+from ..handler_model import HandlerModel
 from ..kserve_grpc.dataplane import DataPlane
 from ..metrics import STATE_KEY
 
@@ -123,9 +125,25 @@ async def model_ready(request: Request, model_name: str, version: str = "") -> R
 @router.post("/v2/models/{model_name}/infer")
 @router.post("/v2/models/{model_name}/versions/{version}/infer")
 async def infer(request: Request, model_name: str, version: str = "") -> Response:
-    _plane(request).engine_model(model_name, version)  # an unknown model is 404 whatever the body
+    model = _plane(request).model(model_name, version)  # an unknown model is 404 whatever the body
+    if isinstance(model, HandlerModel):
+        return await _infer_handler(request, model)
+    _plane(request).engine_model(model_name, version)
     data, binary = kserve.split_binary(await _body(request), request.headers.get(kserve.HEADER_LENGTH))
     return await _infer(request, model_name, version, kserve.parse_infer(data, binary))
+
+
+async def _infer_handler(request: Request, model: HandlerModel) -> Response:
+    """A user's handler gets the V2 request as it came and answers with output tensors."""
+    body = await _body(request)
+    kserve.parse_infer(*kserve.split_binary(body, request.headers.get(kserve.HEADER_LENGTH)))  # a V2 request?
+    answer = await handler_response.invoke_handler(model, request, body)
+    if answer.status_code != 200:
+        return answer  # the handler's own error
+    if not hasattr(answer, "body"):
+        raise HandlerFailure("the handler streamed its answer; V2 inference needs one body of output tensors")
+    data = kserve_handler.handler_response(model.name, kserve_handler.request_id(body), bytes(answer.body))
+    return Response(data, media_type="application/json")
 
 
 async def _generate(request: Request, model_name: str, version: str, stream: bool) -> Response:

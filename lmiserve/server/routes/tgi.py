@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from ... import __version__
 from ...errors import BadRequest, ModelNotReady, NotFound
-from ...formatters import tgi
+from ...formatters import mindie_tgi, tgi
 from ..bodies import read_body
 from ..engine_model import EngineModel
 from ..generation import respond
@@ -24,27 +24,31 @@ def engine_model(request: Request, name: str | None = None) -> EngineModel:
     return model
 
 
-async def _generate(request: Request, stream: bool | None, as_list: bool) -> Response:
+async def _generate(request: Request, stream: bool) -> Response:
     request.state.protocol = "tgi"
     model = engine_model(request)
     parsed = tgi.parse(await read_body(request), stream)
-    return await respond(model, [parsed.generation], tgi.TgiResponder(parsed, as_list), request)
+    return await respond(model, [parsed.generation], tgi.TgiResponder(parsed), request)
 
 
 @router.post("/")
 async def compat_generate(request: Request) -> Response:
-    """TGI's compat route: a one-element list, or SSE when the body says ``"stream": true``."""
-    return await _generate(request, None, as_list=True)
+    """MindIE's text and stream inference: a one-element list, or SSE (``data: `` events whose
+    ``token.id`` is a list) when the body says ``"stream": true``."""
+    request.state.protocol = "tgi"
+    model = engine_model(request)
+    parsed = tgi.parse(await read_body(request), None, mindie=True)
+    return await respond(model, [parsed.generation], mindie_tgi.MindieResponder(parsed), request)
 
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    return await _generate(request, False, as_list=False)
+    return await _generate(request, False)
 
 
 @router.post("/generate_stream")
 async def generate_stream(request: Request) -> Response:
-    return await _generate(request, True, as_list=False)
+    return await _generate(request, True)
 
 
 @router.post("/tokenize")

@@ -1,0 +1,57 @@
+"""Open Inference Protocol (V2) inference on a model served by a user's handler.
+
+The handler receives the V2 request body as it came (the way DJL's Python engine receives
+any body) and answers with V2 output tensors: a JSON object with ``outputs`` (a whole
+``$inference_response``), or just the list of output tensors. The answer is completed with
+``model_name``, ``model_version`` and the ``id`` the protocol requires (the request's, else
+a new one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..errors import HandlerFailure
+from .kserve import MODEL_VERSION, new_request_id
+
+TENSOR_FIELDS = ("name", "datatype", "shape")
+
+
+def request_id(body: bytes) -> str:
+    """The ``id`` of a V2 request body, or "" (the body was validated already)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    value = data.get("id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def handler_response(model_name: str, req_id: str, answer: bytes) -> bytes:
+    """The handler's answer as a V2 ``$inference_response``; HandlerFailure when it holds no tensors."""
+    try:
+        data: Any = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        raise HandlerFailure("the handler's answer is not JSON; V2 inference needs output tensors") from None
+    outputs = data if isinstance(data, list) else data.get("outputs") if isinstance(data, dict) else None
+    if not isinstance(outputs, list) or not all(
+        isinstance(t, dict) and all(k in t for k in TENSOR_FIELDS) and ("data" in t or "parameters" in t)
+        for t in outputs
+    ):
+        raise HandlerFailure(
+            "the handler's answer is not V2 output tensors: a JSON object with 'outputs', each with "
+            "name, datatype, shape and data"
+        )
+    body: dict[str, Any] = {
+        "model_name": model_name,
+        "model_version": MODEL_VERSION,
+        "id": req_id
+        or (data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else "")
+        or new_request_id(),
+    }
+    if isinstance(data, dict) and isinstance(data.get("parameters"), dict):
+        body["parameters"] = data["parameters"]
+    body["outputs"] = outputs
+    return orjson.dumps(body)

@@ -1,0 +1,115 @@
+"""MindIE's TGI-style text and stream inference on ``POST /``.
+
+Requests are TGI's (parsed by :mod:`.tgi`, with ``inputs`` also a multimodal list). Answers
+follow MindIE's document, where it differs from TGI's own routes:
+
+- not streaming: a one-element list ``[{"details": {...}, "generated_text": ...}]``, the
+  details as ``prompt_tokens, finish_reason, generated_tokens, prefill, seed, tokens``, every
+  token (``prefill`` ones too) as ``{"id", "logprob", "special", "text"}``;
+- streaming: SSE events ``data: {...}`` (a space after the colon), one per update, whose
+  ``token.id`` is the list of the ids the update generated; the last one carries
+  ``generated_text`` and, when asked for, ``details`` (``prompt_tokens, finish_reason,
+  generated_tokens, seed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..errors import GenerationError, LmiServeError
+from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
+from . import errors
+from .tgi import SSE, ParsedTgi
+
+
+def _token(t: TokenOutput) -> dict[str, Any]:
+    return {"id": t.id, "logprob": t.logprob, "special": t.special, "text": t.text}
+
+
+def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
+    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
+
+
+def _sequence(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi, seed: int) -> dict[str, Any]:
+    p = parsed.parameters
+    prefill = [_token(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
+    details: dict[str, Any] = {
+        "prompt_tokens": len(out.prompt_token_ids),
+        "finish_reason": seq.finish_reason,
+        "generated_tokens": len(seq.tokens),
+        "prefill": prefill,
+        "seed": seed,
+        "tokens": [_token(t) for t in seq.tokens],
+    }
+    if p.top_n_tokens:
+        details["top_tokens"] = [[_token(a) for a in t.top or []] for t in seq.tokens]
+    return details
+
+
+def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
+    p = parsed.parameters
+    ranked = out.ranked()
+    best = ranked[0]
+    if not (p.details or p.decoder_input_details):
+        return {"generated_text": _text(out, best, parsed)}
+    details = _sequence(out, best, parsed, parsed.seed)
+    if len(ranked) > 1:
+        details["best_of_sequences"] = [
+            {"generated_text": _text(out, s, parsed), **_sequence(out, s, parsed, parsed.seed + s.index)}
+            for s in ranked[1:]
+        ]
+    return {"details": details, "generated_text": _text(out, best, parsed)}
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class MindieResponder:
+    """MindIE's ``/`` answers as a server Responder."""
+
+    def __init__(self, parsed: ParsedTgi):
+        self.parsed = parsed
+        self.stream = parsed.stream
+        self.media_type = SSE if parsed.stream else "application/json"
+        self._first = True
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes:
+        seq = out.sequences[0]
+        p = self.parsed.parameters
+        new = seq.new_tokens
+        if not new:
+            return b""
+        text = "".join(t.text for t in new)
+        if self._first and p.return_full_text:
+            text = out.prompt + text
+        self._first = False
+        last = new[-1]
+        token = {"id": [t.id for t in new], "text": text, "logprob": last.logprob, "special": last.special}
+        event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
+        if seq.finished:
+            event["generated_text"] = _text(out, seq, self.parsed)
+            if p.details:
+                event["details"] = {
+                    "prompt_tokens": len(out.prompt_token_ids),
+                    "finish_reason": seq.finish_reason,
+                    "generated_tokens": len(seq.tokens),
+                    "seed": self.parsed.seed,
+                }
+        return _event(event)
+
+    def end(self, outs: list[RequestOutput]) -> bytes:
+        return b""
+
+    def body(self, outs: list[RequestOutput]) -> bytes:
+        return orjson.dumps([generate_body(outs[0], self.parsed)])
+
+    def error_chunk(self, message: str) -> bytes:
+        _, body = errors.tgi(GenerationError(message))
+        return _event(body)
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        status, body = errors.tgi(err)
+        return status, orjson.dumps(body)

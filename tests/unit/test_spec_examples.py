@@ -1,0 +1,431 @@
+"""The examples of the API documents in shared/specs, replayed through our formatters and
+compared byte for byte with golden fixtures (``LMISERVE_UPDATE_GOLDEN=1`` rewrites them).
+
+Where a document's example shows ``null`` for something it says is "not supported yet"
+(MindIE's token ``logprob``/``special``/``text``), ours carries the real value.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from lmiserve.errors import ValidationFailed
+from lmiserve.formatters import mindie_tgi, tgi
+from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
+
+from .test_protocol_golden import golden
+
+# --- MindIE mindie-tgi-text-and-stream-inference: POST / -----------------------------------------
+
+MINDIE_REQUEST = {
+    "inputs": "My name is Olivier and I",
+    "parameters": {
+        "decoder_input_details": True,
+        "details": True,
+        "do_sample": True,
+        "max_new_tokens": 20,
+        "repetition_penalty": 1.03,
+        "return_full_text": False,
+        "seed": None,
+        "temperature": 0.5,
+        "top_k": 10,
+        "top_p": 0.95,
+        "truncate": None,
+        "typical_p": 0.5,
+        "watermark": False,
+        "stop": ["stop1", "stop2"],
+        "adapter_id": "None",
+    },
+    "stream": False,
+}
+PREFILL = [(5050, "My"), (829, " name"), (374, " is"), (77018, " Olivier"), (323, " and"), (358, " I")]
+TEXT_IDS = [
+    2776,
+    264,
+    3162,
+    23576,
+    504,
+    9625,
+    13,
+    358,
+    2948,
+    311,
+    1936,
+    2513,
+    11,
+    5310,
+    3482,
+    8357,
+    323,
+    6371,
+    10500,
+    13,
+]
+TEXT_PIECES = ["'m", " a", " software", " engineer", " from", " France", ".", " I", " love", " to", " build"]
+TEXT_PIECES += [" things", ",", " especially", " web", " applications", " and", " mobile", " apps", "."]
+STREAM_IDS = [29915, 29885, 263, 5176, 1410, 29891, 1058, 338, 3063, 363, 263, 2058, 304, 5735, 297, 29889, 306]
+STREAM_IDS += [29915, 29885, 263]
+STREAM_PIECES = ["'", "m", " a", " French", " gu", "y", " who", " is", " looking", " for", " a", " place", " to"]
+STREAM_PIECES += [" live", " in", ".", " I", "'", "m", " a"]
+
+
+def mindie_output(ids, pieces, prompt_ids, seed, prefill=None) -> RequestOutput:
+    toks = [TokenOutput(i, t, None) for i, t in zip(ids, pieces)]
+    seq = SequenceOutput(0, "".join(pieces), toks, list(toks), "length")
+    out = RequestOutput("r", MINDIE_REQUEST["inputs"], prompt_ids, [seq], seed=seed)
+    if prefill is not None:
+        out.prompt_tokens = [TokenOutput(i, t, None) for i, t in prefill]
+    return out
+
+
+def mindie_parse(body: dict, seed: int):
+    parsed = tgi.parse(orjson.dumps(body), None, mindie=True)
+    parsed.seed = seed
+    return parsed
+
+
+def replay_all(responder, out: RequestOutput) -> bytes:
+    seq = out.sequences[0]
+    tokens, final = list(seq.tokens), seq.finish_reason
+    chunks = []
+    for i, token in enumerate(tokens):
+        seq.new_tokens, seq.tokens = [token], tokens[: i + 1]
+        seq.text = "".join(t.text for t in seq.tokens)
+        seq.finish_reason = final if i == len(tokens) - 1 else None
+        chunks.append(responder.chunk(0, out))
+    return b"".join(chunks)
+
+
+def test_mindie_text_inference_example():
+    parsed = mindie_parse(MINDIE_REQUEST, 789070824)
+    assert parsed.generation.cap_max_new_tokens and parsed.generation.stop == ["stop1", "stop2"]
+    out = mindie_output(TEXT_IDS, TEXT_PIECES, [i for i, _ in PREFILL], 789070824, PREFILL)
+    body = mindie_tgi.MindieResponder(parsed).body([out])
+    golden("mindie/text.json", body)
+    answer = orjson.loads(body)
+    assert isinstance(answer, list) and list(answer[0]) == ["details", "generated_text"]
+    details = answer[0]["details"]
+    assert list(details) == ["prompt_tokens", "finish_reason", "generated_tokens", "prefill", "seed", "tokens"]
+    assert (details["prompt_tokens"], details["generated_tokens"], details["seed"]) == (6, 20, 789070824)
+    assert [t["id"] for t in details["prefill"]] == [i for i, _ in PREFILL]
+    assert all(list(t) == ["id", "logprob", "special", "text"] for t in details["prefill"] + details["tokens"])
+    expected = (
+        "'m a software engineer from France. I love to build things, especially web applications and mobile apps."
+    )
+    assert answer[0]["generated_text"] == expected
+
+
+def test_mindie_stream_inference_example():
+    body = {**MINDIE_REQUEST, "stream": True, "parameters": {**MINDIE_REQUEST["parameters"]}}
+    body["parameters"]["decoder_input_details"] = False
+    parsed = mindie_parse(body, 218884523)
+    out = mindie_output(STREAM_IDS, STREAM_PIECES, list(range(8)), 218884523)
+    data = replay_all(mindie_tgi.MindieResponder(parsed), out)
+    golden("mindie/stream.sse", data)
+    events = data.split(b"\n\n")[:-1]
+    assert all(e.startswith(b"data: {") for e in events) and len(events) == 20
+    first = orjson.loads(events[0][len(b"data: ") :])
+    assert first["token"]["id"] == [29915] and first["generated_text"] is None and first["details"] is None
+    last = orjson.loads(events[-1][len(b"data: ") :])
+    assert last["generated_text"] == "'m a French guy who is looking for a place to live in. I'm a"
+    assert last["details"] == {"prompt_tokens": 8, "finish_reason": "length", "generated_tokens": 20, "seed": 218884523}
+
+
+def test_mindie_multimodal_inputs():
+    parts = [{"type": "text", "text": "My name is Olivier and I"}, {"type": "text", "text": "tell me more"}]
+    parsed = tgi.parse(orjson.dumps({"inputs": parts}), None, mindie=True)
+    assert parsed.generation.prompt == "My name is Olivier and I\ntell me more"
+    example = [
+        {"type": "text", "text": "My name is Olivier and I"},
+        {"type": "image_url", "image_url": "/xxxx/test.png"},
+    ]
+    with pytest.raises(ValidationFailed) as err:
+        tgi.parse(orjson.dumps({"inputs": example, "parameters": MINDIE_REQUEST["parameters"]}), None, mindie=True)
+    status, body = mindie_tgi.MindieResponder(parsed).error_body(err.value)
+    assert status == 422
+    golden("mindie/multimodal_refused.json", body)
+    assert "inputs[1]" in err.value.detail and "image_url" in err.value.detail
+    for bad in ([], [{"type": "audio"}], [{"type": "text", "text": ""}]):
+        with pytest.raises(ValidationFailed):
+            tgi.parse(orjson.dumps({"inputs": bad}), None, mindie=True)
+
+
+def test_mindie_stop_lists_up_to_1024():
+    stops = [f"s{i}" for i in range(1024)]
+    parsed = tgi.parse(orjson.dumps({"inputs": "x", "parameters": {"stop": stops}}), None, mindie=True)
+    assert parsed.generation.stop == stops
+    with pytest.raises(ValidationFailed, match="at most 1024"):
+        tgi.parse(orjson.dumps({"inputs": "x", "parameters": {"stop": stops + ["t"]}}), None, mindie=True)
+
+
+def test_max_new_tokens_above_the_limits_is_lowered_on_mindie_routes_only():
+    from lmiserve import wire
+    from lmiserve.generation import limits
+    from lmiserve.generation.request import GenerationRequest
+
+    tight = limits.RequestLimits(max_new_tokens=64)
+    parsed = tgi.parse(orjson.dumps({"inputs": "x", "parameters": {"max_new_tokens": 2147483647}}), None, mindie=True)
+    limits.check(parsed.generation, tight)  # lowered later, when the prompt's length is known
+    with pytest.raises(ValidationFailed, match="max_new_tokens"):
+        limits.check(GenerationRequest("x", wire.SamplingParams(max_new_tokens=65)), tight)
+    with pytest.raises(ValidationFailed):
+        tgi.parse(orjson.dumps({"inputs": "x", "parameters": {"max_new_tokens": 2147483648}}), None, mindie=True)
+
+
+# --- MindIE mindie-v1-completions: POST /v1/completions -----------------------------------------
+
+COMPLETION_CHOICES = [
+    [
+        ("\n", -1.8828125, {"\n\n": -2.0}),
+        ("I", -0.018310546875, {"Hello": -4.53125}),
+        (" am", -0.054931640625, {"'m": -2.9375}),
+        (" a", -0.435546875, {" Q": -1.1875}),
+        (" large", -0.0286865234375, {" language": -4.78125}),
+    ],
+    [
+        ("\n\n", -2.0, {"\n": -1.8828125}),
+        ("I", -0.031494140625, {"Hello": -4.28125}),
+        (" am", -0.0791015625, {"'m": -2.578125}),
+        (" a", -0.5546875, {" Q": -1.0546875}),
+        (" large", -0.01092529296875, {" language": -6.375}),
+    ],
+]
+
+
+def completion_output() -> RequestOutput:
+    seqs = []
+    for index, choice in enumerate(COMPLETION_CHOICES):
+        toks = []
+        for n, (text, lp, alts) in enumerate(choice):
+            top = [TokenOutput(100 + n, text, lp, token=text)] + [
+                TokenOutput(200 + n, alt, alp, token=alt) for alt, alp in alts.items()
+            ]
+            toks.append(TokenOutput(100 + n, text, lp, top=top, token=text))
+        text = "".join(t.text for t in toks)
+        seqs.append(SequenceOutput(index, text, toks, [], "length", cumulative_logprob=sum(t.logprob for t in toks)))
+    out = RequestOutput("r", "who are you", [1, 2, 3], seqs)
+    out.batch_sizes, out.queue_us = [1] * 10, [5496, 146, 65, 60, 111, 42, 27, 70, 64, 51]
+    return out
+
+
+def completion_responder(body: dict):
+    from lmiserve.formatters import openai_completions
+
+    req = openai_completions.parse(body)
+    responder = openai_completions.CompletionResponder(req, body["model"])
+    responder.id, responder.created = "endpoint_common_1", 1744948803
+    return req, responder
+
+
+def test_mindie_completions_fake_streaming_example():
+    body = {
+        "model": "Qwen2.5-7B-Instruct",
+        "prompt": "who are you",
+        "temperature": 1,
+        "max_tokens": 5,
+        "use_beam_search": True,
+        "ignore_eos": True,
+        "n": 2,
+        "best_of": 2,
+        "stream": True,
+        "logprobs": 2,
+    }
+    req, responder = completion_responder(body)
+    out = completion_output()
+    responder.start([out])
+    chunks = []
+    for seq in out.sequences:  # the engine's updates: none of them is sent on its own
+        seq.new_tokens = list(seq.tokens)
+        out.last_index = seq.index
+        chunks.append(responder.chunk(0, out))
+    assert chunks == [b"", b""]
+    data = responder.end([out])
+    golden("mindie/completions_fake_stream.sse", data)
+    events = data.split(b"\n\n")[:-1]
+    assert events[-1] == b"data: [DONE]" and len(events) == 2
+    event = orjson.loads(events[0][len(b"data: ") :])
+    assert [c["index"] for c in event["choices"]] == [0, 1]
+    assert [c["text"] for c in event["choices"]] == ["\nI am a large", "\n\nI am a large"]
+    assert event["usage"]["completion_tokens"] == 10 and event["usage"]["total_tokens"] == 13
+
+
+def test_mindie_completions_text_example_and_defaults():
+    body = {"model": "llama", "prompt": "who are you", "temperature": 1, "max_tokens": 5, "ignore_eos": True}
+    body.update({"n": 2, "best_of": 2, "stream": False, "logprobs": 2})
+    req, responder = completion_responder(body)
+    gen = req and __import__("lmiserve.formatters.openai_completions", fromlist=["x"]).generation_requests(req)[0]
+    assert (gen.params.max_new_tokens, gen.params.n, gen.cap_max_new_tokens, gen.max_new_tokens_omitted) == (
+        5,
+        2,
+        True,
+        False,
+    )
+    golden("mindie/completions_text.json", responder.body([completion_output()]))
+
+
+def test_mindie_completions_ranges():
+    from lmiserve.formatters import openai_completions as oc
+
+    def gen(**fields):
+        return oc.generation_requests(oc.parse({"model": "m", "prompt": "x", **fields}))[0]
+
+    omitted = gen()  # max_tokens left out: max_iter_times when tokenized, not 16
+    assert omitted.max_new_tokens_omitted and omitted.cap_max_new_tokens
+    assert gen(temperature=7.5).params.temperature == 7.5
+    assert gen(temperature=0).params.do_sample is False
+    assert gen(n=128, best_of=128, temperature=1).params.n == 128
+    assert gen(stop_token_ids=[5, 2**31, -(2**40), 2**31 - 1]).params.stop_token_ids == [5, 2**31 - 1]
+    assert gen(stop=["a" * 32768]).stop == ["a" * 32768]
+    assert gen(max_tokens=2**31 - 1).params.max_new_tokens == 2**31 - 1
+    for bad in (
+        {"temperature": -0.5},
+        {"n": 129},
+        {"best_of": 129},
+        {"stop": ["a" * 32768, "b"]},
+        {"max_tokens": 2**31},
+        {"max_tokens": 0},
+    ):
+        with pytest.raises(ValidationFailed):
+            gen(**bad)
+
+
+# --- Databricks foundation-model REST API --------------------------------------------------------
+
+FUNCTION = {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object"}}
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    "name,fields",
+    [
+        (
+            "too_many_tools",
+            {"tools": [{"type": "function", "function": {**FUNCTION, "name": f"f{i}"}} for i in range(33)]},
+        ),
+        ("no_description", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+        ("json_schema_without_name", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+        ("json_schema_without_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+        ("system_not_first", {"messages": [USER, {"role": "system", "content": "be brief"}]}),
+        ("two_systems", {"messages": [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}, USER]}),
+        ("tool_call_id_on_user", {"messages": [{**USER, "tool_call_id": "call_1"}]}),
+    ],
+)
+def test_databricks_chat_validation_in_databricks_shape(name, fields):
+    from lmiserve.formatters import databricks, errors
+
+    body = {"messages": [USER], **fields}
+    with pytest.raises(ValidationFailed) as err:
+        databricks.parse_chat(body)
+    status, answer = errors.databricks(err.value)
+    assert status == 400 and answer["error_code"] == "INVALID_PARAMETER_VALUE"
+    golden(f"databricks/invalid_{name}.json", orjson.dumps(answer))
+
+
+def test_databricks_chat_accepts_what_its_reference_allows():
+    from lmiserve.formatters import databricks
+
+    tools = [{"type": "function", "function": {**FUNCTION, "name": f"f{i}"}} for i in range(32)]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        USER,
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f1", "arguments": "{}"}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    assert len(databricks.parse_chat({"messages": messages, "tools": tools}).tools) == 32
+    assert databricks.parse_chat({"messages": [USER], "response_format": rf}).response_format.type == "json_schema"
+
+
+def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
+    from lmiserve.formatters import databricks, openai_completions
+    from lmiserve.server.generation import _truncated_stream, truncate
+
+    from .test_protocol_golden import output
+
+    def responder(stream: bool):
+        req = databricks.parse_completion(
+            {"prompt": "What is Deep Learning?", "error_behavior": "truncate", "stream": stream}
+        )
+        r = openai_completions.CompletionResponder(req, "tiny", databricks.COMPLETIONS)
+        r.id, r.created, r.truncate_on_timeout = "id-1", 1700000000, True
+        return r
+
+    out = output(finish=None)  # four tokens generated, then the deadline
+    r = responder(False)
+    r.start([out])
+    truncate([out])
+    body = r.body([out])
+    golden("databricks/completion_truncated.json", body)
+    assert orjson.loads(body)["choices"][0] | {"text": None} == {
+        "index": 0,
+        "text": None,
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
+
+    import asyncio
+
+    async def collect(r, outs):
+        return b"".join([chunk async for chunk in _truncated_stream(r, outs)])
+
+    out = output(finish=None)
+    r = responder(True)
+    r.start([out])
+    data = asyncio.run(collect(r, [out]))
+    golden("databricks/completion_stream_truncated.sse", data)
+    assert b'"finish_reason":"length"' in data and data.endswith(b"data: [DONE]\n\n")
+
+
+# --- KServe open inference protocol V2 -----------------------------------------------------------
+
+V2_REQUEST = {
+    "id": "42",
+    "inputs": [
+        {"name": "input0", "shape": [2, 2], "datatype": "UINT32", "data": [1, 2, 3, 4]},
+        {"name": "input1", "shape": [3], "datatype": "BOOL", "data": [True]},
+    ],
+    "outputs": [{"name": "output0"}],
+}
+V2_ANSWER = {
+    "outputs": [{"name": "output0", "shape": [3, 2], "datatype": "FP32", "data": [1.0, 1.1, 2.0, 2.1, 3.0, 3.1]}]
+}
+
+
+def test_kserve_handler_answer_is_the_documents_response(monkeypatch):
+    from lmiserve.formatters import kserve, kserve_handler
+
+    body = orjson.dumps(V2_REQUEST)
+    data = kserve_handler.handler_response("mymodel", kserve_handler.request_id(body), orjson.dumps(V2_ANSWER))
+    golden("kserve/handler_infer.json", data)
+    assert orjson.loads(data)["id"] == "42" and orjson.loads(data)["outputs"] == V2_ANSWER["outputs"]
+    # no id in the request: a new one, always present
+    monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
+    monkeypatch.setattr(kserve_handler, "new_request_id", lambda: "generated-id")
+    bare = orjson.dumps({k: v for k, v in V2_REQUEST.items() if k != "id"})
+    data = kserve_handler.handler_response(
+        "mymodel", kserve_handler.request_id(bare), orjson.dumps(V2_ANSWER["outputs"])
+    )
+    assert orjson.loads(data)["id"] == "generated-id"
+    from lmiserve.errors import HandlerFailure
+
+    for bad in (b"not json", b'{"generated_text": "x"}', b'[{"name": "o"}]'):
+        with pytest.raises(HandlerFailure):
+            kserve_handler.handler_response("mymodel", "", bad)
+
+
+def test_kserve_response_id_is_always_present(monkeypatch):
+    from lmiserve.formatters import kserve
+
+    monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
+    data = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["What is Deep Learning?"]}],
+        "parameters": {"max_tokens": 4},
+    }
+    body, header = kserve.rest_body(kserve.plan(kserve.parse_infer(data)).response("tiny", ["Deep Learning is a"]))
+    golden("kserve/infer_without_id.json", body)
+    assert orjson.loads(body)["id"] == "generated-id"
