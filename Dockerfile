@@ -103,10 +103,12 @@ WORKDIR /home/lmiserve
 RUN if [ "${INSTALL_DEFAULT_MODEL}" = 1 ]; then \
       python -c 'from lmiserve.model_store import DEFAULT_MODEL_ID, gguf_to_hf, package_file; print(gguf_to_hf(package_file(DEFAULT_MODEL_ID)))'; \
     fi
-# SageMaker passes SAGEMAKER_BIND_TO_PORT only to images that declare they honour it
+# SageMaker passes SAGEMAKER_BIND_TO_PORT only to images that declare they honour it, and hosts
+# multi-model endpoints only on images that declare they can (SAGEMAKER_MULTI_MODEL=true)
 LABEL org.opencontainers.image.title="lmiserve" \
       org.opencontainers.image.description="LLM serving container in the style of SageMaker LMI" \
-      com.amazonaws.sagemaker.capabilities.accept-bind-to-port="true"
+      com.amazonaws.sagemaker.capabilities.accept-bind-to-port="true" \
+      com.amazonaws.sagemaker.capabilities.multi-models="true"
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/serve"]
 CMD ["serve"]

@@ -126,3 +126,19 @@ class GenerationError(LmiServeError):
     kind = "generation"
     status = 500
     title = "Generation Failed"
+
+
+class InsufficientMemory(LmiServeError):
+    """A model does not fit in the memory left for models (SageMaker's multi-model contract: 507)."""
+
+    kind = "insufficient_memory"
+    status = 507
+    title = "Insufficient Storage"
+
+
+class ModelLoadFailed(LmiServeError):
+    """The model a request depends on exists but could not be loaded."""
+
+    kind = "model_load_failed"
+    status = 424
+    title = "Failed Dependency"

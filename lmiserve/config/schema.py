@@ -102,7 +102,8 @@ class ServerSettings(_Area):
         "local",
         "management_api",
         "Who may use the management API (/models): local answers only clients on the loopback address "
-        "(127.0.0.1, ::1) and 403 to others; on answers everyone (API keys still apply); off answers 404.",
+        "(127.0.0.1, ::1) and 403 to others; on answers everyone (API keys still apply); off answers 404. "
+        "In multi-model mode the default is on: SageMaker's load and unload calls come from outside the container.",
         allowed="local, on, off",
     )
     model_roots: str | None = setting(
@@ -117,6 +118,30 @@ class ServerSettings(_Area):
         "log_request_bodies",
         "Log each request's method, path and first 4 KiB of its body (prompts included) at info level. "
         "Off by default: prompts and bodies are never logged otherwise.",
+    )
+
+    multi_model: bool = setting(
+        False,
+        "multi_model",
+        "Multi-model mode (a SageMaker multi-model endpoint): serve the models under multi_model_root, each "
+        "loaded on its first request (X-Amzn-SageMaker-Target-Model, /models/{name}/invoke) or by SageMaker's "
+        "load call (POST /models), the least recently used unloaded when multi_model_memory_mb runs short.",
+        env_aliases=("SAGEMAKER_MULTI_MODEL",),
+    )
+    multi_model_root: str = setting(
+        "/opt/ml/models",
+        "multi_model_root",
+        "Multi-model mode: the directory whose subdirectories are the models, by name (a directory NAME, or "
+        "NAME/model as SageMaker lays them out).",
+        allowed="a directory",
+    )
+    multi_model_memory_mb: int = setting(
+        0,
+        "multi_model_memory_mb",
+        "Multi-model mode: memory, in MiB, the loaded models may take together (each counts its "
+        "required_memory_mb); loading one more unloads the least recently used idle models, and a model that "
+        "still does not fit gets 507. 0: 80% of the machine's memory.",
+        ge=0,
     )
 
     @field_validator("log_level", mode="before")
@@ -252,6 +277,13 @@ class ModelSettings(_Area):
         key_aliases=("option.predict_timeout",),
         ge=1,
     )
+    required_memory_mb: int | None = setting(
+        None,
+        "required_memory_mb",
+        "Multi-model mode: the memory, in MiB, this model takes once loaded (weights, KV cache, workers). "
+        "Empty: estimated as 1.2 x the size of its weight files.",
+        ge=1,
+    )
     model_loading_timeout: int = setting(
         1800,
         "model_loading_timeout",
@@ -312,7 +344,7 @@ class ModelSettings(_Area):
                 raise ValueError("not a formatter")
         return v
 
-    @field_validator("max_model_len", "model_id", "entry_point", "model_name", mode="before")
+    @field_validator("max_model_len", "model_id", "entry_point", "model_name", "required_memory_mb", mode="before")
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -16,10 +16,11 @@ from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from .model_admin import ModelAdmin
+from .model_pool import ModelPool
 from .registry import ModelRegistry
 from .routes import databricks, inference, kserve, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
-from .security import ApiKeys, SecurityMiddleware
+from .security import ApiKeys, SecurityMiddleware, management_reach
 
 StartupHook = Callable[[], Awaitable[None]]
 
@@ -39,6 +40,8 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
             if task is not None and not task.done():
                 task.cancel()
             await app.state.admin.close()
+            if app.state.pool is not None:
+                await app.state.pool.close()
             await asyncio.gather(*(m.stop() for m in list(registry.models.values())), return_exceptions=True)
 
     app = FastAPI(title="lmiserve", version=__version__, lifespan=lifespan)
@@ -46,6 +49,8 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.state.settings = settings
     app.state.admin = ModelAdmin(registry, settings)
     app.state.metrics = ServerMetrics(registry)
+    multi = settings.server.multi_model
+    app.state.pool = ModelPool(registry, settings, app.state.metrics.registry) if multi else None
     app.state.drain = Drain()
     errors.install(app)
     app.include_router(ping.router)
@@ -60,7 +65,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.add_middleware(
         SecurityMiddleware,
         keys=ApiKeys.from_settings(settings),
-        management=settings.server.management_api,
+        management=management_reach(settings),
         log_bodies=settings.server.log_request_bodies,
     )
     app.add_middleware(RequestIdMiddleware)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 
 import uvicorn
 
 from .. import __version__
 from ..config import ConfigError, Settings
-from .app import create_app
+from .app import StartupHook, create_app
 from .drain import DrainingServer
 from .handler_model import ModelLoadError
 from .model_factory import build_model
+from .model_pool import MIB, memory_budget
 from .registry import ModelRegistry
 
 log = logging.getLogger("lmiserve")
@@ -28,15 +30,19 @@ def run(settings: Settings) -> int:
     began = time.monotonic()
     for warning in settings.warnings:
         log.warning(warning)
+    registry = ModelRegistry()
+    if settings.server.multi_model:  # no model at start-up: each loads on demand
+        root, budget = settings.server.multi_model_root, memory_budget(settings) // MIB
+        log.info("multi-model mode: the models under %s load on demand, within %d MiB", root, budget)
+        return _serve(settings, registry, None, lambda: False, f"multi-model, models under {root}")
     try:
         model = build_model(settings)
     except ModelLoadError as exc:
         log.error("cannot start model %s: %s", settings.model_name, exc)
         return 1
-    registry = ModelRegistry()
     registry.add(model)
     failures: list[str] = []
-    server: DrainingServer | None = None
+    servers: list[DrainingServer] = []
 
     async def load_models() -> None:
         started = time.monotonic()
@@ -46,7 +52,7 @@ def run(settings: Settings) -> int:
         except ModelLoadError as exc:
             failures.append(str(exc))
             log.error("model %s failed to load; stopping the server:\n%s", model.name, exc)
-            if server is not None:
+            for server in servers:
                 server.should_exit = True
             return
         log.info(
@@ -57,8 +63,19 @@ def run(settings: Settings) -> int:
             _loaded(model),
         )
 
+    return _serve(settings, registry, load_models, lambda: bool(failures), f"model {model.name}", servers)
+
+
+def _serve(
+    settings: Settings,
+    registry: ModelRegistry,
+    on_startup: StartupHook | None,
+    failed: Callable[[], bool],
+    what: str,
+    servers: list[DrainingServer] | None = None,
+) -> int:
     try:
-        app = create_app(registry, settings, on_startup=load_models)
+        app = create_app(registry, settings, on_startup=on_startup)
     except ConfigError as exc:  # an api_keys_file that cannot be read
         log.error("cannot start: %s", exc)
         return 2
@@ -74,12 +91,12 @@ def run(settings: Settings) -> int:
         log_config=None,
     )
     server = DrainingServer(config, app.state.drain, settings.server.drain_timeout)
-    log.info(
-        "lmiserve %s: model %s on http://%s:%s", __version__, model.name, settings.server.host, settings.server.port
-    )
+    if servers is not None:
+        servers.append(server)
+    log.info("lmiserve %s: %s on http://%s:%s", __version__, what, settings.server.host, settings.server.port)
     server.run()
     log.info("server stopped")
-    return 1 if failures else 0
+    return 1 if failed() else 0
 
 
 def _what(settings: Settings, model) -> str:  # type: ignore[no-untyped-def]

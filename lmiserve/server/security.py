@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 from pathlib import Path
 
 from ..config import ConfigError, Settings
@@ -87,7 +88,19 @@ def protocol_for_path(path: str) -> str:
 
 
 def is_management(path: str) -> bool:
-    return path == "/models" or path.startswith("/models/")
+    """The management API's paths; ``/models/{name}/invoke`` (multi-model inference) is not one."""
+    return path == "/models" or (path.startswith("/models/") and not _INVOKE.match(path))
+
+
+def management_reach(settings: Settings) -> str:
+    """``management_api``; in multi-model mode ``on`` unless set, since SageMaker's own load and
+    unload calls come from outside the container."""
+    if settings.server.multi_model and str(settings.sources.get("management_api", "default")) == "default":
+        return "on"
+    return settings.server.management_api
+
+
+_INVOKE = re.compile(r"^/models/[^/]+/invoke$")
 
 
 def is_loopback(scope) -> bool:  # type: ignore[no-untyped-def]
@@ -152,10 +165,12 @@ def _logging_receive(scope, receive):  # type: ignore[no-untyped-def]
 
 
 def model_roots(settings: Settings) -> list[Path]:
-    """The directories POST /models may load from, resolved."""
+    """The directories POST /models may load from, resolved (in multi-model mode, the model root too)."""
     configured = settings.server.model_roots
     if configured and configured.strip():
         return [Path(p.strip()).expanduser().resolve() for p in configured.split(",") if p.strip()]
+    if settings.server.multi_model:
+        return [settings.model_dir.resolve(), Path(settings.server.multi_model_root).expanduser().resolve()]
     return [settings.model_dir.resolve()]
 
 

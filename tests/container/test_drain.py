@@ -146,8 +146,11 @@ def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_hand
     with ContainerServe(slow_handler_dir, tmp_path, SERVING_DRAIN_TIMEOUT="600") as serve:
         serve.wait_ready()
         with serve.client() as client:
-            workers = [w["pid"] for w in client.get("/models/slow").json()[0]["workers"]]
-            assert len(workers) == 2
+            # /ping is 200 once one worker is ready; the second may still be starting
+            deadline = time.monotonic() + 120
+            while len(workers := [w["pid"] for w in client.get("/models/slow").json()[0]["workers"]]) < 2:
+                assert time.monotonic() < deadline, "the second worker never started"
+                time.sleep(0.05)
             plain = Call(serve.url, {"sleep": 2.0}, stream=False)
             streamed = Call(serve.url, {"chunks": 8, "delay": 0.25}, stream=True)
             plain.start()

@@ -113,6 +113,7 @@ def test_the_runtime_stage_follows_the_container_contract():
     assert ("ENTRYPOINT", '["/usr/local/bin/serve"]') in runtime and ("CMD", '["serve"]') in runtime
     assert "COPY --chmod=755 container/serve /usr/local/bin/serve" in text
     assert "com.amazonaws.sagemaker.capabilities.accept-bind-to-port=" in text
+    assert 'com.amazonaws.sagemaker.capabilities.multi-models="true"' in text
     # the NPU base keeps torch_npu from breaking `import torch` where CANN or a device is missing
     assert ("ENV", "TORCH_DEVICE_BACKEND_AUTOLOAD=0") in by_stage["base-npu"]
 

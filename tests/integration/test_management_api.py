@@ -132,3 +132,19 @@ def test_failed_load_is_reported_and_forgotten(client, tmp_path):
     r = client.post("/models", params={"url": str(d), "model_name": "broken"})
     assert r.status_code == 500 and "broken" in r.json()["error"]
     assert "broken" not in {m["modelName"] for m in client.get("/models").json()["models"]}
+
+
+def test_inference_component_header_and_json_registration(client, tmp_path):
+    """SageMaker's JSON load body registers a model; X-Amzn-SageMaker-Inference-Component routes to
+    the model it names, and a component the server does not have leaves the choice to the usual rules."""
+    d = handler_dir(tmp_path / "component", "option.custom_option=from-component\n")
+    r = client.post("/models", json={"model_name": "component", "url": str(d)})
+    assert r.status_code == 200 and r.json() == {"status": 'Model "component" registered.'}
+    for name, option in (("component", "from-component"), ("base", None)):
+        r = client.post("/invocations", json={"x": name}, headers={"X-Amzn-SageMaker-Inference-Component": name})
+        assert r.status_code == 200 and r.json()["body"] == {"x": name} and r.json()["custom_option"] == option
+    r = client.post("/invocations", json={}, headers={"X-Amzn-SageMaker-Inference-Component": "other"})
+    assert r.status_code == 400 and "several models are loaded" in r.json()["error"]
+    assert client.delete("/models/component").status_code == 200
+    r = client.post("/invocations", json={"x": 1}, headers={"X-Amzn-SageMaker-Inference-Component": "other"})
+    assert r.status_code == 200 and r.json()["body"] == {"x": 1}  # the only model

@@ -6,15 +6,23 @@ OpenAI ``prompt`` or ``messages`` (answered in OpenAI's shapes, streamed as JSON
 ``option.output_formatter=sse``), embedding ``input``, or a KServe V2 inference request.
 With ``option.bedrock_compat`` every body but ``inputs`` and ``messages`` is Amazon Bedrock's
 Meta Llama schema (see :mod:`lmiserve.formatters.bedrock`).
+
+Which model: ``model_name`` (query or header), ``X-Model-Name`` or SageMaker's
+``X-Amzn-SageMaker-Target-Model``; else the ``X-Amzn-SageMaker-Inference-Component`` SageMaker sends,
+where it names a model of this server; else the only model. In multi-model mode a named model not
+loaded yet is loaded from the model root first, and ``POST /models/{name}/invoke`` (SageMaker's
+multi-model call) answers 404 for a model not loaded.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ...errors import BadRequest
+from ...errors import BadRequest, NotFound
 from ...formatters.openai_common import JSONLINES_FRAMING, SSE_FRAMING, Style
 from ...formatters.shapes import invocation_shape
 from ..bedrock import invoke_bedrock, is_bedrock_body
@@ -22,13 +30,18 @@ from ..bodies import read_body
 from ..engine_model import EngineModel
 from ..handler_model import HandlerModel
 from ..handler_response import invoke_handler
+from ..metrics import STATE_KEY
 from ..model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
+from ..model_pool import Lease, ModelPool
 from ..registry import ServedModel
 from ..rolling import invoke_rolling
 from .kserve import kserve_infer
 from .openai import chat, completions, embeddings
 
 router = APIRouter()
+
+TARGET_MODEL = "x-amzn-sagemaker-target-model"
+INFERENCE_COMPONENT = "x-amzn-sagemaker-inference-component"
 
 
 def _json(body: bytes) -> object:
@@ -87,20 +100,84 @@ def _named_model(request: Request) -> str | None:
         request.query_params.get("model_name")
         or request.headers.get("model_name")
         or request.headers.get("x-model-name")
+        or request.headers.get(TARGET_MODEL)
     )
+
+
+def _component(request: Request, known: Callable[[str], bool]) -> str | None:
+    """The inference component SageMaker names, where it is a model this server has."""
+    name = request.headers.get(INFERENCE_COMPONENT)
+    return name if name and known(name) else None
+
+
+class _Leased(Response):
+    """A response that holds its model's lease until the last byte is sent (or the client left)."""
+
+    def __init__(self, inner: Response, lease: Lease):
+        self.inner, self.lease = inner, lease
+        self.status_code, self.background, self.raw_headers = inner.status_code, None, inner.raw_headers
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            self.lease.release()
+
+
+async def invoke_pooled(pool: ModelPool, request: Request, name: str | None, load: bool) -> Response:
+    """Multi-model mode: the named model (loaded on demand where ``load``), or the only one loaded."""
+    if name is None:
+        name = _component(request, lambda n: n in pool.resident() or _under_root(pool, n))
+    if name is None:
+        resident = pool.resident()
+        if len(resident) != 1:
+            loaded = f"several models are loaded ({', '.join(resident)})" if resident else "no model is loaded"
+            raise BadRequest(f"{loaded}; name one with the X-Amzn-SageMaker-Target-Model header (multi-model mode)")
+        name = resident[0]
+    lease = await pool.acquire(name, load=load)
+    try:
+        setattr(request.state, STATE_KEY, lease.model.name)
+        return _Leased(await invoke(lease.model, request), lease)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _under_root(pool: ModelPool, name: str) -> bool:
+    try:
+        pool.find(name)
+    except NotFound:
+        return False
+    return True
 
 
 @router.post("/invocations")
 async def invocations(request: Request) -> Response:
-    model = request.app.state.registry.resolve(_named_model(request))
-    return await invoke(model, request)
+    pool = request.app.state.pool
+    if pool is not None:
+        return await invoke_pooled(pool, request, _named_model(request), load=True)
+    registry = request.app.state.registry
+    name = _named_model(request) or _component(request, lambda n: n in registry.models)
+    return await invoke(registry.resolve(name), request)
+
+
+@router.post("/models/{model_name}/invoke")
+async def invoke_loaded(model_name: str, request: Request) -> Response:
+    """SageMaker's multi-model invoke call: 404 when the model is not loaded."""
+    pool = request.app.state.pool
+    if pool is None:
+        return await invoke(request.app.state.registry.get(model_name), request)
+    return await invoke_pooled(pool, request, model_name, load=False)
 
 
 @router.post("/predictions/{model_name}")
 async def predictions(model_name: str, request: Request) -> Response:
+    pool = request.app.state.pool
+    if pool is not None:
+        return await invoke_pooled(pool, request, model_name, load=True)
     return await invoke(request.app.state.registry.get(model_name), request)
 
 
 @router.post("/predictions/{model_name}/{version}")
 async def predictions_version(model_name: str, version: str, request: Request) -> Response:
-    return await invoke(request.app.state.registry.get(model_name), request)
+    return await predictions(model_name, request)

@@ -1,11 +1,17 @@
-"""The management API, the DJL way: list, describe, register, scale and unregister models."""
+"""The management API, the DJL way: list, describe, register, scale and unregister models.
+
+In multi-model mode the same routes follow SageMaker's multi-model container contract: load
+(``POST /models`` with ``{"model_name", "url"}``: 200, 409 when loaded, 507 when it does not fit),
+list, get (one object, 404 when not loaded) and unload (``DELETE``, 404 when not loaded).
+"""
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ...errors import BadRequest
+from ...errors import BadRequest, NotFound
 from ..model_admin import ModelAdmin
 
 router = APIRouter()
@@ -35,6 +41,11 @@ async def list_models(request: Request, limit: int = 100, next_page_token: int =
 
 @router.get("/models/{model_name}")
 async def describe_model(model_name: str, request: Request) -> JSONResponse:
+    pool = request.app.state.pool
+    if pool is not None:  # SageMaker's multi-model contract: one object, 404 when not loaded
+        if model_name not in pool.resident():
+            raise NotFound(f"model {model_name!r} is not loaded")
+        return JSONResponse({"modelName": model_name, "modelUrl": pool.url(model_name)})
     model = request.app.state.registry.get(model_name)
     cfg = model.settings.model
     description = {
@@ -78,14 +89,37 @@ def _count(request: Request, name: str) -> int | None:
         raise BadRequest(f"{name} must be a whole number, not {value!r}") from None
 
 
+async def _load_body(request: Request) -> tuple[str, str]:
+    """SageMaker's multi-model load call: ``{"model_name": ..., "url": ...}`` as JSON."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("url"), str) or not body["url"]:
+        raise BadRequest('url is required: the model directory to load (?url=... or {"model_name": ..., "url": ...})')
+    name = body.get("model_name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("model_name is required: the name the model is loaded and invoked under")
+    return name, body["url"]
+
+
 @router.post("/models")
 async def register_model(request: Request) -> JSONResponse:
-    """``POST /models?url=...&model_name=...&min_worker=...&synchronous=true``."""
+    """``POST /models?url=...&model_name=...&min_worker=...&synchronous=true``, or SageMaker's
+    multi-model load call with a JSON body (200; 409 when loaded already; 507 when it does not fit)."""
     url = request.query_params.get("url")
+    params = dict(request.query_params)
     if not url:
-        raise BadRequest("url is required: the model directory to load")
+        params["model_name"], url = await _load_body(request)
+    pool = request.app.state.pool
+    if pool is not None:
+        if not params.get("model_name"):
+            raise BadRequest("model_name is required in multi-model mode")
+        name = params.pop("model_name")
+        await pool.load(name, url, params)
+        return JSONResponse({"status": f'Model "{name}" registered.'})
     synchronous = _flag(request, "synchronous", True)
-    model = await _admin(request).register(url, dict(request.query_params), synchronous)
+    model = await _admin(request).register(url, params, synchronous)
     if synchronous:
         return JSONResponse({"status": f'Model "{model.name}" registered.'})
     return JSONResponse({"status": f'Model "{model.name}" registration scheduled.'}, status_code=202)
@@ -104,5 +138,9 @@ async def scale_model(model_name: str, request: Request) -> JSONResponse:
 
 @router.delete("/models/{model_name}")
 async def unregister_model(model_name: str, request: Request) -> JSONResponse:
-    await _admin(request).unregister(model_name)
+    pool = request.app.state.pool
+    if pool is not None:  # after the requests in flight are done
+        await pool.unload(model_name)
+    else:
+        await _admin(request).unregister(model_name)
     return JSONResponse({"status": f'Model "{model_name}" unregistered'})
