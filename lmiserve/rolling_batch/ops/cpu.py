@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +31,25 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("paged_attention.cpp", "sampling.cpp", "fused.cpp")]
 _HALF = (torch.bfloat16, torch.float16)
 PACK_BATCH_HINT = 32
+
+
+STALE_LOCK_SECONDS = 600
+"""A build takes well under a minute; a lock older than this was left by a build that was killed."""
+
+
+def clear_stale_lock(build_dir: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove torch's build lock when a killed build left it behind (every later loader would
+    otherwise wait on it forever); True when one was removed."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age:
+        return False
+    log.warning("removing a kernel build lock left %.0f s ago by an interrupted build: %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 @functools.cache
@@ -51,8 +71,12 @@ def load_kernels() -> bool:
         log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
         # the name carries a hash of every source and header, so an edit always rebuilds
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:10]
+        name = f"lmiserve_cpu_kernels_{digest}"
+        from torch.utils.cpp_extension import _get_build_directory
+
+        clear_stale_lock(Path(_get_build_directory(name, False)))
         load(
-            name=f"lmiserve_cpu_kernels_{digest}",
+            name=name,
             sources=[str(p) for p in _SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],

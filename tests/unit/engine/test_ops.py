@@ -194,3 +194,18 @@ def test_argmax_logsumexp_kernel():
     idx, lse = CpuOps().argmax_logsumexp(logits)
     assert torch.equal(idx, logits.argmax(-1)) and int(idx[2]) == 17
     assert torch.allclose(lse, torch.logsumexp(logits, -1), atol=1e-5)
+
+
+def test_a_stale_kernel_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    import os
+    import time
+
+    from lmiserve.rolling_batch.ops.cpu import clear_stale_lock
+
+    lock = tmp_path / "lock"
+    assert not clear_stale_lock(tmp_path)
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    assert clear_stale_lock(tmp_path) and not lock.exists()
