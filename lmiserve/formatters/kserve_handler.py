@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from ..errors import HandlerFailure
-from .kserve import MODEL_VERSION, new_request_id
+from ..errors import BadRequest, HandlerFailure
+from .kserve import BYTES, MODEL_VERSION, InferRequest, InferResponse, OutputTensor, flatten, make_tensor, new_request_id
 
 TENSOR_FIELDS = ("name", "datatype", "shape")
 
@@ -55,3 +55,40 @@ def handler_response(model_name: str, req_id: str, answer: bytes) -> bytes:
         body["parameters"] = data["parameters"]
     body["outputs"] = outputs
     return orjson.dumps(body)
+
+
+def request_body(req: InferRequest) -> bytes:
+    """A V2 request that came over gRPC, as the REST JSON body a handler reads (BYTES elements
+    as text, as REST carries them)."""
+
+    def tensor(t: Any) -> dict[str, Any]:
+        data = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in t.data]
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape, "data": data}
+        if t.parameters:
+            item["parameters"] = t.parameters
+        return item
+
+    body: dict[str, Any] = {"inputs": [tensor(t) for t in req.inputs]}
+    if req.id:
+        body["id"] = req.id
+    if req.parameters:
+        body["parameters"] = req.parameters
+    if req.outputs:
+        body["outputs"] = [{"name": o.name, **({"parameters": o.parameters} if o.parameters else {})} for o in req.outputs]
+    return orjson.dumps(body)
+
+
+def response_tensors(model_name: str, req_id: str, answer: bytes) -> InferResponse:
+    """The handler's answer as a checked V2 response (datatypes known, one element per position)."""
+    data = orjson.loads(handler_response(model_name, req_id, answer))
+    outputs = []
+    for t in data["outputs"]:
+        try:
+            checked = make_tensor(t["name"], t["datatype"], t["shape"], flatten(t.get("data", [])))
+        except BadRequest as exc:
+            raise HandlerFailure(f"the handler's output tensors are not valid V2 tensors: {exc}") from None
+        values = checked.data
+        if checked.datatype == BYTES:
+            values = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values]
+        outputs.append(OutputTensor(checked.name, checked.datatype, checked.shape, values))
+    return InferResponse(data["model_name"], data["model_version"], data["id"], outputs)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, free_port
 
 HANDLERS = Path(__file__).parent / "handlers"
 
@@ -191,8 +191,10 @@ def test_kserve_v2_infer_reaches_a_users_handler(tmp_path):
         "inputs": [{"name": "input0", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}],
         "outputs": [{"name": "output0"}],
     }
-    with ServerProcess(d) as server:
+    grpc_port = free_port()
+    with ServerProcess(d, env={"SERVING_GRPC_PORT": str(grpc_port)}) as server:
         server.wait_ready()
+        _grpc_infer_reaches_the_handler(f"127.0.0.1:{grpc_port}")
         with server.client() as c:
             r = c.post("/v2/models/model/infer", json=request)
             assert r.status_code == 200, r.text
@@ -206,3 +208,17 @@ def test_kserve_v2_infer_reaches_a_users_handler(tmp_path):
             assert r.status_code == 200 and len(r.json()["id"]) == 32
             r = c.post("/v2/models/model/infer", json={"inputs": "nope"})
             assert r.status_code == 400 and set(r.json()) == {"error"}
+
+
+def _grpc_infer_reaches_the_handler(address: str) -> None:
+    """The same over gRPC with Triton's client (raw tensor contents in and out)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+    tensor = grpcclient.InferInput("input0", [2, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2], [3, 4]], dtype=np.float32))
+    result = client.infer("model", [tensor], request_id="7", outputs=[grpcclient.InferRequestedOutput("output0")])
+    response = result.get_response()
+    assert (response.model_name, response.model_version, response.id) == ("model", "1", "7")
+    assert result.as_numpy("output0").tolist() == [[2.0, 4.0], [6.0, 8.0]]

@@ -6,13 +6,15 @@ requests in and answers (or :class:`~lmiserve.errors.LmiServeError`) out.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
-from ... import __version__
-from ...errors import BadRequest, NotFound
-from ...formatters import kserve
+from ... import __version__, wire
+from ...errors import BadRequest, HandlerFailure, NotFound
+from ...formatters import kserve, kserve_handler
 from ...generation.request import GenerationRequest, RequestOutput
 from ..engine_model import EngineModel
+from ..handler_model import HandlerModel
 from ..generation import output_error, submit_all, updates
 from ..metrics import GenerationObserver, ServerMetrics
 from ..registry import ModelRegistry, ServedModel
@@ -73,8 +75,32 @@ class DataPlane:
         return kserve.model_metadata(model.name, isinstance(model, EngineModel))
 
     async def infer(self, name: str | None, version: str, request: kserve.InferRequest) -> kserve.InferResponse:
+        served = self.model(name, version)
+        if isinstance(served, HandlerModel):
+            return await self.infer_handler(served, request)
         model = self.engine_model(name, version)
         plan = kserve.plan(request)
         observer = self.metrics.observer(model.name) if self.metrics is not None else None
         outs = await generate(model, plan.generation_requests(), observer)
         return plan.response(model.name, [plan.text(o) for o in outs])
+
+    async def infer_handler(self, model: HandlerModel, request: kserve.InferRequest) -> kserve.InferResponse:
+        """A user's handler gets the V2 request as REST JSON (as DJL's Python engine gets any body)
+        and answers with output tensors."""
+        item = wire.JobItem(
+            request_id=request.id or kserve.new_request_id(),
+            properties={"Content-Type": "application/json"},
+            body=kserve_handler.request_body(request),
+        )
+        stream = model.submit(item)
+        try:
+            head = await stream.head
+        except asyncio.CancelledError:
+            model.cancel(stream)
+            raise
+        if head.streaming:
+            model.cancel(stream)
+            raise HandlerFailure("the handler streamed its answer; V2 inference needs one body of output tensors")
+        if head.code != 200:
+            raise HandlerFailure(f"the handler answered {head.code}: {bytes(head.body or b'')[:500].decode(errors='replace')}")
+        return kserve_handler.response_tensors(model.name, request.id, bytes(head.body or b""))
