@@ -14,7 +14,16 @@ from typing import Any
 import orjson
 
 from ..errors import BadRequest, HandlerFailure
-from .kserve import BYTES, MODEL_VERSION, InferRequest, InferResponse, OutputTensor, flatten, make_tensor, new_request_id
+from .kserve import (
+    BYTES,
+    MODEL_VERSION,
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    flatten,
+    make_tensor,
+    new_request_id,
+)
 
 TENSOR_FIELDS = ("name", "datatype", "shape")
 
@@ -74,7 +83,9 @@ def request_body(req: InferRequest) -> bytes:
     if req.parameters:
         body["parameters"] = req.parameters
     if req.outputs:
-        body["outputs"] = [{"name": o.name, **({"parameters": o.parameters} if o.parameters else {})} for o in req.outputs]
+        body["outputs"] = [
+            {"name": o.name, **({"parameters": o.parameters} if o.parameters else {})} for o in req.outputs
+        ]
     return orjson.dumps(body)
 
 

@@ -14,8 +14,8 @@ from ...errors import BadRequest, HandlerFailure, NotFound
 from ...formatters import kserve, kserve_handler
 from ...generation.request import GenerationRequest, RequestOutput
 from ..engine_model import EngineModel
-from ..handler_model import HandlerModel
 from ..generation import output_error, submit_all, updates
+from ..handler_model import HandlerModel
 from ..metrics import GenerationObserver, ServerMetrics
 from ..registry import ModelRegistry, ServedModel
 
@@ -102,5 +102,7 @@ class DataPlane:
             model.cancel(stream)
             raise HandlerFailure("the handler streamed its answer; V2 inference needs one body of output tensors")
         if head.code != 200:
-            raise HandlerFailure(f"the handler answered {head.code}: {bytes(head.body or b'')[:500].decode(errors='replace')}")
+            raise HandlerFailure(
+                f"the handler answered {head.code}: {bytes(head.body or b'')[:500].decode(errors='replace')}"
+            )
         return kserve_handler.response_tensors(model.name, request.id, bytes(head.body or b""))
