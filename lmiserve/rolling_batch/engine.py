@@ -22,6 +22,7 @@ from .. import wire
 from ..devices import torch_dtype
 from . import graphs
 from .beam_search import BeamState
+from .beam_step import BeamSteps
 from .block_manager import BlockManager
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
@@ -30,7 +31,7 @@ from .models.spec import read_config, spec_from_config
 from .parallel import TensorParallelError, WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Group, Sequence, Status
+from .sequence import Group, Sequence
 from .sharding import Shard, check_shardable
 
 log = logging.getLogger("lmiserve.engine")
@@ -72,7 +73,7 @@ def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-class Engine:
+class Engine(BeamSteps):
     def __init__(self, config: EngineConfig, on_rank_failure: Callable[[str], None] | None = None):
         """``on_rank_failure``: called when a tensor-parallel rank dies while the engine runs
         (the engine process exits); without it, the next step raises :class:`TensorParallelError`."""
@@ -344,70 +345,6 @@ class Engine:
                 self.sampler.forget(seq)
                 self._maybe_done(seq.group)
             deltas.append(delta)
-
-    # --- beam search ----------------------------------------------------------------------
-    def _beam_step(self, group: Group, logits: torch.Tensor, rows: dict[int, int], deltas: list[wire.SeqDelta]) -> None:
-        state = group.beam
-        assert state is not None
-        p = group.params
-        beams = state.running
-        index = torch.tensor([rows[s.seq_id] for s in beams], dtype=torch.long, device=logits.device)
-        logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-        at_limit = [s.num_generated + 1 >= p.max_new_tokens or s.num_tokens + 1 >= self.max_model_len for s in beams]
-        eos = frozenset() if p.ignore_eos else frozenset(self.eos_token_ids)
-        survivors = state.step(logprobs, eos, at_limit)
-        # a beam chosen once continues in place; chosen again, it is forked (before it grows)
-        taken: set[int] = set()
-        children: list[Sequence] = []
-        for candidate in survivors:
-            parent = beams[candidate.parent]
-            if candidate.parent in taken:
-                children.append(self._fork(parent))
-            else:
-                taken.add(candidate.parent)
-                children.append(parent)
-        for child, candidate in zip(children, survivors):
-            child.token_ids.append(candidate.token)
-            child.token_logprobs.append(candidate.logprob)
-            child.cumulative_logprob = candidate.cumulative
-            self.generated_tokens += 1
-        for i, seq in enumerate(beams):
-            if i not in taken:
-                self.scheduler.finish(seq, "pruned")
-        state.running, state.scores = children, [c.cumulative for c in survivors]
-        if not state.done:
-            return
-        for seq in children:
-            self.scheduler.finish(seq, "pruned")
-        leader = group.leader
-        for rank, hyp in enumerate(state.results()):
-            delta = wire.SeqDelta(
-                request_id=group.request_id,
-                index=rank,
-                token_ids=hyp.tokens,
-                logprobs=hyp.logprobs,
-                cumulative_logprob=hyp.score,
-                finish_reason=hyp.finish_reason,
-                num_prompt_tokens=leader.num_prompt_tokens,
-                num_cached_tokens=leader.num_cached_prompt_tokens,
-                batch_size=self._step_size,
-            )
-            deltas.append(delta)
-        self._maybe_done(group)
-
-    def _fork(self, parent: Sequence) -> Sequence:
-        group = parent.group
-        child = Sequence(group, len(group.sequences), list(parent.token_ids), parent.num_prompt_tokens)
-        child.block_table = self.blocks.fork(parent)
-        child.num_computed = parent.num_computed
-        child.num_hashed_blocks = parent.num_hashed_blocks
-        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-        child.token_logprobs = list(parent.token_logprobs)
-        child.first_scheduled = parent.first_scheduled
-        child.status = Status.RUNNING
-        group.sequences.append(child)
-        self.scheduler.running.append(child)
-        return child
 
     def _queue_us(self, seq: Sequence) -> int:
         """How long the sequence waited for this token: before its first step for the first
