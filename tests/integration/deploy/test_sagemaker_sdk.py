@@ -109,11 +109,13 @@ def test_deploy_predict_stream_delete(session, emulator, container):
     assert lines[-1]["generated_text"] == expected["generated_text"]
     assert session.proxy.requests[-1]["action"] == "invocations-response-stream"
 
-    # a bad request comes back as the runtime's ModelError, with the container's message
+    # a bad request comes back as the runtime's ModelError, with the container's status and body
+    # (LMI's documented answer to a bad parameter value: 400 and an error response)
     with pytest.raises(ClientError) as err:
         predictor.predict({"inputs": "x", "parameters": {"max_new_tokens": -1}})
     assert err.value.response["Error"]["Code"] == "ModelError"
-    assert "max_new_tokens" in err.value.response["Error"]["Message"]
+    message = err.value.response["Error"]["Message"]
+    assert "(400)" in message and '"finish_reason":"error"' in message
 
     # delete: the model (found through the endpoint's configuration), then the endpoint and its configuration
     predictor.delete_model()
