@@ -15,7 +15,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 
 from .. import wire
-from ..child import exit_description, spawn
+from ..child import ChildProcess, exit_description, spawn
 from ..errors import LmiServeError, WorkerDied
 
 log = logging.getLogger("lmiserve.engine_client")
@@ -127,7 +127,7 @@ class ProcessEngineClient(EngineClient):
         self.heartbeat_timeout = heartbeat_timeout
         self._stall: str | None = None
         self._watchdog: asyncio.Task[None] | None = None
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: ChildProcess | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self.stopping = False

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from .. import wire
-from ..child import exit_description, spawn
+from ..child import ChildProcess, exit_description, spawn
 from ..errors import LmiServeError, PredictTimeout, WorkerDied
 from .response_stream import ResponseStream
 
@@ -28,7 +28,7 @@ class WorkerProcess:
         self.init = init
         self.worker_id = init.worker_id
         self.env = env
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: ChildProcess | None = None
         self.ready = False
         self.busy = False
         self.last_activity = time.monotonic()
