@@ -89,8 +89,27 @@ def load_kernels() -> bool:
         return False
 
 
+@functools.cache
+def bf16_packing_supported() -> bool:
+    """Whether oneDNN runs bf16 matrix products on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT);
+    where it does not (an AVX2-only CPU), bf16 weights stay unpacked and ``F.linear`` runs them."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an older or newer torch without the probe: try it
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_BATCH_HINT)
+            supported = True
+        except RuntimeError:
+            supported = False
+    if not supported:
+        log.info("this CPU has no oneDNN bf16 matrix products; bf16 weights are not prepacked")
+    return supported
+
+
 def _can_pack(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    return weight.dtype == torch.bfloat16 and bf16_packing_supported()
 
 
 class CpuOps(ReferenceOps):
