@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from . import graphs
 from .beam_search import BeamState
 from .beam_step import BeamSteps
 from .block_manager import BlockManager
+from .engine_config import EngineConfig
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
 from .model_runner import ModelRunner, StepLogits
@@ -32,34 +32,14 @@ from .parallel import TensorParallelError, WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Group, Sequence
-from .sharding import Shard, check_shardable
+from .shard_check import check_shardable
+from .sharding import Shard
 
 log = logging.getLogger("lmiserve.engine")
 
 
 class RequestRejected(ValueError):
     """The engine cannot take this request (the API layer should have refused it first)."""
-
-
-@dataclass
-class EngineConfig:
-    model_dir: Path
-    dtype: str = "fp32"
-    device: str = "cpu"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    block_size: int = 16
-    kv_cache_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    ops: str = "auto"
-    tensor_parallel_degree: int = 1
-    max_prefill_seqs: int | None = None
-    enforce_eager: bool = False
-    """No device graphs: every step runs kernel by kernel."""
-    deterministic: bool = False
-    """A request's tokens do not depend on the rest of the batch (:mod:`.ops.batch_invariant`)."""
 
 
 def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:

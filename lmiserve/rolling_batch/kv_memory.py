@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .engine import EngineConfig
+from .engine_config import EngineConfig
 
 GIB = 1024**3
 CPU_KV_DEFAULT_BYTES = 2 * GIB

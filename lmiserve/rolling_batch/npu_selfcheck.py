@@ -214,7 +214,8 @@ def tiny_model(out: Path) -> Path:
 
 def greedy(model_dir: Path, device: str, ops: str, dtype: str) -> tuple[list[list[int]], dict[str, Any]]:
     from ..wire import SamplingParams
-    from .engine import Engine, EngineConfig
+    from .engine import Engine
+    from .engine_config import EngineConfig
 
     engine = Engine(
         EngineConfig(

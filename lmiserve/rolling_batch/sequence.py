@@ -9,12 +9,9 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..wire import SamplingParams
-
-if TYPE_CHECKING:
-    from .beam_search import BeamState
 
 _ids = itertools.count()
 
@@ -33,8 +30,8 @@ class Group:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
-    beam: BeamState | None = None
-    """The search state of a beam-search request."""
+    beam: Any = None
+    """The search state of a beam-search request (a ``beam_search.BeamState``, which knows sequences)."""
 
     @property
     def leader(self) -> Sequence:

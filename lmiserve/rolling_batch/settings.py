@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..config.schema import EngineSettings, ModelSettings
 from ..devices import resolve_device, resolve_dtype
-from .engine import EngineConfig
+from .engine_config import EngineConfig
 from .parallel import resolve_degree
 
 log = logging.getLogger("lmiserve.engine")
@@ -17,11 +17,6 @@ ACCELERATOR_STEP_TOKENS = 4096
 NPU_BLOCK_SIZE = 128
 """The NPU attention kernels read the paged cache in blocks of 128 tokens (a multiple of 16 at least)."""
 BLOCK_SIZE = 16
-
-
-def engine_options(model: ModelSettings, engine: EngineSettings) -> dict[str, str]:
-    """The settings the engine process needs, as the strings that cross the process boundary."""
-    return {"model": model.model_dump_json(), "engine": engine.model_dump_json()}
 
 
 def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:

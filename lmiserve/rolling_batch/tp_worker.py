@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import logs
 from ..child import die_with_parent, ignore_stop_signals
 from ..devices import torch_dtype
-from .engine import EngineConfig
+from .engine_config import EngineConfig
 from .kv_memory import kv_cache_blocks
 from .model_runner import ModelRunner
 from .models.spec import read_config, spec_from_config

@@ -10,14 +10,12 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..config import Settings
+from ..serving import ModelAdmin, ModelPool, ModelRegistry
 from . import errors
 from .drain import Drain, DrainMiddleware
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
-from .model_admin import ModelAdmin
-from .model_pool import ModelPool
-from .registry import ModelRegistry
 from .routes import databricks, inference, kserve, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
 from .security import ApiKeys, SecurityMiddleware, management_reach

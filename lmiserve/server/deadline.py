@@ -9,12 +9,10 @@ are freed) and the request ends: with 503 and ``Retry-After`` when it never prod
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 from starlette.requests import Request
 
-from ..errors import BadRequest, LmiServeError, Overloaded, PredictTimeout
-from ..generation.request import RequestOutput
+from ..errors import BadRequest
 
 HEADER = "x-request-timeout"
 
@@ -31,10 +29,3 @@ def budget(request: Request, predict_timeout: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise BadRequest(f"X-Request-Timeout must be a positive number of seconds, not {raw[:40]!r}")
     return min(value, predict_timeout)
-
-
-def expired(outs: Iterable[RequestOutput], seconds: float) -> LmiServeError:
-    """The error of a request whose deadline passed."""
-    if not any(o.generated_tokens for o in outs):
-        return Overloaded(f"the request waited {seconds:g} s (its deadline) without being scheduled; retry later")
-    return PredictTimeout(f"the request did not finish within its deadline of {seconds:g} s; generation was aborted")

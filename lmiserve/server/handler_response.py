@@ -3,7 +3,6 @@ handler's output comes back as the response (streamed when the handler streams).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -11,9 +10,9 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import wire
 from ..errors import LmiServeError
+from ..serving import HandlerModel
 from .bodies import read_body, request_properties
 from .errors import stream_error_chunk
-from .handler_model import HandlerModel
 
 
 async def _stream_body(stream, content_type: str) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
@@ -28,12 +27,7 @@ async def invoke_handler(model: HandlerModel, request: Request, body: bytes | No
     if body is None:
         body = await read_body(request)
     item = wire.JobItem(request_id=request.state.request_id, properties=request_properties(request), body=body)
-    stream = model.submit(item)
-    try:
-        head = await stream.head
-    except asyncio.CancelledError:
-        model.cancel(stream)
-        raise
+    head, stream = await model.answer(item)
     if head.streaming:
         content_type = next((v for k, v in head.headers.items() if k.lower() == "content-type"), "")
         return StreamingResponse(_stream_body(stream, content_type), status_code=head.code, headers=head.headers)

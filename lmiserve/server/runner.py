@@ -11,12 +11,9 @@ import uvicorn
 
 from .. import __version__
 from ..config import ConfigError, Settings
+from ..serving import MIB, ModelLoadError, ModelRegistry, build_model, memory_budget
 from .app import StartupHook, create_app
 from .drain import DrainingServer
-from .handler_model import ModelLoadError
-from .model_factory import build_model
-from .model_pool import MIB, memory_budget
-from .registry import ModelRegistry
 
 log = logging.getLogger("lmiserve")
 

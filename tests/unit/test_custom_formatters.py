@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lmiserve.errors import BadRequest, ValidationFailed
-from lmiserve.formatters import custom_input, lmi_rolling
+from lmiserve.formatters import lmi_rolling
 from lmiserve.formatters.request_io import TextInput, generation_output
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
+from lmiserve.handlers import custom_formatters as custom_input
 from lmiserve.handlers.custom_formatters import formatters_only, load_custom_formatters
 from lmiserve.handlers.loader import HandlerLoadError
 

@@ -6,6 +6,7 @@ from starlette.requests import Request
 from lmiserve.errors import BadRequest, Overloaded, PredictTimeout
 from lmiserve.generation.request import RequestOutput, SequenceOutput
 from lmiserve.server import deadline
+from lmiserve.serving.respond import expired
 
 
 def request(value: str | None) -> Request:
@@ -26,7 +27,7 @@ def test_budget_refuses_a_bad_header(value):
 
 def test_a_request_that_never_produced_a_token_was_shed():
     out = RequestOutput(request_id="r", prompt="p", prompt_token_ids=[1], sequences=[SequenceOutput(index=0)])
-    err = deadline.expired([out], 2.0)
+    err = expired([out], 2.0)
     assert isinstance(err, Overloaded) and err.status == 503 and err.headers["Retry-After"]
 
 
@@ -34,5 +35,5 @@ def test_a_request_that_started_timed_out():
     seq = SequenceOutput(index=0)
     seq.tokens.append(object())
     out = RequestOutput(request_id="r", prompt="p", prompt_token_ids=[1], sequences=[seq])
-    err = deadline.expired([out], 2.0)
+    err = expired([out], 2.0)
     assert isinstance(err, PredictTimeout) and err.status == 504

@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 import djl_python
-from lmiserve.formatters import custom, request_io
+from lmiserve.formatters import request_io
+from lmiserve.handlers import custom_formatters as custom
 from lmiserve.handlers.inputs import Input
 from lmiserve.handlers.outputs import Output
 

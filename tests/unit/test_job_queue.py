@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from lmiserve.server.job_queue import JobQueue, QueueFull
+from lmiserve.serving.job_queue import JobQueue, QueueFull
 
 
 def run(coro):

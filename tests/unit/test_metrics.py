@@ -11,16 +11,11 @@ from starlette.responses import StreamingResponse
 
 from lmiserve import wire
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
-from lmiserve.server.engine_model import EngineModel
-from lmiserve.server.metrics import (
-    CONTENT_TYPE,
-    EngineCounters,
-    ModelSnapshot,
-    ServerMetrics,
-    engine_snapshot,
-)
+from lmiserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from lmiserve.server.middleware import MetricsMiddleware
 from lmiserve.server.routes import metrics as metrics_routes
+from lmiserve.serving.engine_model import EngineModel
+from lmiserve.serving.snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
 
 def stats(**kw) -> wire.EngineStats:

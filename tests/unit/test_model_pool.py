@@ -6,10 +6,10 @@ import pytest
 
 from lmiserve.config import load_settings
 from lmiserve.errors import Conflict, InsufficientMemory, ModelLoadFailed, NotFound
-from lmiserve.server import model_pool
-from lmiserve.server.handler_model import ModelLoadError
-from lmiserve.server.model_pool import MIB, ModelPool, required_memory
-from lmiserve.server.registry import ModelRegistry
+from lmiserve.serving import model_pool
+from lmiserve.serving.handler_model import ModelLoadError
+from lmiserve.serving.model_pool import MIB, ModelPool, required_memory
+from lmiserve.serving.registry import ModelRegistry
 
 
 class FakeModel:

@@ -6,10 +6,11 @@ from lmiserve.config import load_settings
 from lmiserve.errors import ValidationFailed
 from lmiserve.generation.request import GenerationRequest
 from lmiserve.rolling_batch import settings as engine_settings
-from lmiserve.rolling_batch.settings import engine_config, engine_options
-from lmiserve.server import model_factory
-from lmiserve.server.engine_model import EngineModel, engine_env
-from lmiserve.server.handler_model import ModelLoadError
+from lmiserve.rolling_batch.engine_config import engine_options
+from lmiserve.rolling_batch.settings import engine_config
+from lmiserve.serving import model_factory
+from lmiserve.serving.engine_model import EngineModel, engine_env
+from lmiserve.serving.handler_model import ModelLoadError
 from lmiserve.wire import SamplingParams
 
 

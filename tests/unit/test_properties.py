@@ -28,7 +28,7 @@ def test_last_value_wins_and_empty_value():
 
 
 def test_embedding_architectures_detected():
-    from lmiserve.server.model_factory import is_embedding_model
+    from lmiserve.serving.model_factory import is_embedding_model
 
     assert is_embedding_model(["BertModel"]) and is_embedding_model(["XLMRobertaModel"])
     assert not is_embedding_model(["LlamaForCausalLM"]) and not is_embedding_model([])

@@ -11,11 +11,12 @@ from lmiserve.config import load_settings
 from lmiserve.config.show import render
 from lmiserve.errors import Forbidden
 from lmiserve.server.app import create_app
-from lmiserve.server.handler_model import ModelLoadError
-from lmiserve.server.model_admin import model_location
-from lmiserve.server.model_factory import build_model
-from lmiserve.server.registry import ModelRegistry
-from lmiserve.server.security import ApiKeys, remote_code_refusal
+from lmiserve.server.security import ApiKeys
+from lmiserve.serving.handler_model import ModelLoadError
+from lmiserve.serving.model_admin import model_location
+from lmiserve.serving.model_factory import build_model
+from lmiserve.serving.model_paths import remote_code_refusal
+from lmiserve.serving.registry import ModelRegistry
 
 KEY = "k-3f9a1c0e5d7b"
 
@@ -173,7 +174,7 @@ def test_registration_stays_inside_model_roots(tmp_path):
 
 def test_default_model_root_is_the_model_directory(tmp_path):
     settings = settings_for(tmp_path)
-    from lmiserve.server.security import model_roots
+    from lmiserve.serving.model_paths import model_roots
 
     assert model_roots(settings) == [settings.model_dir.resolve()]
     configured = settings_for(tmp_path, serving_model_roots=f"{tmp_path}/a, {tmp_path}/b")

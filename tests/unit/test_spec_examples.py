@@ -342,7 +342,8 @@ def test_databricks_chat_accepts_what_its_reference_allows():
 
 def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
     from lmiserve.formatters import databricks, openai_completions
-    from lmiserve.server.generation import _truncated_stream, truncate
+    from lmiserve.serving.respond import truncate
+    from lmiserve.serving.respond import truncated_stream as _truncated_stream
 
     from .test_protocol_golden import output
 

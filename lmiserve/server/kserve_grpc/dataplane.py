@@ -6,34 +6,24 @@ requests in and answers (or :class:`~lmiserve.errors.LmiServeError`) out.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+from collections.abc import Awaitable, Callable
 
 from ... import __version__, wire
 from ...errors import BadRequest, HandlerFailure, NotFound
 from ...formatters import kserve, kserve_handler
-from ...generation.request import GenerationRequest, RequestOutput
-from ..engine_model import EngineModel
-from ..generation import output_error, submit_all, updates
-from ..handler_model import HandlerModel
-from ..metrics import GenerationObserver, ServerMetrics
-from ..registry import ModelRegistry, ServedModel
-
-
-async def generate(
-    model: EngineModel, requests: list[GenerationRequest], observer: GenerationObserver | None = None
-) -> list[RequestOutput]:
-    """Run ``requests`` to the end; the first failed one raises. Cancelling the caller aborts
-    whatever is still running."""
-    gens = submit_all(model, requests)
-    async with contextlib.aclosing(updates(model, gens, observer)) as stream:
-        async for _ in stream:
-            pass
-    outs = [g.output for g in gens]
-    failed = next((o for o in outs if o.error is not None), None)
-    if failed is not None:
-        raise output_error(failed)
-    return outs
+from ...serving import (
+    DeadlinePassed,
+    EngineModel,
+    HandlerModel,
+    ModelRegistry,
+    ServedModel,
+    expired,
+    output_error,
+    run_to_end,
+    submit_all,
+    unless_gone,
+)
+from ..metrics import ServerMetrics
 
 
 class DataPlane:
@@ -74,14 +64,34 @@ class DataPlane:
         model = self.model(name, version)
         return kserve.model_metadata(model.name, isinstance(model, EngineModel))
 
-    async def infer(self, name: str | None, version: str, request: kserve.InferRequest) -> kserve.InferResponse:
+    async def infer(
+        self,
+        name: str | None,
+        version: str,
+        request: kserve.InferRequest,
+        seconds: float | None = None,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+    ) -> kserve.InferResponse | None:
+        """The answer, or None when the client went away first (what ran for it is stopped).
+        A generation gets the model's ``predict_timeout``, or ``seconds`` when that is less."""
         served = self.model(name, version)
         if isinstance(served, HandlerModel):
-            return await self.infer_handler(served, request)
+            return await unless_gone(self.infer_handler(served, request), disconnected)
         model = self.engine_model(name, version)
         plan = kserve.plan(request)
         observer = self.metrics.observer(model.name) if self.metrics is not None else None
-        outs = await generate(model, plan.generation_requests(), observer)
+        limit = float(model.settings.model.predict_timeout)
+        limit = limit if seconds is None else min(limit, seconds)
+        gens = submit_all(model, plan.generation_requests())
+        try:
+            outs = await run_to_end(model, gens, limit, observer, disconnected)
+        except DeadlinePassed:
+            raise expired([g.output for g in gens], limit) from None
+        if outs is None:
+            return None
+        failed = next((o for o in outs if o.error is not None), None)
+        if failed is not None:
+            raise output_error(failed)
         return plan.response(model.name, [plan.text(o) for o in outs])
 
     async def infer_handler(self, model: HandlerModel, request: kserve.InferRequest) -> kserve.InferResponse:
@@ -92,12 +102,7 @@ class DataPlane:
             properties={"Content-Type": "application/json"},
             body=kserve_handler.request_body(request),
         )
-        stream = model.submit(item)
-        try:
-            head = await stream.head
-        except asyncio.CancelledError:
-            model.cancel(stream)
-            raise
+        head, stream = await model.answer(item)
         if head.streaming:
             model.cancel(stream)
             raise HandlerFailure("the handler streamed its answer; V2 inference needs one body of output tensors")

@@ -24,8 +24,8 @@ import grpc  # noqa: E402
 from ...config import Settings
 from ...errors import BadRequest, LmiServeError
 from ...formatters import kserve
+from ...serving import ModelRegistry
 from ..metrics import ServerMetrics
-from ..registry import ModelRegistry
 from ..security import ApiKeys
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -158,7 +158,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        resp = await self.plane.infer(request.model_name, request.model_version, infer_request(request))
+        # the client's gRPC deadline, if it set one, caps the model's predict_timeout; a cancelled
+        # call cancels this coroutine, which stops the generation
+        remaining = context.time_remaining()
+        resp = await self.plane.infer(request.model_name, request.model_version, infer_request(request), remaining)
         return infer_response(resp, raw=bool(request.raw_input_contents))
 
 

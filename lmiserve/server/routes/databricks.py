@@ -13,10 +13,9 @@ from starlette.responses import Response
 
 from ...formatters import databricks, openai_chat, openai_completions
 from ...formatters.openai_common import Style
+from ...serving import EngineModel, ServedModel
 from ..bodies import read_body
-from ..engine_model import EngineModel
 from ..generation import respond
-from ..registry import ServedModel
 from .openai import chat_prompt, embeddings, engine_model
 
 router = APIRouter()

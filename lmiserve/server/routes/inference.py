@@ -25,18 +25,22 @@ from starlette.responses import Response
 from ...errors import BadRequest, NotFound
 from ...formatters.openai_common import JSONLINES_FRAMING, SSE_FRAMING, Style
 from ...formatters.shapes import invocation_shape
-from ..bedrock import invoke_bedrock, is_bedrock_body
+from ...serving import (
+    EMBEDDING_HANDLER,
+    TEXT_GENERATION_HANDLER,
+    EngineModel,
+    HandlerModel,
+    Lease,
+    ModelPool,
+    ServedModel,
+)
 from ..bodies import read_body
-from ..engine_model import EngineModel
-from ..handler_model import HandlerModel
 from ..handler_response import invoke_handler
 from ..metrics import STATE_KEY
-from ..model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
-from ..model_pool import Lease, ModelPool
-from ..registry import ServedModel
-from ..rolling import invoke_rolling
+from .bedrock import invoke_bedrock, is_bedrock_body
 from .kserve import kserve_infer
 from .openai import chat, completions, embeddings
+from .rolling import invoke_rolling
 
 router = APIRouter()
 

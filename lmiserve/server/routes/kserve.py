@@ -4,7 +4,6 @@ tensor extension) and the ``generate`` / ``generate_stream`` extension. Errors a
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from typing import Any
 
@@ -14,9 +13,9 @@ from starlette.responses import Response
 
 from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
 from ...formatters import kserve, kserve_handler
-from .. import handler_response
-from ..generation import respond
-from ..handler_model import HandlerModel
+from ...serving import HandlerModel
+from .. import deadline, handler_response
+from ..generation import respond, wait_for_disconnect
 from ..kserve_grpc.dataplane import DataPlane
 from ..metrics import STATE_KEY
 
@@ -55,25 +54,15 @@ async def _body(request: Request) -> bytes:
     return data
 
 
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _infer(request: Request, name: str | None, version: str, req: kserve.InferRequest) -> Response:
     plane = _plane(request)
-    setattr(request.state, STATE_KEY, plane.engine_model(name, version).name)  # the metrics' model label
-    work = asyncio.ensure_future(plane.infer(name, version, req))
-    gone = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not work.done():  # the client went away: stop generating for it
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
+    model = plane.engine_model(name, version)
+    setattr(request.state, STATE_KEY, model.name)  # the metrics' model label
+    seconds = deadline.budget(request, float(model.settings.model.predict_timeout))
+    answer = await plane.infer(name, version, req, seconds, lambda: wait_for_disconnect(request))
+    if answer is None:  # the client went away: what ran for it was stopped
         return Response(status_code=499)
-    body, header_length = kserve.rest_body(work.result())
+    body, header_length = kserve.rest_body(answer)
     if header_length is None:
         return Response(body, media_type="application/json")
     headers = {kserve.HEADER_LENGTH: str(header_length)}

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ...errors import BadRequest, NotFound
-from ..model_admin import ModelAdmin
+from ...serving import ModelAdmin
 
 router = APIRouter()
 

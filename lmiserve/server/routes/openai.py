@@ -9,13 +9,11 @@ from starlette.responses import Response
 from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
+from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel
 from ..bodies import read_body
-from ..engine_model import EngineModel
 from ..errors import error_response
 from ..generation import respond
-from ..handler_model import HandlerModel
 from ..handler_response import invoke_handler
-from ..model_factory import EMBEDDING_HANDLER
 
 router = APIRouter()
 

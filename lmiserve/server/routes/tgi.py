@@ -10,8 +10,8 @@ from starlette.responses import Response
 from ... import __version__
 from ...errors import BadRequest, ModelNotReady, NotFound
 from ...formatters import mindie_tgi, tgi
+from ...serving import EngineModel
 from ..bodies import read_body
-from ..engine_model import EngineModel
 from ..generation import respond
 
 router = APIRouter()

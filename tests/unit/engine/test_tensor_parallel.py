@@ -13,9 +13,9 @@ from lmiserve.rolling_batch.engine import Engine, EngineConfig
 from lmiserve.rolling_batch.models.spec import ModelSpec
 from lmiserve.rolling_batch.models.weights import SKIP, load_state_dict
 from lmiserve.rolling_batch.parallel import TensorParallelError
+from lmiserve.rolling_batch.shard_check import check_shardable
 from lmiserve.rolling_batch.sharding import (
     Shard,
-    check_shardable,
     head_range,
     kv_head_range,
     local_spec,

@@ -13,8 +13,8 @@ from .. import wire
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded
 from .job_queue import JobQueue, QueueFull
-from .metrics import ModelSnapshot
 from .response_stream import ResponseStream
+from .snapshot import ModelSnapshot
 from .worker_process import WorkerProcess, WorkerStartError, worker_env
 
 log = logging.getLogger("lmiserve.model")
@@ -210,6 +210,16 @@ class HandlerModel:
             raise Overloaded(f"model {self.name}: job queue is full ({exc}); retry later") from None
         self._maybe_scale_up()
         return stream
+
+    async def answer(self, item: wire.JobItem) -> tuple[wire.ResponseHead, ResponseStream]:
+        """Run ``item`` and wait for the head of its answer (the body follows on the stream);
+        a caller that is cancelled while it waits drops the job."""
+        stream = self.submit(item)
+        try:
+            return await stream.head, stream
+        except asyncio.CancelledError:
+            self.cancel(stream)
+            raise
 
     def cancel(self, stream: ResponseStream) -> None:
         """Drop a request whose client has gone, if it is still waiting."""

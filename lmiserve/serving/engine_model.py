@@ -17,13 +17,14 @@ from ..errors import ModelNotReady, Overloaded, ValidationFailed
 from ..generation import limits
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest
+from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
 from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngineClient
+from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
-from ..rolling_batch.settings import engine_options
-from ..rolling_batch.sharding import check_shardable
+from ..rolling_batch.shard_check import check_shardable
 from .handler_model import ModelLoadError
-from .metrics import EngineCounters, ModelSnapshot, engine_snapshot
+from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
 log = logging.getLogger("lmiserve.model")
 
@@ -92,14 +93,12 @@ class EngineModel:
         cfg = self.settings.model
 
         def load() -> tuple[Path, Any]:
-            from transformers import AutoTokenizer
-
             path = resolve_model(cfg.model_id, self.settings.model_dir)
             if self.backend != "vllm":  # refuse early, in one line, what the engine would refuse
                 spec = spec_from_config(read_config(path))
                 if cfg.tensor_parallel_degree != "max":
                     check_shardable(spec, cfg.tensor_parallel_degree)
-            return path, AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+            return path, load_tokenizer(path, cfg.trust_remote_code)
 
         self.path, self.tokenizer = await asyncio.to_thread(load)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import Response
 
-from ..errors import ValidationFailed
-from ..formatters import bedrock
-from .engine_model import EngineModel
-from .generation import respond
+from ...errors import ValidationFailed
+from ...formatters import bedrock
+from ...serving import EngineModel
+from ..generation import respond
 
 
 def is_bedrock_body(data: object) -> bool:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formatters.custom import content_type_of, formatter_kind
-from .loader import USER_MODULE, HandlerLoadError, _import_file
+from ..loader import USER_MODULE, HandlerLoadError, _import_file
+from .decorators import content_type_of, formatter_kind
 
 BUILTIN_FORMATS = ("json", "jsonlines", "sse")
 HANDLER_FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")

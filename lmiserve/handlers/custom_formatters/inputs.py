@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
-from ..errors import BadRequest, ValidationFailed
-from . import lmi_rolling
-from .request_io import RequestInput, TextInput
+from ...errors import BadRequest, LmiServeError, ValidationFailed
+from ...formatters import lmi_rolling
+from ...formatters.request_io import RequestInput, TextInput
+from ..inputs import Input
 
 
 @dataclass
@@ -77,3 +78,22 @@ def to_request(
     if found.messages is not None:
         parsed.generation.add_special_tokens = False  # the chat template has them
     return parsed
+
+
+def parse_custom(
+    input_formatter: Callable[..., Any],
+    body: bytes,
+    properties: dict[str, str],
+    defaults: lmi_rolling.Defaults,
+    render_chat: Callable[[list[dict[str, Any]]], str],
+) -> lmi_rolling.ParsedRequest:
+    """The request ``input_formatter`` makes of a body (given as DJL's ``Input``); a formatter
+    that raises refuses the body (400)."""
+    try:
+        result = input_formatter(Input(properties, [("data", body)]))
+    except LmiServeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's input formatter refused the body
+        name = getattr(input_formatter, "__name__", "input_formatter")
+        raise BadRequest(f"input formatter {name} failed: {type(exc).__name__}: {exc}") from None
+    return to_request(normalize(result), defaults, render_chat)

@@ -13,8 +13,8 @@ from ..model_store import ModelNotFound, architectures
 from ..rolling_batch.models.spec import ARCHITECTURES
 from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
+from .model_paths import remote_code_refusal
 from .registry import ServedModel
-from .security import remote_code_refusal
 
 TEXT_GENERATION_HANDLER = "lmiserve.handlers.text_generation"
 EMBEDDING_HANDLER = "lmiserve.handlers.embedding"

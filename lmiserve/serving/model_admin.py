@@ -19,8 +19,8 @@ from ..errors import BadRequest, Conflict, LmiServeError
 from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
 from .model_factory import build_model
+from .model_paths import check_model_path, model_roots
 from .registry import ModelRegistry, ServedModel
-from .security import check_model_path, model_roots
 
 log = logging.getLogger("lmiserve.management")
 

@@ -1,0 +1,58 @@
+"""The served-model runtime: models (on the engine or on handler workers), their registry,
+loading and unloading, the multi-model pool, and running generation requests to an answer.
+
+It knows no HTTP framework: ``lmiserve.server`` turns requests into calls on these names and
+their :class:`Reply` into responses.
+"""
+
+from .engine_model import EngineModel
+from .generation import Generation, Observer, submit_all, updates
+from .handler_model import HandlerModel, ModelLoadError
+from .model_admin import ModelAdmin
+from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
+from .model_pool import MIB, Lease, ModelPool, memory_budget
+from .registry import ModelRegistry, ServedModel
+from .respond import (
+    DeadlinePassed,
+    Reply,
+    Responder,
+    error_reply,
+    expired,
+    output_error,
+    respond,
+    run_to_end,
+    timing_headers,
+    unless_gone,
+)
+from .snapshot import ModelSnapshot
+
+__all__ = [
+    "EMBEDDING_HANDLER",
+    "MIB",
+    "TEXT_GENERATION_HANDLER",
+    "DeadlinePassed",
+    "EngineModel",
+    "Generation",
+    "HandlerModel",
+    "Lease",
+    "ModelAdmin",
+    "ModelLoadError",
+    "ModelPool",
+    "ModelRegistry",
+    "ModelSnapshot",
+    "Observer",
+    "Reply",
+    "Responder",
+    "ServedModel",
+    "build_model",
+    "error_reply",
+    "expired",
+    "memory_budget",
+    "output_error",
+    "respond",
+    "run_to_end",
+    "submit_all",
+    "timing_headers",
+    "unless_gone",
+    "updates",
+]

@@ -1,0 +1,85 @@
+"""Generation requests in flight: submitting them to an engine model and following their updates."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import LmiServeError
+from ..generation.output_processor import OutputProcessor
+from ..generation.request import GenerationRequest, RequestOutput
+from .engine_model import EngineModel
+
+
+class Observer(Protocol):
+    """Sees every update of a request's generations, and their end (the metrics)."""
+
+    def on_update(self, out: RequestOutput) -> None: ...
+
+    def close(self, outs: Iterable[RequestOutput], failed: bool) -> None: ...
+
+
+@dataclass
+class Generation:
+    request_id: str
+    processor: OutputProcessor
+    stream: Any
+
+    @property
+    def output(self) -> RequestOutput:
+        return self.processor.output
+
+
+def submit_all(model: EngineModel, requests: list[GenerationRequest]) -> list[Generation]:
+    """Hand every request to the engine; if one is refused, the ones already sent are aborted."""
+    started: list[Generation] = []
+    try:
+        for req in requests:
+            started.append(Generation(*model.submit(req)))
+    except LmiServeError:
+        for g in started:
+            model.abort(g.request_id)
+        raise
+    return started
+
+
+async def updates(
+    model: EngineModel, gens: list[Generation], observer: Observer | None = None
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Updates of every generation as they happen; raises the first error. Each delta is
+    applied just before its update is yielded, so the consumer sees every update in turn
+    (and so does ``observer``, which keeps the metrics). Closing the iterator (a client that
+    went away) aborts whatever is still running."""
+    iterators = [g.stream.__aiter__() for g in gens]
+    waiting = {asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)}
+    failed = False
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: waiting[t]):
+                index = waiting.pop(task)
+                try:
+                    delta = task.result()
+                except StopAsyncIteration:
+                    continue
+                g = gens[index]
+                if g.processor.apply(delta):
+                    model.abort(g.request_id, delta.index)
+                if observer is not None:
+                    observer.on_update(g.output)
+                yield index, g.output
+                if not g.output.finished:
+                    waiting[asyncio.ensure_future(iterators[index].__anext__())] = index
+    except Exception:
+        failed = True
+        raise
+    finally:
+        for task in waiting:
+            task.cancel()
+        if observer is not None:
+            observer.close((g.output for g in gens), failed)
+        for g in gens:
+            if not g.output.finished:
+                model.abort(g.request_id)

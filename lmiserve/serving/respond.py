@@ -1,0 +1,295 @@
+"""Answering generation requests in a protocol, whatever the transport.
+
+Every text-generation answer works the same way: submit one or more
+:class:`GenerationRequest`\\ s to the engine, then either stream each update through the
+protocol's :class:`Responder` or wait for the end and send one body, within the request's
+deadline and for as long as the client stays. :func:`respond` does this for every protocol
+(LMI, TGI, MindIE, OpenAI, Databricks, KServe V2, Bedrock, a model's own output formatter) and
+returns a transport-neutral :class:`Reply`; HTTP turns it into a response, gRPC into a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import GenerationError, LmiServeError, Overloaded, PredictTimeout, ValidationFailed
+from ..generation.request import GenerationRequest, RequestOutput
+from .generation import Generation, Observer, submit_all, updates
+
+JSON = "application/json"
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
+
+
+class Responder(Protocol):
+    """A protocol's view of one request's generations (see ``lmiserve.formatters``).
+
+    Optional attributes: ``start(outs)`` sees every output before the first update (usage in
+    every chunk); ``collect(index, out)`` sees every update of an unstreamed request (a formatter
+    that answers with what it said at each update); ``hold_headers`` keeps the status back until
+    a chunk has something to send, so a failure before that is an error status; and
+    ``truncate_on_timeout`` ends a request whose time ran out as if it reached its length."""
+
+    stream: bool
+    media_type: str
+
+    def chunk(self, index: int, out: RequestOutput) -> bytes: ...
+
+    def end(self, outs: list[RequestOutput]) -> bytes: ...
+
+    def body(self, outs: list[RequestOutput]) -> bytes: ...
+
+    def error_chunk(self, message: str) -> bytes: ...
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]: ...
+
+
+@dataclass
+class Reply:
+    """An answer: one body, or (``chunks`` set) a stream of them after the status."""
+
+    status: int = 200
+    body: bytes = b""
+    media_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: AsyncIterator[bytes] | None = None
+
+
+class DeadlinePassed(Exception):
+    """The request's time ran out before every output finished."""
+
+
+def expired(outs: Iterable[RequestOutput], seconds: float) -> LmiServeError:
+    """The error of a request whose deadline passed: 503 when it never produced a token (it was
+    shed from the queue rather than served late), 504 otherwise."""
+    if not any(o.generated_tokens for o in outs):
+        return Overloaded(f"the request waited {seconds:g} s (its deadline) without being scheduled; retry later")
+    return PredictTimeout(f"the request did not finish within its deadline of {seconds:g} s; generation was aborted")
+
+
+def output_error(out: RequestOutput) -> LmiServeError:
+    """The error an output ended with: a refused request is a validation error."""
+    message = out.error or "generation failed"
+    return ValidationFailed(message) if out.error_kind == "validation" else GenerationError(message)
+
+
+def timing_headers(outs: list[RequestOutput]) -> dict[str, str]:
+    """TGI's timing headers: queue and inference time (ms), time per token, token counts."""
+    if not outs:
+        return {}
+    arrival = min(o.arrival for o in outs)
+    end = max(o.finished_at or o.arrival for o in outs)
+    queue_ms = max((o.queue_us[0] if o.queue_us else 0) for o in outs) / 1000
+    generated = sum(o.generated_tokens for o in outs)
+    total_ms = (end - arrival) * 1000
+    inference_ms = max(0.0, total_ms - queue_ms)
+    return {
+        "x-queue-time": str(int(queue_ms)),
+        "x-inference-time": str(int(inference_ms)),
+        "x-time-per-token": str(int(inference_ms / generated)) if generated else "0",
+        "x-prompt-tokens": str(sum(len(o.prompt_token_ids) for o in outs)),
+        "x-generated-tokens": str(generated),
+    }
+
+
+def truncate(outs: list[RequestOutput]) -> None:
+    """End every unfinished sequence where it is, as if it had reached its length."""
+    for out in outs:
+        for seq in out.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason = "length"
+                seq.new_tokens = []
+
+
+async def truncated_stream(responder: Responder, outs: list[RequestOutput]) -> AsyncIterator[bytes]:
+    """The end of a stream whose time ran out: each unfinished sequence ends with ``length``."""
+    for index, out in enumerate(outs):
+        for seq in out.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.new_tokens = "length", []
+                out.last_index = seq.index
+                data = responder.chunk(index, out)
+                if data:
+                    yield data
+    tail = responder.end(outs)
+    if tail:
+        yield tail
+
+
+def error_reply(responder: Responder, err: LmiServeError) -> Reply:
+    status, body = responder.error_body(err)
+    return Reply(status, body, getattr(responder, "error_media_type", JSON), dict(err.headers or {}))
+
+
+async def unless_gone(work: Awaitable[Any], disconnected: Callable[[], Awaitable[None]] | None) -> Any:
+    """What ``work`` returns; None (``work`` cancelled) when the client goes away first."""
+    task = asyncio.ensure_future(work)
+    if disconnected is None:
+        return await task
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def run_to_end(
+    model: Any,
+    gens: list[Generation],
+    seconds: float,
+    observer: Observer | None = None,
+    disconnected: Callable[[], Awaitable[None]] | None = None,
+    on_update: Callable[[int, RequestOutput], None] | None = None,
+) -> list[RequestOutput] | None:
+    """Every output of ``gens`` once all have finished; None when the client went away first.
+    Raises :class:`DeadlinePassed` after ``seconds`` (what ran is aborted) and the first error."""
+    stream = updates(model, gens, observer)
+
+    async def drain() -> None:
+        async for index, out in stream:
+            if on_update is not None:
+                on_update(index, out)
+
+    consume = asyncio.ensure_future(drain())
+    gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+    try:
+        waits = {consume} if gone is None else {consume, gone}
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if gone is not None:
+            left = gone.done()
+            gone.cancel()
+        else:
+            left = False
+        if not consume.done():
+            consume.cancel()
+            await asyncio.gather(consume, return_exceptions=True)
+            await stream.aclose()
+    if not consume.done() or consume.cancelled():
+        if left:
+            return None
+        raise DeadlinePassed
+    err = consume.exception()
+    if err is not None:
+        raise err
+    return [g.output for g in gens]
+
+
+async def respond(
+    model: Any,
+    requests: list[GenerationRequest],
+    responder: Responder,
+    seconds: float,
+    observer: Observer | None = None,
+    disconnected: Callable[[], Awaitable[None]] | None = None,
+) -> Reply:
+    """Run ``requests`` and answer in ``responder``'s protocol within ``seconds``; a request whose
+    client goes away (``disconnected`` returns) is aborted."""
+    try:
+        gens = submit_all(model, requests)
+    except LmiServeError as err:
+        return error_reply(responder, err)
+    outs = [g.output for g in gens]
+    if hasattr(responder, "start"):
+        responder.start(outs)
+    if responder.stream:
+        return await _streamed(model, gens, responder, seconds, observer)
+    collect = getattr(responder, "collect", None)
+    try:
+        done = await run_to_end(model, gens, seconds, observer, disconnected, collect)
+    except DeadlinePassed:
+        if getattr(responder, "truncate_on_timeout", False):
+            truncate(outs)
+            return Reply(body=responder.body(outs), headers=timing_headers(outs))
+        return error_reply(responder, expired(outs, seconds))
+    except LmiServeError as err:
+        return error_reply(responder, err)
+    if done is None:
+        return Reply(status=CLIENT_GONE)
+    failed = next((o for o in outs if o.error is not None), None)
+    if failed is not None:
+        status, body = responder.error_body(output_error(failed))
+        return Reply(status, body)
+    media_type = getattr(responder, "body_media_type", JSON)
+    return Reply(body=responder.body(outs), media_type=media_type, headers=timing_headers(outs))
+
+
+async def _streamed(
+    model: Any, gens: list[Generation], responder: Responder, seconds: float, observer: Observer | None
+) -> Reply:
+    """The status waits for the first update (for a ``hold_headers`` responder, the first one
+    with something to send): an error before it is an error status."""
+    clock = asyncio.get_running_loop()
+    ends = clock.time() + seconds
+    outs = [g.output for g in gens]
+    stream = updates(model, gens, observer)
+    hold = getattr(responder, "hold_headers", False)
+    head: list[bytes] = []
+    try:
+        while True:
+            try:
+                index, out = await asyncio.wait_for(stream.__anext__(), ends - clock.time())
+            except StopAsyncIteration:
+                break
+            if out.error is not None:  # refused before the first byte
+                await stream.aclose()
+                return error_reply(responder, output_error(out))
+            data = responder.chunk(index, out)
+            if data:
+                head.append(data)
+            if not hold or data or out.finished:
+                break
+    except TimeoutError:
+        await stream.aclose()
+        if getattr(responder, "truncate_on_timeout", False):
+            return Reply(media_type=responder.media_type, chunks=truncated_stream(responder, outs))
+        return error_reply(responder, expired(outs, seconds))
+    except LmiServeError as err:
+        await stream.aclose()
+        return error_reply(responder, err)
+    return Reply(media_type=responder.media_type, chunks=_chunks(responder, stream, head, outs, (ends, seconds)))
+
+
+async def _chunks(
+    responder: Responder,
+    stream: AsyncIterator[tuple[int, RequestOutput]],
+    head: list[bytes],
+    outs: list[RequestOutput],
+    ends: tuple[float, float],
+) -> AsyncIterator[bytes]:
+    """The streamed body; ``ends`` is the deadline (loop time) and its length in seconds."""
+    clock = asyncio.get_running_loop()
+    try:
+        for data in head:
+            yield data
+        while True:
+            try:
+                index, out = await asyncio.wait_for(stream.__anext__(), ends[0] - clock.time())
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                if getattr(responder, "truncate_on_timeout", False):
+                    async for data in truncated_stream(responder, outs):
+                        yield data
+                    return
+                yield responder.error_chunk(expired(outs, ends[1]).detail)
+                return
+            if out.error is not None:
+                yield responder.error_chunk(out.error)
+                return
+            data = responder.chunk(index, out)
+            if data:
+                yield data
+        tail = responder.end(outs)
+        if tail:
+            yield tail
+    except LmiServeError as err:
+        yield responder.error_chunk(err.detail)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
