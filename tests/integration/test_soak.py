@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.engine_server import start
+
+pytestmark = pytest.mark.soak
 
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
 

@@ -1,4 +1,5 @@
-"""The layers of the package, read from every module's imports (static, nothing is imported).
+"""The layers of the package, read from every module's imports (static, nothing is imported),
+and the import-linter contracts of pyproject.toml.
 
 The engine knows token ids: never the HTTP server, formatters or handlers. Formatters know a
 protocol's JSON: no HTTP framework, no torch. Configuration and the base modules (errors, the
@@ -6,6 +7,8 @@ wire messages) import nothing above them.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "lmiserve"
 HTTP = ["fastapi", "starlette", "uvicorn"]
 RULES = {
-    "lmiserve.rolling_batch": ["lmiserve.server", "lmiserve.formatters", "lmiserve.handlers", *HTTP],
+    "lmiserve.rolling_batch": [
+        "lmiserve.server",
+        "lmiserve.serving",
+        "lmiserve.formatters",
+        "lmiserve.handlers",
+        *HTTP,
+    ],
+    "lmiserve.serving": ["lmiserve.server", *HTTP],
     "lmiserve.formatters": ["lmiserve.server", "lmiserve.rolling_batch", "lmiserve.handlers", "torch", *HTTP],
     "lmiserve.generation": ["lmiserve.server", "lmiserve.handlers", *HTTP],
     "lmiserve.config": ["lmiserve.server", "lmiserve.formatters", "lmiserve.handlers", "lmiserve.rolling_batch", *HTTP],
@@ -61,3 +71,24 @@ def test_relative_imports_are_resolved_to_full_names():
     """The engine imports its siblings and the wire messages relatively; the check sees them."""
     names = [m for m, _ in imported(PACKAGE / "rolling_batch" / "engine.py")]
     assert "lmiserve.rolling_batch.scheduler" in names and "lmiserve.wire" in names
+
+
+def test_import_linter_contracts_are_kept():
+    """The contracts in pyproject.toml's [tool.importlinter], direct and indirect imports alike."""
+    root = PACKAGE.parent
+    lint = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run([str(lint), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_the_server_reaches_the_serving_runtime_through_its_public_names():
+    wrong = []
+    for path in sorted((PACKAGE / "server").rglob("*.py")):
+        for module, line in imported(path):
+            parts = module.split(".")
+            if parts[:2] == ["lmiserve", "serving"] and len(parts) > 2:
+                exported = __import__("lmiserve.serving", fromlist=["__all__"]).__all__
+                if parts[2] not in exported:
+                    wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
+    assert not wrong, "\n".join(wrong)

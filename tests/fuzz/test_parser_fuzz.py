@@ -25,6 +25,8 @@ from lmiserve.formatters import (
 from lmiserve.generation import limits
 from lmiserve.generation.request import GenerationRequest
 
+pytestmark = pytest.mark.fuzz
+
 REFUSALS = (BadRequest, ValidationFailed)
 MAX_MODEL_LEN = 256
 LIMITS = limits.RequestLimits(max_new_tokens=MAX_MODEL_LEN, max_new_tokens_name="max_model_len")
