@@ -1,9 +1,18 @@
-"""Helpers for the server's child processes (handler workers, the engine)."""
+"""The server's child processes: engines, handler workers and tensor-parallel ranks.
+
+One lifecycle for all of them. The parent starts a child with :func:`spawn` (a socket pair, the
+engine and the handler workers) or :func:`start` (the tensor-parallel ranks, which meet over a
+store), in the environment :func:`child_env` builds; it reaps with :meth:`ChildProcess.reap` or
+:func:`reap_blocking` (:data:`EXIT_GRACE_S` to exit, then a kill) and names how a child ended with
+:func:`exit_description`. A child calls :func:`become_child` first (it dies with its parent and
+leaves stop signals to the server), and :func:`connect_to_parent` for its first message.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -35,6 +44,53 @@ def ignore_stop_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
         signal.siginterrupt(sig, False)
+
+
+EXIT_GRACE_S = 5.0
+"""How long a child that was asked to stop, or whose channel closed, has to exit before it is killed."""
+
+
+def become_child() -> None:
+    """What every child does first: die with the server, and let the server decide when it stops."""
+    die_with_parent()
+    ignore_stop_signals()
+
+
+def connect_to_parent(argv: list[str], first: type) -> tuple[socket.socket, object] | None:
+    """The socket to the parent (``--fd N``) and its first message, which must be a ``first``;
+    None when it is something else."""
+    from . import wire
+
+    become_child()
+    sock = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
+    init = wire.recv(sock)
+    return (sock, init) if isinstance(init, first) else None
+
+
+def child_env(threads: int | None = None, **extra: str) -> dict[str, str]:
+    """A child's environment: this one, offline (nothing is downloaded at run time), tokenizers
+    without threads of their own, ``threads`` OpenMP threads unless set, and ``extra``."""
+    env = dict(os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.update(extra)
+    return env
+
+
+def start(command: list[str]) -> subprocess.Popen[bytes]:
+    """Start a child that finds its parent by other means than a socket pair (``command``'s flags)."""
+    return subprocess.Popen(command)
+
+
+def reap_blocking(popen: subprocess.Popen[bytes], grace: float = EXIT_GRACE_S) -> int:
+    """Wait ``grace`` seconds for a child to exit, then kill it; its exit code."""
+    try:
+        return popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait()
 
 
 class ChildProcess:
@@ -74,6 +130,14 @@ class ChildProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    async def reap(self, grace: float = EXIT_GRACE_S) -> int:
+        """Wait ``grace`` seconds for the child to exit, then kill it; its exit code."""
+        try:
+            return await asyncio.wait_for(self.wait(), grace)
+        except TimeoutError:
+            self.kill()
+            return await self.wait()
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import logs, wire
-from ..child import die_with_parent, ignore_stop_signals
+from ..child import connect_to_parent
 from ..errors import LmiServeError
 from .inputs import Input
 from .loader import load_handler
@@ -137,14 +137,11 @@ def _initialise(sock: socket.socket, init: wire.InitWorker) -> Callable[[Input],
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    fd = int(argv[argv.index("--fd") + 1])
-    die_with_parent()
-    ignore_stop_signals()  # the server stops its children after draining
-    sock = socket.socket(fileno=fd)
-    init = wire.recv(sock)
-    if not isinstance(init, wire.InitWorker):
+    channel = connect_to_parent(sys.argv[1:] if argv is None else argv, wire.InitWorker)
+    if channel is None:
         return 2
+    sock, init = channel
+    assert isinstance(init, wire.InitWorker)
     logs.configure(init.log_level, f"{init.model_name} worker-{init.worker_id} pid {os.getpid()}")
     handler = _initialise(sock, init)
     if handler is None:

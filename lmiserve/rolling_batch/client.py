@@ -15,7 +15,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 
 from .. import wire
-from ..child import ChildProcess, exit_description, spawn
+from ..child import EXIT_GRACE_S, ChildProcess, exit_description, spawn
 from ..errors import LmiServeError, WorkerDied
 
 log = logging.getLogger("lmiserve.engine_client")
@@ -184,19 +184,13 @@ class ProcessEngineClient(EngineClient):
                 break
             if isinstance(msg, wire.EngineStep):
                 self._on_step(msg)
-        code = None
-        if self.process is not None:
-            try:
-                code = await asyncio.wait_for(self.process.wait(), 5)
-            except TimeoutError:
-                self.process.kill()
-                code = await self.process.wait()
+        code = await self.process.reap() if self.process is not None else None
         if not self.stopping and self._stall is None:
             log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))
         reason = self._stall or f"the engine process exited {exit_description(code)} while handling this request"
         self._gone(reason, restart=self.alive or self._stall is not None)
 
-    async def stop(self, grace: float = 10.0) -> None:
+    async def stop(self, grace: float = 2 * EXIT_GRACE_S) -> None:
         self.stopping = True
         self.alive = False
         if self._watchdog is not None:
@@ -208,11 +202,7 @@ class ProcessEngineClient(EngineClient):
             await self._writer.drain()  # type: ignore[union-attr]
         except (ConnectionError, WorkerDied):
             pass
-        try:
-            await asyncio.wait_for(self.process.wait(), grace)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
+        await self.process.reap(grace)
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)
 
@@ -266,7 +256,7 @@ class InProcessEngineClient(EngineClient):
             raise WorkerDied("the engine is not running")
         self._loop_obj.inbox.put(msg)
 
-    async def stop(self, grace: float = 10.0) -> None:
+    async def stop(self, grace: float = 2 * EXIT_GRACE_S) -> None:
         self.alive = False
         if self._loop_obj is not None:
             self._loop_obj.inbox.put(wire.Shutdown())

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import sys
 import threading
 import time
 import traceback
 
 from .. import logs, wire
-from ..child import die_with_parent, ignore_stop_signals
+from ..child import connect_to_parent
 from .engine import Engine, RequestRejected
 from .settings import engine_config
 
@@ -93,14 +92,11 @@ def _rank_failed(reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    fd = int(argv[argv.index("--fd") + 1])
-    die_with_parent()
-    ignore_stop_signals()  # the server stops its children after draining
-    sock = socket.socket(fileno=fd)
-    init = wire.recv(sock)
-    if not isinstance(init, wire.InitEngine):
+    channel = connect_to_parent(sys.argv[1:] if argv is None else argv, wire.InitEngine)
+    if channel is None:
         return 2
+    sock, init = channel
+    assert isinstance(init, wire.InitEngine)
     logs.configure(init.log_level, f"{init.model_name} engine pid {os.getpid()}")
     try:
         engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)

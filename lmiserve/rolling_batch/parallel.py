@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..child import exit_description
+from ..child import EXIT_GRACE_S, exit_description, reap_blocking, start
 from .models.decoder import AttentionMetadata
 from .step_inputs import StepArrays, step_tensors
 
@@ -235,7 +235,7 @@ class WorkerRanks:
             "--config",
             json.dumps(config, default=str),
         ]
-        self.procs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(1, world)]
+        self.procs = [start([*command, "--rank", str(rank)]) for rank in range(1, world)]
         log.info(
             "tensor parallel: %d ranks, %s backend; ranks 1..%d are pids %s",
             world,
@@ -285,7 +285,7 @@ class WorkerRanks:
         self.channel = StepChannel(self.device, unified)
         return self.channel
 
-    def close(self, grace: float = 10.0) -> None:
+    def close(self, grace: float = 2 * EXIT_GRACE_S) -> None:
         """Stop the ranks (a stop message when they are waiting for steps, else a kill)."""
         if self._closing:
             return
@@ -299,11 +299,7 @@ class WorkerRanks:
             for proc in self.procs:
                 proc.kill()
         for proc in self.procs:
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            reap_blocking(proc, grace)
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

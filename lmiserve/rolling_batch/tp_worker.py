@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import logs
-from ..child import die_with_parent, ignore_stop_signals
+from ..child import become_child
 from ..devices import torch_dtype
 from .engine_config import EngineConfig
 from .kv_memory import kv_cache_blocks
@@ -59,10 +59,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(sys.argv[1:] if argv is None else argv)
-    die_with_parent()
+    become_child()
     if os.getppid() != args.parent:  # rank 0 is already gone
         return 1
-    ignore_stop_signals()  # the server stops its children after draining
     logs.configure(args.log_level, f"tensor-parallel rank {args.rank} pid {os.getpid()}")
     raw = json.loads(args.config)
     config = EngineConfig(**{**raw, "model_dir": Path(raw["model_dir"])})

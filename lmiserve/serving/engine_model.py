@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .. import wire
+from ..child import child_env
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded, ValidationFailed
 from ..generation import limits
@@ -33,9 +33,7 @@ MAX_RESTARTS = 3
 
 def engine_env(settings: Settings) -> dict[str, str]:
     """The engine process's environment: offline, and the NPU runtime's settings when it may use one."""
-    env = dict(os.environ)
-    env["HF_HUB_OFFLINE"] = "1"
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = child_env()
     # the KV pool and activations of changing shapes fragment the NPU caching allocator less this way
     env.setdefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
     ids = settings.engine.npu_device_ids

@@ -10,12 +10,13 @@ import os
 from dataclasses import dataclass
 
 from .. import wire
+from ..child import child_env
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded
 from .job_queue import JobQueue, QueueFull
 from .response_stream import ResponseStream
 from .snapshot import ModelSnapshot
-from .worker_process import WorkerProcess, WorkerStartError, worker_env
+from .worker_process import WorkerProcess, WorkerStartError
 
 log = logging.getLogger("lmiserve.model")
 
@@ -83,7 +84,7 @@ class HandlerModel:
 
     async def _spawn(self) -> WorkerProcess:
         threads = max(1, (os.cpu_count() or 1) // self.config.max_workers)
-        worker = WorkerProcess(self._init_message(next(self._worker_ids)), env=worker_env(threads))
+        worker = WorkerProcess(self._init_message(next(self._worker_ids)), env=child_env(threads))
         self._spawning += 1
         try:
             await worker.start(timeout=self.config.model_loading_timeout)

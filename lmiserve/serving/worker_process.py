@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -73,13 +72,7 @@ class WorkerProcess:
     async def _reap(self) -> int | None:
         if self._writer is not None:
             self._writer.close()
-        if self.process is None:
-            return None
-        try:
-            return await asyncio.wait_for(self.process.wait(), 10)
-        except TimeoutError:
-            self.process.kill()
-            return await self.process.wait()
+        return await self.process.reap() if self.process is not None else None
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -108,13 +101,7 @@ class WorkerProcess:
         await self._on_gone()
 
     async def _on_gone(self) -> None:
-        code = None
-        if self.process is not None:
-            try:
-                code = await asyncio.wait_for(self.process.wait(), 5)
-            except TimeoutError:
-                self.process.kill()
-                code = await self.process.wait()
+        code = await self.process.reap() if self.process is not None else None
         self.ready = False
         reason = self._exit_reason or WorkerDied(
             f"the worker process (pid {self.pid}) exited {exit_description(code)} while handling this request"
@@ -201,12 +188,3 @@ class _StreamError(LmiServeError):
     kind = "handler"
     status = 424
     title = "invoke handler failure"
-
-
-def worker_env(threads: int | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HF_HUB_OFFLINE"] = "1"
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
