@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 
 def die_with_parent() -> None:
@@ -56,15 +58,19 @@ def become_child() -> None:
     ignore_stop_signals()
 
 
-def connect_to_parent(argv: list[str], first: type) -> tuple[socket.socket, object] | None:
-    """The socket to the parent (``--fd N``) and its first message, which must be a ``first``;
-    None when it is something else."""
-    from . import wire
+def connect_to_parent(argv: list[str], first: type, label: Callable[[Any], str]) -> tuple[socket.socket, Any] | None:
+    """The socket to the parent (``--fd N``) and its first message, which must be a ``first``
+    (None when it is something else); logging is set up at the level it names, each line
+    labelled ``label(message)`` and this process's pid."""
+    from . import logs, wire
 
     become_child()
     sock = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
     init = wire.recv(sock)
-    return (sock, init) if isinstance(init, first) else None
+    if not isinstance(init, first):
+        return None
+    logs.configure(init.log_level, f"{label(init)} pid {os.getpid()}")
+    return sock, init
 
 
 def child_env(threads: int | None = None, **extra: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import logs, wire
+from .. import wire
 from ..child import connect_to_parent
 from ..errors import LmiServeError
 from .inputs import Input
@@ -137,12 +137,11 @@ def _initialise(sock: socket.socket, init: wire.InitWorker) -> Callable[[Input],
 
 
 def main(argv: list[str] | None = None) -> int:
-    channel = connect_to_parent(sys.argv[1:] if argv is None else argv, wire.InitWorker)
+    argv = sys.argv[1:] if argv is None else argv
+    channel = connect_to_parent(argv, wire.InitWorker, lambda i: f"{i.model_name} worker-{i.worker_id}")
     if channel is None:
         return 2
     sock, init = channel
-    assert isinstance(init, wire.InitWorker)
-    logs.configure(init.log_level, f"{init.model_name} worker-{init.worker_id} pid {os.getpid()}")
     handler = _initialise(sock, init)
     if handler is None:
         return 1

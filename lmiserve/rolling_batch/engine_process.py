@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 
-from .. import logs, wire
+from .. import wire
 from ..child import connect_to_parent
 from .engine import Engine, RequestRejected
 from .settings import engine_config
@@ -92,12 +92,11 @@ def _rank_failed(reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    channel = connect_to_parent(sys.argv[1:] if argv is None else argv, wire.InitEngine)
+    argv = sys.argv[1:] if argv is None else argv
+    channel = connect_to_parent(argv, wire.InitEngine, lambda i: f"{i.model_name} engine")
     if channel is None:
         return 2
     sock, init = channel
-    assert isinstance(init, wire.InitEngine)
-    logs.configure(init.log_level, f"{init.model_name} engine pid {os.getpid()}")
     try:
         engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)
     except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops

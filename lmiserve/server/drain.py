@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from .asgi import HttpMiddleware, refuse
+
 log = logging.getLogger("lmiserve")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -42,32 +44,17 @@ class Drain:
             self.since = time.monotonic()
 
 
-class DrainMiddleware:
+class DrainMiddleware(HttpMiddleware):
     """Counts the HTTP requests in flight (a streamed response counts until its last byte) and
     refuses new ones with 503 and ``Connection: close`` once draining has begun."""
 
     def __init__(self, app, drain: Drain):  # type: ignore[no-untyped-def]
-        self.app = app
+        super().__init__(app)
         self.drain = drain
 
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if self.drain.draining:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(REFUSAL)).encode()),
-                        (b"connection", b"close"),
-                        (b"retry-after", b"1"),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": REFUSAL})
-            return None
+            return await refuse(send, 503, REFUSAL, (b"retry-after", b"1"))
         self.drain.in_flight += 1
         try:
             return await self.app(scope, receive, send)

@@ -10,21 +10,17 @@ import time
 import uuid
 
 from ..errors import PayloadTooLarge
+from .asgi import HttpMiddleware, refuse
 from .metrics import ServerMetrics
 
 REQUEST_ID_HEADERS = (b"x-amzn-sagemaker-inference-id", b"x-request-id")
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """Every response carries ``x-request-id``: the caller's SageMaker inference id or
     X-Request-Id when sent, else a new one. Routes find it in ``scope["state"]``."""
 
-    def __init__(self, app):  # type: ignore[no-untyped-def]
-        self.app = app
-
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         headers = dict(scope.get("headers") or [])
         request_id = None
         for name in REQUEST_ID_HEADERS:
@@ -44,17 +40,15 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """Refuse bodies over ``limit`` bytes with 413: at once when Content-Length says so,
     else as soon as the streamed body passes the limit."""
 
     def __init__(self, app, limit: int):  # type: ignore[no-untyped-def]
-        self.app = app
+        super().__init__(app)
         self.limit = limit
 
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             await self._refuse(send, int(length))
@@ -78,32 +72,19 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, send, size: int) -> None:  # type: ignore[no-untyped-def]
         body = json.dumps({"code": 413, "message": "Payload Too Large", "error": self._detail(size)}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await refuse(send, 413, body)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Counts and times every HTTP request (see :meth:`ServerMetrics.request_done`). The status
     is the one the response started with: 500 when the app raised before answering, 499 when
     the request ended without an answer. A streamed response is timed to its last byte."""
 
     def __init__(self, app, metrics: ServerMetrics):  # type: ignore[no-untyped-def]
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         scope.setdefault("state", {})
         started = time.perf_counter()
         status: int | None = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config import ConfigError, Settings
 from ..errors import Forbidden, LmiServeError, NotFound, Unauthorized
+from .asgi import HttpMiddleware
 from .errors import error_response
 
 log = logging.getLogger("lmiserve.security")
@@ -112,19 +113,17 @@ def is_loopback(scope) -> bool:  # type: ignore[no-untyped-def]
         return False
 
 
-class SecurityMiddleware:
+class SecurityMiddleware(HttpMiddleware):
     """Refuses requests without a valid key (401) and management calls the configuration does not
     allow (404 when off, 403 from a non-loopback client when local)."""
 
     def __init__(self, app, keys: ApiKeys, management: str = "local", log_bodies: bool = False):  # type: ignore[no-untyped-def]
-        self.app = app
+        super().__init__(app)
         self.keys = keys
         self.management = management
         self.log_bodies = log_bodies
 
-    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         path = scope.get("path", "")
         error = self._refusal(scope, path)
         if error is not None:

@@ -110,11 +110,9 @@ async def truncated_stream(responder: Responder, outs: list[RequestOutput]) -> A
             if seq.finish_reason is None:
                 seq.finish_reason, seq.new_tokens = "length", []
                 out.last_index = seq.index
-                data = responder.chunk(index, out)
-                if data:
+                if data := responder.chunk(index, out):
                     yield data
-    tail = responder.end(outs)
-    if tail:
+    if tail := responder.end(outs):
         yield tail
 
 
@@ -286,8 +284,7 @@ async def _chunks(
             data = responder.chunk(index, out)
             if data:
                 yield data
-        tail = responder.end(outs)
-        if tail:
+        if tail := responder.end(outs):
             yield tail
     except LmiServeError as err:
         yield responder.error_chunk(err.detail)

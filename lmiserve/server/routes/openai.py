@@ -50,16 +50,19 @@ async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Resp
     return await respond(model, [generation], responder, request)
 
 
+async def _openai_body(request: Request) -> dict:
+    request.state.protocol = "openai"
+    return openai_completions.parse_body(await read_body(request))
+
+
 @router.post("/v1/completions")
 async def v1_completions(request: Request) -> Response:
-    request.state.protocol = "openai"
-    return await completions(request, openai_completions.parse_body(await read_body(request)))
+    return await completions(request, await _openai_body(request))
 
 
 @router.post("/v1/chat/completions")
 async def v1_chat_completions(request: Request) -> Response:
-    request.state.protocol = "openai"
-    return await chat(request, openai_completions.parse_body(await read_body(request)))
+    return await chat(request, await _openai_body(request))
 
 
 def embedding_model(request: Request, name: str | None) -> HandlerModel:
@@ -88,8 +91,7 @@ async def embeddings(request: Request, data: dict, with_id: bool = False) -> Res
 
 @router.post("/v1/embeddings")
 async def v1_embeddings(request: Request) -> Response:
-    request.state.protocol = "openai"
-    return await embeddings(request, openai_completions.parse_body(await read_body(request)))
+    return await embeddings(request, await _openai_body(request))
 
 
 @router.get("/v1/models")
