@@ -23,6 +23,7 @@ from ..generation.request import GenerationRequest, RequestOutput
 from ..wire import SamplingParams
 from .errors import bedrock as bedrock_error
 from .errors import bedrock_type
+from .shapes import UNDECODABLE
 
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
@@ -60,12 +61,14 @@ class BedrockRequest:
     stream: bool
 
 
-def parse_request(body: bytes, stream: bool = False) -> BedrockRequest:
-    """Parse and validate a body; ValidationFailed (Bedrock's wording) for anything wrong."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise _malformed("request body is not valid JSON") from None
+def parse_request(body: bytes, stream: bool = False, data: Any = UNDECODABLE) -> BedrockRequest:
+    """Parse and validate a body (``data``: already decoded, where the caller has it);
+    ValidationFailed (Bedrock's wording) for anything wrong."""
+    if data is UNDECODABLE:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise _malformed("request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise _malformed(f"#: expected type: JSONObject, found: {type(data).__name__}")
     extra = [k for k in data if k not in KEYS]

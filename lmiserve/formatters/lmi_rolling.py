@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from ..errors import BadRequest, InvalidParameter, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import SamplingParams
+from .shapes import UNDECODABLE
 from .validation import describe
 
 JSON = "application/json"
@@ -158,13 +159,15 @@ VALUE_ERRORS = frozenset(
 """Pydantic error types that mean a value out of range rather than a body of the wrong shape."""
 
 
-def parse_request(body: bytes, defaults: Defaults) -> ParsedRequest:
+def parse_request(body: bytes, defaults: Defaults, data: Any = UNDECODABLE) -> ParsedRequest:
     """Parse and validate: :class:`BadRequest` for a body that does not fit the schema (not
-    JSON, no ``inputs``, a wrong type), :class:`InvalidParameter` for a value out of range."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    JSON, no ``inputs``, a wrong type), :class:`InvalidParameter` for a value out of range.
+    ``data`` is the body already decoded (:func:`.shapes.decode`), where the caller has it."""
+    if data is UNDECODABLE:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object with 'inputs'")
     if "inputs" not in data:

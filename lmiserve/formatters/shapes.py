@@ -10,7 +10,28 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
+
 Shape = Literal["lmi", "kserve", "chat", "completions", "embeddings"]
+
+
+class Undecodable:
+    """What :func:`decode` gives for a body that is not JSON (each parser says so in its words)."""
+
+    def __repr__(self) -> str:
+        return "UNDECODABLE"
+
+
+UNDECODABLE: Any = Undecodable()
+
+
+def decode(body: bytes) -> Any:
+    """The body's JSON value, decoded once for the shape and the parser; :data:`UNDECODABLE`
+    when it is empty or not JSON."""
+    try:
+        return orjson.loads(body) if body else UNDECODABLE
+    except orjson.JSONDecodeError:
+        return UNDECODABLE
 
 
 def _is_tensor(x: Any) -> bool:

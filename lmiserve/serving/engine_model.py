@@ -8,13 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from .. import wire
 from ..child import child_env
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded, ValidationFailed
-from ..generation import limits
+from ..generation.admission import Admission, Admitted
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
@@ -54,6 +52,8 @@ class EngineModel:
         self.client: EngineClient | None = None
         self.failure: str | None = None
         self.max_model_len = 0
+        self.vocab_size: int | None = None
+        """From the model's config (None for vLLM, which checks prompts itself)."""
         self._ever_ready = False
         self._closing = False
         self._restarts = 0
@@ -94,6 +94,7 @@ class EngineModel:
             path = resolve_model(cfg.model_id, self.settings.model_dir)
             if self.backend != "vllm":  # refuse early, in one line, what the engine would refuse
                 spec = spec_from_config(read_config(path))
+                self.vocab_size = spec.vocab_size
                 if cfg.tensor_parallel_degree != "max":
                     check_shardable(spec, cfg.tensor_parallel_degree)
             return path, load_tokenizer(path, cfg.trust_remote_code)
@@ -166,40 +167,10 @@ class EngineModel:
             await self.client.stop()
 
     # --- generation ---------------------------------------------------------------------
-    def tokenize(self, request: GenerationRequest) -> list[int]:
-        ids = request.prompt_ids
-        if ids is None:
-            ids = self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
-        if request.truncate is not None and len(ids) > request.truncate:
-            ids = ids[-request.truncate :]
-        if not ids:
-            raise ValidationFailed("the prompt is empty")
-        engine = self.settings.engine
-        if engine.max_input_token_len is not None and len(ids) > engine.max_input_token_len:
-            raise ValidationFailed(
-                f"the prompt has {len(ids)} tokens, more than max_input_token_len ({engine.max_input_token_len})"
-            )
-        if request.max_new_tokens_omitted:  # MindIE: max_iter_times, 512 unless configured
-            wanted_new = engine.max_iter_times or limits.MINDIE_MAX_ITER_TIMES
-            request.params = msgspec.structs.replace(request.params, max_new_tokens=wanted_new)
-        if engine.max_iter_times is not None and request.params.max_new_tokens > engine.max_iter_times:
-            request.params = msgspec.structs.replace(request.params, max_new_tokens=engine.max_iter_times)
-        if len(ids) >= self.max_model_len:
-            raise ValidationFailed(
-                f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
-            )
-        if request.cap_max_new_tokens or request.max_new_tokens_omitted:
-            # MindIE: outputLen = min(maxSeqLen - inputLen, maxOutputLen); it ends with "length"
-            room = min(self.max_model_len - len(ids), engine.max_new_tokens_limit or self.max_model_len)
-            if request.params.max_new_tokens > room:
-                request.params = msgspec.structs.replace(request.params, max_new_tokens=room)
-        wanted = len(ids) + request.params.max_new_tokens
-        if request.fit_context and wanted > self.max_model_len:
-            raise ValidationFailed(
-                f"the prompt ({len(ids)} tokens) and max_tokens ({request.params.max_new_tokens}) exceed the "
-                f"context length of {self.max_model_len} tokens"
-            )
-        return ids
+    def admit(self, request: GenerationRequest) -> Admitted:
+        """``request`` checked against this model and tokenized (:mod:`lmiserve.generation.admission`)."""
+        admission = Admission.for_model(self.settings.engine, self.max_model_len, self.vocab_size)
+        return admission.admit(request, self.tokenizer)
 
     def chat_prompt(
         self,
@@ -234,19 +205,16 @@ class EngineModel:
         client = self.client
         if client is None or not client.alive:
             raise ModelNotReady(f"model {self.name} is not ready")
-        limits.check(request, limits.RequestLimits.from_settings(self.settings.engine, self.max_model_len))
+        admitted = self.admit(request)
         limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
         if len(client.streams) >= limit:
             raise Overloaded(
                 f"model {self.name} has {len(client.streams)} requests in flight, as many as "
                 "max_rolling_batch_size + job_queue_size allow; retry later"
             )
-        ids = self.tokenize(request)
-        if not request.prompt:
-            request.prompt = self.tokenizer.decode(ids)
         request_id = self.new_request_id()
-        processor = OutputProcessor(self.tokenizer, request_id, request, ids)
-        stream = client.submit(request_id, ids, request.params)
+        processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
+        stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params)
         return request_id, processor, stream
 
     def abort(self, request_id: str, index: int | None = None) -> None:

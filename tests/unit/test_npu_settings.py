@@ -99,19 +99,18 @@ def _model(tmp_path, text):
 
 def test_max_input_token_len_refuses_longer_prompts(tmp_path):
     model = _model(tmp_path, "option.max_input_token_len=5\n")
-    assert model.tokenize(GenerationRequest("hello", SamplingParams(max_new_tokens=3))) == [104, 101, 108, 108, 111]
+    assert model.admit(GenerationRequest("hello", SamplingParams(max_new_tokens=3))).prompt_ids == (104, 101, 108, 108, 111)
     with pytest.raises(ValidationFailed, match=r"the prompt has 6 tokens, more than max_input_token_len \(5\)"):
-        model.tokenize(GenerationRequest("hello!", SamplingParams(max_new_tokens=3)))
+        model.admit(GenerationRequest("hello!", SamplingParams(max_new_tokens=3)))
 
 
 def test_max_iter_times_caps_max_new_tokens(tmp_path):
     model = _model(tmp_path, "option.max_iter_times=8\n")
     request = GenerationRequest("hi", SamplingParams(max_new_tokens=50, temperature=0.5))
-    model.tokenize(request)
-    assert request.params == SamplingParams(max_new_tokens=8, temperature=0.5)
+    assert model.admit(request).params == SamplingParams(max_new_tokens=8, temperature=0.5)
+    assert request.params.max_new_tokens == 50  # the parsed request is left as it was
     small = GenerationRequest("hi", SamplingParams(max_new_tokens=4))
-    model.tokenize(small)
-    assert small.params.max_new_tokens == 4
+    assert model.admit(small).params.max_new_tokens == 4
 
 
 def test_npu_backend_without_torch_npu_is_refused_in_one_line(tmp_path, monkeypatch):

@@ -16,15 +16,15 @@ multi-model call) answers 404 for a model not loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import BadRequest, NotFound
 from ...formatters.openai_common import JSONLINES_FRAMING, SSE_FRAMING, Style
-from ...formatters.shapes import invocation_shape
+from ...formatters.shapes import decode, invocation_shape
 from ...serving import (
     EMBEDDING_HANDLER,
     TEXT_GENERATION_HANDLER,
@@ -48,13 +48,6 @@ TARGET_MODEL = "x-amzn-sagemaker-target-model"
 INFERENCE_COMPONENT = "x-amzn-sagemaker-inference-component"
 
 
-def _json(body: bytes) -> object:
-    try:
-        return orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return None
-
-
 def _styles(model: EngineModel) -> tuple[Style, Style]:
     framing = SSE_FRAMING if model.settings.model.output_formatter == "sse" else JSONLINES_FRAMING
     return (
@@ -63,40 +56,60 @@ def _styles(model: EngineModel) -> tuple[Style, Style]:
     )
 
 
+Invoke = Callable[[Request, EngineModel, bytes, Any], Awaitable[Response]]
+
+
+async def _chat(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
+    request.state.protocol = "openai"
+    return await chat(request, {**data, "model": model.name}, _styles(model)[1])
+
+
+async def _completions(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
+    request.state.protocol = "openai"
+    return await completions(request, {**data, "model": model.name}, _styles(model)[0])
+
+
+async def _embeddings(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
+    request.state.protocol = "openai"
+    return await embeddings(request, {**data, "model": model.name})
+
+
+async def _kserve(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
+    return await kserve_infer(request, model.name, data)
+
+
+async def _lmi(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
+    return await invoke_rolling(model, request, body, data)
+
+
+BY_SHAPE: dict[str, Invoke] = {
+    "chat": _chat,
+    "completions": _completions,
+    "embeddings": _embeddings,
+    "kserve": _kserve,
+    "lmi": _lmi,
+}
+"""What answers each body shape on ``/invocations`` (:func:`lmiserve.formatters.shapes.invocation_shape`)."""
+
+
 async def invoke(model: ServedModel, request: Request) -> Response:
     if isinstance(model, HandlerModel):
         # the built-in dynamic-batch handler answers a malformed body itself (424, LMI's schema)
         body = await request.body() if model.entry_point == TEXT_GENERATION_HANDLER else await read_body(request)
         if model.entry_point == EMBEDDING_HANDLER:
-            data = _json(body)
+            data = decode(body)
             if invocation_shape(data) == "embeddings":
-                request.state.protocol = "openai"
-                return await embeddings(request, {**data, "model": model.name})  # type: ignore[dict-item]
+                return await _embeddings(request, model, body, data)  # type: ignore[arg-type]
         return await invoke_handler(model, request, body)
     if not isinstance(model, EngineModel):
         raise BadRequest(f"model {model.name} does not serve this route")
     if model.custom_formatters and model.custom_formatters.input is not None:
         return await invoke_rolling(model, request)  # the input formatter reads every body
-    if model.settings.model.bedrock_compat:
-        raw = await request.body()
-        if is_bedrock_body(_json(raw)):
-            return await invoke_bedrock(model, request, raw)
     body = await request.body()  # not JSON: the LMI schema's payload validation answers it (424)
-    data = _json(body)
-    shape = invocation_shape(data)
-    completions_style, chat_style = _styles(model)
-    if shape == "chat":
-        request.state.protocol = "openai"
-        return await chat(request, {**data, "model": model.name}, chat_style)  # type: ignore[dict-item]
-    if shape == "completions":
-        request.state.protocol = "openai"
-        return await completions(request, {**data, "model": model.name}, completions_style)  # type: ignore[dict-item]
-    if shape == "embeddings":
-        request.state.protocol = "openai"
-        return await embeddings(request, {**data, "model": model.name})  # type: ignore[dict-item]
-    if shape == "kserve":
-        return await kserve_infer(request, model.name, data)  # type: ignore[arg-type]
-    return await invoke_rolling(model, request)
+    data = decode(body)  # once, for the shape and the parser
+    if model.settings.model.bedrock_compat and is_bedrock_body(data):
+        return await invoke_bedrock(model, request, body, data)
+    return await BY_SHAPE[invocation_shape(data)](request, model, body, data)
 
 
 def _named_model(request: Request) -> str | None:

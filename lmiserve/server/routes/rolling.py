@@ -3,12 +3,15 @@ with the model's own input and output formatters where it has them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from starlette.responses import Response
 
 from ...errors import BadRequest, ValidationFailed
 from ...formatters import lmi_rolling
 from ...formatters.request_io import TextInput
+from ...formatters.shapes import UNDECODABLE
 from ...handlers.custom_formatters import CustomResponder, error_payload, parse_custom
 from ...serving import EngineModel, Responder
 from ..bodies import read_body, request_properties
@@ -22,19 +25,23 @@ def defaults(model: EngineModel) -> lmi_rolling.Defaults:
     )
 
 
-async def invoke_rolling(model: EngineModel, request: Request) -> Response:
+async def invoke_rolling(
+    model: EngineModel, request: Request, body: bytes | None = None, data: Any = UNDECODABLE
+) -> Response:
+    """``body`` (and ``data``, the body decoded) where the caller has read it already."""
     custom = model.custom_formatters
     if custom:  # a model's own formatters: LMI's 424 payload for a request they cannot run
-        body = await read_body(request)
+        body = await read_body(request) if body is None else body
         try:
             req = _parse_custom(model, body, request)
         except ValidationFailed as err:
             return Response(error_payload(err.detail), status_code=424, media_type=lmi_rolling.JSON)
     else:
-        body = b""
         try:
-            body = await read_body(request)
-            req = lmi_rolling.parse_request(body, defaults(model))
+            if body is None:
+                body = b""
+                body = await read_body(request)
+            req = lmi_rolling.parse_request(body, defaults(model), data)
         except (BadRequest, ValidationFailed) as err:
             status, data, media_type = lmi_rolling.refusal(body, defaults(model), err)
             return Response(data, status_code=status, media_type=media_type)
