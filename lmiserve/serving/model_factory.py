@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 
 from ..config import Settings
 from ..devices import npu_available
@@ -116,18 +117,25 @@ def build_model(settings: Settings) -> ServedModel:
     return model
 
 
-def _build_model(settings: Settings) -> ServedModel:
+def _dynamic_batch(settings: Settings) -> ServedModel:
+    """``disable``: transformers ``generate`` behind the dynamic batcher (an embedding model still
+    gets the embedding handler)."""
+    if _embedding(settings.model.model_id, settings):
+        return _by_architecture(settings)
+    _one_device(settings, "option.rolling_batch=disable runs transformers generate on one device")
+    return _handler_model(settings, TEXT_GENERATION_HANDLER)
+
+
+def _npu_engine(settings: Settings) -> ServedModel:
+    _check_npu(settings)
+    return _by_architecture(settings)
+
+
+def _by_architecture(settings: Settings) -> ServedModel:
+    """Our engine for the architectures it runs; the embedding handler for encoders; elsewhere
+    transformers behind the dynamic batcher (``auto``) or a refusal (``lmi``, ``npu``)."""
     cfg = settings.model
-    if _user_handler(settings):
-        return _handler_model(settings, TEXT_GENERATION_HANDLER)
-    if cfg.rolling_batch == "vllm":
-        return _vllm_model(settings)
     backend = cfg.rolling_batch
-    if backend == "disable" and not _embedding(cfg.model_id, settings):
-        _one_device(settings, "option.rolling_batch=disable runs transformers generate on one device")
-        return _handler_model(settings, TEXT_GENERATION_HANDLER)
-    if backend == "npu":
-        _check_npu(settings)
     try:
         names = architectures(cfg.model_id, settings.model_dir)
     except (ModelNotFound, OSError, ValueError) as exc:
@@ -147,3 +155,19 @@ def _build_model(settings: Settings) -> ServedModel:
         )
     _one_device(settings, f"the lmi engine does not support {names or 'this model'}")
     return _handler_model(settings, TEXT_GENERATION_HANDLER)
+
+
+BACKENDS: dict[str, Callable[[Settings], ServedModel]] = {
+    "auto": _by_architecture,
+    "lmi": _by_architecture,
+    "npu": _npu_engine,
+    "vllm": _vllm_model,
+    "disable": _dynamic_batch,
+}
+"""What builds the model for each ``option.rolling_batch`` (a model.py handler comes first)."""
+
+
+def _build_model(settings: Settings) -> ServedModel:
+    if _user_handler(settings):
+        return _handler_model(settings, TEXT_GENERATION_HANDLER)
+    return BACKENDS[settings.model.rolling_batch](settings)
