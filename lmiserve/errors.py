@@ -3,15 +3,27 @@
 Each error has a ``kind`` (what went wrong, independent of protocol) and a default HTTP
 status. Routes map them to each protocol's error body in one place
 (:mod:`lmiserve.server.errors`); nothing else decides status codes.
+
+A subclass names its kind, status and title in its ``class`` line::
+
+    class NotFound(LmiServeError, kind="not_found", status=404, title="Not Found"): ...
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class LmiServeError(Exception):
     kind = "internal"
     status = 500
     title = "Internal Server Error"
+
+    def __init_subclass__(cls, kind: str = "", status: int = 0, title: str = "", **rest: Any) -> None:
+        super().__init_subclass__(**rest)
+        cls.kind = kind or cls.kind
+        cls.status = status or cls.status
+        cls.title = title or cls.title
 
     def __init__(self, detail: str = "", *, status: int | None = None, headers: dict[str, str] | None = None):
         super().__init__(detail or self.title)
@@ -21,20 +33,12 @@ class LmiServeError(Exception):
         self.headers = headers or {}
 
 
-class BadRequest(LmiServeError):
+class BadRequest(LmiServeError, kind="bad_request", status=400, title="Bad Request"):
     """The request cannot be understood (not JSON, wrong shape)."""
 
-    kind = "bad_request"
-    status = 400
-    title = "Bad Request"
 
-
-class ValidationFailed(LmiServeError):
+class ValidationFailed(LmiServeError, kind="validation", status=424, title="Validation Failed"):
     """The request is well formed but a value is out of range or not allowed."""
-
-    kind = "validation"
-    status = 424
-    title = "Validation Failed"
 
 
 class InvalidParameter(ValidationFailed):
@@ -42,103 +46,59 @@ class InvalidParameter(ValidationFailed):
     opposed to a body that does not fit the schema (a missing field, a wrong type)."""
 
 
-class NotFound(LmiServeError):
-    kind = "not_found"
-    status = 404
-    title = "Not Found"
+class NotFound(LmiServeError, kind="not_found", status=404, title="Not Found"):
+    """No such model, route or resource."""
 
 
-class Unauthorized(LmiServeError):
+class Unauthorized(LmiServeError, kind="unauthorized", status=401, title="Unauthorized"):
     """No valid API key came with the request."""
-
-    kind = "unauthorized"
-    status = 401
-    title = "Unauthorized"
 
     def __init__(self, detail: str = "a valid API key is required"):
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-class Forbidden(LmiServeError):
+class Forbidden(LmiServeError, kind="forbidden", status=403, title="Forbidden"):
     """The request is understood but not allowed (a management call from afar, a path outside the roots)."""
 
-    kind = "forbidden"
-    status = 403
-    title = "Forbidden"
 
-
-class Conflict(LmiServeError):
+class Conflict(LmiServeError, kind="conflict", status=409, title="Conflict"):
     """The request clashes with the server's state (a model registered twice)."""
 
-    kind = "conflict"
-    status = 409
-    title = "Conflict"
+
+class PayloadTooLarge(LmiServeError, kind="payload_too_large", status=413, title="Payload Too Large"):
+    """The body is larger than ``max_request_size``."""
 
 
-class PayloadTooLarge(LmiServeError):
-    kind = "payload_too_large"
-    status = 413
-    title = "Payload Too Large"
-
-
-class Overloaded(LmiServeError):
+class Overloaded(LmiServeError, kind="overloaded", status=503, title="Service Unavailable"):
     """The job queue is full; the client should retry later."""
-
-    kind = "overloaded"
-    status = 503
-    title = "Service Unavailable"
 
     def __init__(self, detail: str = "", *, retry_after: int = 1):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
-class ModelNotReady(LmiServeError):
-    kind = "not_ready"
-    status = 503
-    title = "Service Unavailable"
+class ModelNotReady(LmiServeError, kind="not_ready", status=503, title="Service Unavailable"):
+    """The model is still loading, or is being restarted."""
 
 
-class HandlerFailure(LmiServeError):
+class HandlerFailure(LmiServeError, kind="handler", status=424, title="invoke handler failure"):
     """The model's handler raised or returned something unusable."""
 
-    kind = "handler"
-    status = 424
-    title = "invoke handler failure"
+
+class PredictTimeout(LmiServeError, kind="timeout", status=504, title="Gateway Timeout"):
+    """The request did not finish within its deadline."""
 
 
-class PredictTimeout(LmiServeError):
-    kind = "timeout"
-    status = 504
-    title = "Gateway Timeout"
-
-
-class WorkerDied(LmiServeError):
+class WorkerDied(LmiServeError, kind="worker_died", status=503, title="Service Unavailable"):
     """The worker process handling the request exited before answering."""
 
-    kind = "worker_died"
-    status = 503
-    title = "Service Unavailable"
 
-
-class GenerationError(LmiServeError):
+class GenerationError(LmiServeError, kind="generation", status=500, title="Generation Failed"):
     """Generation failed for one request after it started."""
 
-    kind = "generation"
-    status = 500
-    title = "Generation Failed"
 
-
-class InsufficientMemory(LmiServeError):
+class InsufficientMemory(LmiServeError, kind="insufficient_memory", status=507, title="Insufficient Storage"):
     """A model does not fit in the memory left for models (SageMaker's multi-model contract: 507)."""
 
-    kind = "insufficient_memory"
-    status = 507
-    title = "Insufficient Storage"
 
-
-class ModelLoadFailed(LmiServeError):
+class ModelLoadFailed(LmiServeError, kind="model_load_failed", status=424, title="Failed Dependency"):
     """The model a request depends on exists but could not be loaded."""
-
-    kind = "model_load_failed"
-    status = 424
-    title = "Failed Dependency"

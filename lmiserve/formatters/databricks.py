@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ..errors import BadRequest, ValidationFailed
+from ..errors import BadRequest
 from ..generation.request import GenerationRequest
 from . import errors
 from .openai_chat import ChatRequest
 from .openai_common import Style
 from .openai_completions import CompletionRequest, generation_requests
-from .validation import describe
+from .validation import validated
 
 TASKS = (("messages", "chat"), ("prompt", "completions"), ("input", "embeddings"))
 
@@ -76,19 +76,12 @@ class DatabricksChatRequest(ChatRequest):
         return self
 
 
-def _validated(model: type, data: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
-
-
 def parse_completion(data: dict[str, Any]) -> DatabricksCompletionRequest:
-    return _validated(DatabricksCompletionRequest, data)
+    return validated(DatabricksCompletionRequest, data)
 
 
 def parse_chat(data: dict[str, Any]) -> DatabricksChatRequest:
-    return _validated(DatabricksChatRequest, data)
+    return validated(DatabricksChatRequest, data)
 
 
 def completion_requests(

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import BadRequest, ValidationFailed
-from .validation import describe
+from .validation import non_empty, validated
 
 MAX_INPUTS = 2048
 
@@ -33,11 +33,7 @@ class OpenAiEmbeddingRequest(BaseModel):
     @field_validator("input")
     @classmethod
     def _non_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
-            raise ValueError("input must hold at least one text")
-        if isinstance(v, list) and len(v) > MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} inputs per request")
-        return v
+        return non_empty(v, "input must hold at least one text", most=MAX_INPUTS)
 
 
 @dataclass
@@ -59,10 +55,7 @@ def parse(data: Any) -> EmbeddingRequest:
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object with 'input' or 'inputs'")
     if "input" in data:
-        try:
-            req = OpenAiEmbeddingRequest.model_validate(data)
-        except ValidationError as err:
-            raise ValidationFailed(describe(err)) from None
+        req = validated(OpenAiEmbeddingRequest, data)
         value = req.input
         texts: list[str] | None = None
         ids: list[list[int]] | None = None

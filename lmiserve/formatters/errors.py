@@ -6,9 +6,12 @@ the protocol the request came in with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import LmiServeError
+import orjson
+
+from ..errors import GenerationError, LmiServeError
 
 ErrorBody = tuple[int, dict[str, Any]]
 
@@ -18,69 +21,51 @@ def lmi(err: LmiServeError) -> ErrorBody:
     return err.status, {"code": err.status, "message": err.title, "error": err.detail}
 
 
-_TGI_TYPES = {
-    "validation": ("validation", 422),
-    "bad_request": ("validation", 422),
-    "payload_too_large": ("validation", 413),
-    "overloaded": ("overloaded", 429),
-    "not_ready": ("unhealthy", 503),
-    "worker_died": ("generation", 503),
-    "timeout": ("generation", 504),
-    "not_found": ("not_found", 404),
-    "conflict": ("validation", 409),
-    "generation": ("generation", 424),
-    "unauthorized": ("unauthorized", 401),
-    "forbidden": ("forbidden", 403),
+# How each error kind reads in each protocol: TGI's error_type and status, OpenAI's error type
+# and status, Databricks' error_code, Amazon Bedrock's exception and status. None: the
+# protocol's catch-all (TGI "generation", OpenAI "server_error", Databricks INTERNAL_ERROR),
+# with the error's own status.
+# fmt: off
+_KINDS: dict[str, tuple[tuple[str, int], tuple[str, int] | None, str | None, tuple[str, int]]] = {
+    "validation":        (("validation", 422),   ("invalid_request_error", 400), "INVALID_PARAMETER_VALUE", ("ValidationException", 400)),
+    "bad_request":       (("validation", 422),   ("invalid_request_error", 400), "BAD_REQUEST",             ("ValidationException", 400)),
+    "payload_too_large": (("validation", 413),   ("invalid_request_error", 413), "BAD_REQUEST",             ("ValidationException", 413)),
+    "overloaded":        (("overloaded", 429),   ("server_overloaded", 503),     "REQUEST_LIMIT_EXCEEDED",  ("ThrottlingException", 429)),
+    "not_ready":         (("unhealthy", 503),    ("server_error", 503),          "TEMPORARILY_UNAVAILABLE", ("ServiceUnavailableException", 503)),
+    "worker_died":       (("generation", 503),   ("server_error", 503),          "TEMPORARILY_UNAVAILABLE", ("ServiceUnavailableException", 503)),
+    "timeout":           (("generation", 504),   ("timeout", 504),               "DEADLINE_EXCEEDED",       ("ModelTimeoutException", 408)),
+    "not_found":         (("not_found", 404),    ("not_found_error", 404),       "RESOURCE_DOES_NOT_EXIST", ("ResourceNotFoundException", 404)),
+    "conflict":          (("validation", 409),   ("invalid_request_error", 409), "RESOURCE_ALREADY_EXISTS", ("ConflictException", 409)),
+    "generation":        (("generation", 424),   None,                           None,                      ("ModelErrorException", 424)),
+    "unauthorized":      (("unauthorized", 401), ("invalid_request_error", 401), "UNAUTHENTICATED",         ("AccessDeniedException", 401)),
+    "forbidden":         (("forbidden", 403),    ("permission_error", 403),      "PERMISSION_DENIED",       ("AccessDeniedException", 403)),
 }
+# fmt: on
+_TGI, _OPENAI, _DATABRICKS, _BEDROCK = range(4)
+
+
+def _column(err: LmiServeError, column: int) -> Any:
+    row = _KINDS.get(err.kind)
+    return row[column] if row else None
 
 
 def tgi(err: LmiServeError) -> ErrorBody:
     """TGI / MindIE: ``{"error", "error_type"}``; validation failures are 422, overload 429."""
-    kind, status = _TGI_TYPES.get(err.kind, ("generation", err.status))
+    kind, status = _column(err, _TGI) or ("generation", err.status)
     return status, {"error": err.detail, "error_type": kind}
-
-
-_OPENAI_TYPES = {
-    "validation": ("invalid_request_error", 400),
-    "bad_request": ("invalid_request_error", 400),
-    "payload_too_large": ("invalid_request_error", 413),
-    "not_found": ("not_found_error", 404),
-    "conflict": ("invalid_request_error", 409),
-    "overloaded": ("server_overloaded", 503),
-    "not_ready": ("server_error", 503),
-    "worker_died": ("server_error", 503),
-    "timeout": ("timeout", 504),
-    "unauthorized": ("invalid_request_error", 401),
-    "forbidden": ("permission_error", 403),
-}
 
 
 def openai(err: LmiServeError, param: str | None = None) -> ErrorBody:
     """OpenAI: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind, status = _OPENAI_TYPES.get(err.kind, ("server_error", err.status))
+    kind, status = _column(err, _OPENAI) or ("server_error", err.status)
     param = param or getattr(err, "param", None)
     return status, {"error": {"message": err.detail, "type": kind, "param": param, "code": status}}
-
-
-_DATABRICKS_CODES = {
-    "validation": "INVALID_PARAMETER_VALUE",
-    "bad_request": "BAD_REQUEST",
-    "payload_too_large": "BAD_REQUEST",
-    "not_found": "RESOURCE_DOES_NOT_EXIST",
-    "conflict": "RESOURCE_ALREADY_EXISTS",
-    "overloaded": "REQUEST_LIMIT_EXCEEDED",
-    "not_ready": "TEMPORARILY_UNAVAILABLE",
-    "worker_died": "TEMPORARILY_UNAVAILABLE",
-    "timeout": "DEADLINE_EXCEEDED",
-    "unauthorized": "UNAUTHENTICATED",
-    "forbidden": "PERMISSION_DENIED",
-}
 
 
 def databricks(err: LmiServeError) -> ErrorBody:
     """Databricks REST: ``{"error_code", "message"}``."""
     status = 400 if err.kind in ("validation", "bad_request") else 429 if err.kind == "overloaded" else err.status
-    return status, {"error_code": _DATABRICKS_CODES.get(err.kind, "INTERNAL_ERROR"), "message": err.detail}
+    return status, {"error_code": _column(err, _DATABRICKS) or "INTERNAL_ERROR", "message": err.detail}
 
 
 def kserve(err: LmiServeError) -> ErrorBody:
@@ -89,25 +74,9 @@ def kserve(err: LmiServeError) -> ErrorBody:
     return status, {"error": err.detail}
 
 
-BEDROCK_TYPES = {
-    "validation": ("ValidationException", 400),
-    "bad_request": ("ValidationException", 400),
-    "payload_too_large": ("ValidationException", 413),
-    "not_found": ("ResourceNotFoundException", 404),
-    "conflict": ("ConflictException", 409),
-    "overloaded": ("ThrottlingException", 429),
-    "not_ready": ("ServiceUnavailableException", 503),
-    "worker_died": ("ServiceUnavailableException", 503),
-    "timeout": ("ModelTimeoutException", 408),
-    "generation": ("ModelErrorException", 424),
-    "unauthorized": ("AccessDeniedException", 401),
-    "forbidden": ("AccessDeniedException", 403),
-}
-
-
 def bedrock_type(err: LmiServeError) -> tuple[str, int]:
     """Amazon Bedrock's exception name and status for an error."""
-    return BEDROCK_TYPES.get(err.kind, ("InternalServerException", err.status if err.status >= 500 else 500))
+    return _column(err, _BEDROCK) or ("InternalServerException", err.status if err.status >= 500 else 500)
 
 
 def bedrock(err: LmiServeError) -> ErrorBody:
@@ -124,3 +93,23 @@ PROTOCOLS = {
     "kserve": kserve,
     "bedrock": bedrock,
 }
+
+
+class ErrorsIn:
+    """A responder's ``error_chunk`` and ``error_body`` in its protocol's error shape.
+
+    A subclass names the protocol's mapping (``error_shape = staticmethod(errors.tgi)``) and
+    how its stream frames an event (``event_prefix``: ``b"data: "`` or TGI's ``b"data:"``)."""
+
+    error_shape: Callable[[LmiServeError], ErrorBody]
+    event_prefix: bytes = b"data: "
+
+    def error_chunk(self, message: str) -> bytes:
+        """A failure after the stream began, as the stream's last event."""
+        _, body = self.error_shape(GenerationError(message))
+        return self.event_prefix + orjson.dumps(body) + b"\n\n"
+
+    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
+        """A failure before the first byte: the status and the protocol's error body."""
+        status, body = self.error_shape(err)
+        return status, orjson.dumps(body)

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from ..errors import BadRequest, GenerationError, LmiServeError, ValidationFailed
+from ..errors import BadRequest
 from ..generation.request import GenerationRequest, RequestOutput
 from ..wire import SamplingParams
-from . import errors
 from .kserve_tensors import (  # noqa: F401 - the tensor types belong to this protocol's API
     BYTES,
     CONTENTS_FIELD,
@@ -45,7 +44,7 @@ from .kserve_tensors import (  # noqa: F401 - the tensor types belong to this pr
     flatten,
     make_tensor,
 )
-from .validation import describe
+from .validation import validated
 
 SERVER_NAME = "lmiserve"
 EXTENSIONS = ("generate", "binary_tensor_data")
@@ -85,7 +84,7 @@ def split_binary(body: bytes, header_length: str | None) -> tuple[dict[str, Any]
     return data, body[size:]
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
+def object_field(value: Any, what: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -103,8 +102,8 @@ def parse_infer(data: dict[str, Any], binary: bytes = b"") -> InferRequest:
         raise BadRequest("'id' must be a string")
     tensors, offset = [], 0
     for item in inputs:
-        item = _object(item, "each input")
-        name, params = item.get("name"), _object(item.get("parameters"), "input parameters")
+        item = object_field(item, "each input")
+        name, params = item.get("name"), object_field(item.get("parameters"), "input parameters")
         size = params.pop("binary_data_size", None)
         if size is not None:
             if type(size) is not int or size < 0 or offset + size > len(binary):
@@ -125,11 +124,11 @@ def parse_infer(data: dict[str, Any], binary: bytes = b"") -> InferRequest:
     if outputs:
         requested = []
         for o in outputs:
-            o = _object(o, "each output")
+            o = object_field(o, "each output")
             if not isinstance(o.get("name"), str):
                 raise BadRequest("every requested output needs a 'name'")
-            requested.append(RequestedOutput(o["name"], _object(o.get("parameters"), "output parameters")))
-    return InferRequest(request_id, tensors, _object(data.get("parameters"), "'parameters'"), requested)
+            requested.append(RequestedOutput(o["name"], object_field(o.get("parameters"), "output parameters")))
+    return InferRequest(request_id, tensors, object_field(data.get("parameters"), "'parameters'"), requested)
 
 
 _ALIASES = {
@@ -230,10 +229,7 @@ PARAMETER_INPUTS = frozenset(GenerateParameters.model_fields) | {
 
 
 def parameters(merged: dict[str, Any]) -> GenerateParameters:
-    try:
-        return GenerateParameters.model_validate(merged)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err, "parameters.")) from None
+    return validated(GenerateParameters, merged, "parameters.")
 
 
 def _text(value: Any, what: str) -> str:
@@ -355,63 +351,3 @@ def model_metadata(name: str, generates_text: bool) -> dict[str, Any]:
         "inputs": [{"name": TEXT_INPUT, "datatype": BYTES, "shape": [-1]}],
         "outputs": [{"name": TEXT_OUTPUT, "datatype": BYTES, "shape": [-1]}],
     }
-
-
-# --- the generate extension --------------------------------------------------------------
-
-
-def parse_generate(data: Any) -> tuple[str, GenerateParameters]:
-    """``{"text_input": "...", "parameters": {...}}``; parameters may also stand at the top level."""
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object with 'text_input'")
-    prompt = data.get(TEXT_INPUT)
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest(f"{TEXT_INPUT!r} must be a non-empty string")
-    merged = dict(_object(data.get("parameters"), "'parameters'"))
-    for key, value in data.items():
-        if key in (TEXT_INPUT, "parameters", "id"):
-            continue
-        if key not in PARAMETER_INPUTS:
-            raise BadRequest(f"unknown field {key!r}: the body takes {TEXT_INPUT!r} and generation parameters")
-        merged[key] = value
-    return prompt, parameters(merged)
-
-
-class GenerateResponder:
-    """The generate extension as a server Responder: one object, or SSE events of new text."""
-
-    def __init__(self, model_name: str, params: GenerateParameters, stream: bool):
-        self.model_name = model_name
-        self.params = params
-        self.stream = stream
-        self.media_type = SSE if stream else "application/json"
-        self._prefix_sent = not params.return_full_text
-
-    def _event(self, text: str) -> bytes:
-        body = {"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    def chunk(self, index: int, out: RequestOutput) -> bytes:
-        text = "".join(t.text for t in out.sequences[0].new_tokens)
-        if not self._prefix_sent:
-            text, self._prefix_sent = out.prompt + text, True
-        return self._event(text) if text else b""
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        if not self._prefix_sent and outs:
-            self._prefix_sent = True
-            return self._event(outs[0].prompt)
-        return b""
-
-    def body(self, outs: list[RequestOutput]) -> bytes:
-        out = outs[0]
-        text = (out.prompt if self.params.return_full_text else "") + out.sequences[0].text
-        return orjson.dumps({"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text})
-
-    def error_chunk(self, message: str) -> bytes:
-        _, body = errors.kserve(GenerationError(message))
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        status, body = errors.kserve(err)
-        return status, orjson.dumps(body)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
-from ..errors import BadRequest, ValidationFailed
-from .validation import describe
+from .shapes import lmi_object
+from .validation import non_empty, validated
 
 MAX_SEED = 2**63 - 1
 CONTENT_TYPE = "application/json"
@@ -58,9 +58,7 @@ class DynamicRequest(BaseModel):
     @field_validator("inputs")
     @classmethod
     def _non_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
-            raise ValueError("must hold at least one prompt")
-        return v
+        return non_empty(v, "must hold at least one prompt")
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -78,21 +76,8 @@ def parse_request(body: bytes) -> DynamicRequest:
     Raises BadRequest when the body is not a JSON object with ``inputs``, and
     ValidationFailed when a value is out of range.
     """
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object with 'inputs'")
-    if "inputs" not in data:
-        raise BadRequest("request body has no 'inputs'")
-    params = data.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise BadRequest("'parameters' must be a JSON object")
-    try:
-        return DynamicRequest.model_validate(data)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
+    data = lmi_object(body)
+    return validated(DynamicRequest, data)
 
 
 def format_response(texts: list[str]) -> bytes:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from ..errors import BadRequest, InvalidParameter, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import SamplingParams
-from .shapes import UNDECODABLE
+from .shapes import UNDECODABLE, lmi_object
 from .validation import describe
 
 JSON = "application/json"
@@ -163,17 +163,7 @@ def parse_request(body: bytes, defaults: Defaults, data: Any = UNDECODABLE) -> P
     """Parse and validate: :class:`BadRequest` for a body that does not fit the schema (not
     JSON, no ``inputs``, a wrong type), :class:`InvalidParameter` for a value out of range.
     ``data`` is the body already decoded (:func:`.shapes.decode`), where the caller has it."""
-    if data is UNDECODABLE:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object with 'inputs'")
-    if "inputs" not in data:
-        raise BadRequest("request body has no 'inputs'")
-    if data.get("parameters") is not None and not isinstance(data["parameters"], dict):
-        raise BadRequest("'parameters' must be a JSON object")
+    data = lmi_object(body, data)
     if defaults.tgi_compat and "details" not in (data.get("parameters") or {}):
         # DJL turns details on under tgi_compat, as TGI's clients expect them
         data = {**data, "parameters": {**(data.get("parameters") or {}), "details": True}}

@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 
-from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
 from . import errors
 from .tgi import SSE, ParsedTgi
@@ -67,8 +66,10 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class MindieResponder:
+class MindieResponder(errors.ErrorsIn):
     """MindIE's ``/`` answers as a server Responder."""
+
+    error_shape = staticmethod(errors.tgi)
 
     def __init__(self, parsed: ParsedTgi):
         self.parsed = parsed
@@ -105,11 +106,3 @@ class MindieResponder:
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return orjson.dumps([generate_body(outs[0], self.parsed)])
-
-    def error_chunk(self, message: str) -> bytes:
-        _, body = errors.tgi(GenerationError(message))
-        return _event(body)
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        status, body = errors.tgi(err)
-        return status, orjson.dumps(body)

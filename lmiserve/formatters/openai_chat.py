@@ -12,24 +12,14 @@ import json
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding
 from . import tool_calls
-from .openai_common import (
-    OPENAI_CHAT,
-    SamplingFields,
-    Style,
-    StyledResponder,
-    chosen,
-    finish_reason,
-    new_id,
-    now,
-    usage,
-)
-from .validation import describe
+from .openai_common import OPENAI_CHAT, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
+from .validation import validated
 
 
 class ContentPart(BaseModel):
@@ -179,10 +169,7 @@ class ChatRequest(SamplingFields):
 def parse(data: dict[str, Any]) -> ChatRequest:
     if "messages" not in data:
         raise ValidationFailed("'messages' is required")
-    try:
-        return ChatRequest.model_validate(data)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
+    return validated(ChatRequest, data)
 
 
 def generation_request(req: ChatRequest, prompt: str, default_max_tokens: int) -> GenerationRequest:
@@ -218,16 +205,11 @@ def _logprob_entry(t: TokenOutput, top: int) -> dict[str, Any]:
 
 
 class ChatResponder(StyledResponder):
+    req: ChatRequest
+
     def __init__(self, req: ChatRequest, model: str, style: Style = OPENAI_CHAT):
-        self.req = req
-        self.model = model
-        self.style = style
-        self.object = style.object_name
+        super().__init__(req, model, style, "chatcmpl")
         self.chunk_object = "chat.completion.chunk"
-        self.stream = req.stream
-        self.id = new_id("chatcmpl")
-        self.created = now()
-        self.mindie_usage = style.mindie_usage
         self._started: set[tuple[int, int]] = set()
         self._held: dict[tuple[int, int], str] = {}
         self._pending: dict[tuple[int, int], list[TokenOutput]] = {}
@@ -258,27 +240,10 @@ class ChatResponder(StyledResponder):
             choices.append(
                 {"index": rank, "message": message, "logprobs": self._logprobs(seq.tokens), "finish_reason": reason}
             )
-        body = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage(outs, mindie=self.mindie_usage),
-        }
-        return orjson.dumps(body)
+        return orjson.dumps(self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage)))
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return self.frame(
-            {
-                "id": self.id,
-                "object": self.chunk_object,
-                "created": self.created,
-                "model": self.model,
-                "choices": choices,
-                **extra,
-            }
-        )
+        return self.frame(self.envelope(choices, self.chunk_object, **extra))
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
         seq = out.sequences[out.last_index]

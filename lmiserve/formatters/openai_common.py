@@ -15,6 +15,7 @@ from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
 from . import errors
+from .validation import without_nulls
 
 MAX_SEED = 2**64 - 1
 DONE = b"data: [DONE]\n\n"
@@ -80,12 +81,31 @@ OPENAI_CHAT = Style("chat.completion")
 class StyledResponder:
     """Streaming and error plumbing shared by the completions and chat responders."""
 
-    style: Style
-    stream: bool
     outs: list[RequestOutput] | None = None
     truncate_on_timeout: bool = False
     """When the request's time runs out, answer what was generated so far, ending with
     ``length`` (Databricks' ``error_behavior: "truncate"``), instead of an error."""
+
+    def __init__(self, req: Any, model: str, style: Style, id_prefix: str):
+        self.req = req
+        self.model = model
+        self.style = style
+        self.object = style.object_name
+        self.stream: bool = req.stream
+        self.id = new_id(id_prefix)
+        self.created = now()
+        self.mindie_usage = style.mindie_usage
+
+    def envelope(self, choices: list[dict[str, Any]], object_name: str | None = None, **extra: Any) -> dict[str, Any]:
+        """A response or chunk object around ``choices``: id, object, created and model first."""
+        return {
+            "id": self.id,
+            "object": object_name or self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     def start(self, outs: list[RequestOutput]) -> None:
         self.outs = outs
@@ -172,11 +192,7 @@ class SamplingFields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if v is not None}
-            if isinstance(data.get("stop"), str):
-                data["stop"] = [data["stop"]]
-        return data
+        return without_nulls(data)
 
     @model_validator(mode="after")
     def _choices(self) -> SamplingFields:

@@ -18,22 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ..errors import BadRequest, ValidationFailed
+from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
-from .openai_common import (
-    OPENAI_COMPLETIONS,
-    SamplingFields,
-    Style,
-    StyledResponder,
-    chosen,
-    finish_reason,
-    new_id,
-    now,
-    usage,
-)
-from .validation import describe
+from .openai_common import OPENAI_COMPLETIONS, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
+from .validation import validated
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -99,23 +89,10 @@ class CompletionRequest(SamplingFields):
         return [("", list(x)) for x in p]  # type: ignore[union-attr]
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    return data
-
-
 def parse(data: dict[str, Any]) -> CompletionRequest:
     if "prompt" not in data:
         raise ValidationFailed("'prompt' is required")
-    try:
-        return CompletionRequest.model_validate(data)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
+    return validated(CompletionRequest, data)
 
 
 def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
@@ -162,15 +139,10 @@ def logprobs(tokens: list[TokenOutput], start: int = 0) -> dict[str, Any]:
 
 
 class CompletionResponder(StyledResponder):
+    req: CompletionRequest
+
     def __init__(self, req: CompletionRequest, model: str, style: Style = OPENAI_COMPLETIONS):
-        self.req = req
-        self.model = model
-        self.style = style
-        self.object = style.object_name
-        self.stream = req.stream
-        self.id = new_id("cmpl")
-        self.created = now()
-        self.mindie_usage = style.mindie_usage
+        super().__init__(req, model, style, "cmpl")
         self.echo_prompts: list[str] | None = None
         self._offsets: dict[tuple[int, int], int] = {}
         self._echoed: set[tuple[int, int]] = set()
@@ -208,14 +180,7 @@ class CompletionResponder(StyledResponder):
         for i, out in enumerate(outs):
             for rank, seq in enumerate(chosen(out, self.req.n)):
                 choices.append(self._choice(i, out, seq, rank))
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage(outs, mindie=self.mindie_usage),
-        }
+        return self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage))
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return orjson.dumps(self._whole(outs))
@@ -246,13 +211,7 @@ class CompletionResponder(StyledResponder):
             "finish_reason": finish_reason(seq),
             "stop_reason": seq.stop_reason,
         }
-        chunk = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        }
+        chunk = self.envelope([choice])
         closing = self.closing_usage(self.req.include_usage) if seq.finished else None
         if closing is not None:
             chunk["usage"] = closing
@@ -263,14 +222,5 @@ class CompletionResponder(StyledResponder):
         if self.req.fake_streaming:
             return self.frame(self._whole(outs)) + self.style.framing.done
         if self.req.include_usage:
-            tail += self.frame(
-                {
-                    "id": self.id,
-                    "object": self.object,
-                    "created": self.created,
-                    "model": self.model,
-                    "choices": [],
-                    "usage": usage(outs, mindie=self.mindie_usage),
-                }
-            )
+            tail += self.frame(self.envelope([], usage=usage(outs, mindie=self.mindie_usage)))
         return tail + self.style.framing.done

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import orjson
 
+from ..errors import BadRequest
+
 Shape = Literal["lmi", "kserve", "chat", "completions", "embeddings"]
 
 
@@ -32,6 +34,29 @@ def decode(body: bytes) -> Any:
         return orjson.loads(body) if body else UNDECODABLE
     except orjson.JSONDecodeError:
         return UNDECODABLE
+
+
+def json_object(body: bytes, data: Any = UNDECODABLE, what: str = "a JSON object") -> dict[str, Any]:
+    """The body as a JSON object (``data``: the body already decoded, where the caller has it);
+    :class:`BadRequest` when it is not JSON or not ``what``."""
+    if data is UNDECODABLE:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"request body must be {what}")
+    return data
+
+
+def lmi_object(body: bytes, data: Any = UNDECODABLE) -> dict[str, Any]:
+    """An LMI body: a JSON object with ``inputs`` and, if any, a ``parameters`` object."""
+    data = json_object(body, data, "a JSON object with 'inputs'")
+    if "inputs" not in data:
+        raise BadRequest("request body has no 'inputs'")
+    if data.get("parameters") is not None and not isinstance(data["parameters"], dict):
+        raise BadRequest("'parameters' must be a JSON object")
+    return data
 
 
 def _is_tensor(x: Any) -> bool:

@@ -16,13 +16,14 @@ import random
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
-from ..errors import BadRequest, GenerationError, LmiServeError, ValidationFailed
+from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding, SamplingParams
 from . import errors
-from .validation import describe
+from .shapes import json_object
+from .validation import validated, without_nulls
 
 MAX_U64 = 2**64 - 1
 MAX_I32 = 2**31 - 1
@@ -90,11 +91,7 @@ class TgiParameters(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if v is not None}
-            if isinstance(data.get("stop"), str):
-                data["stop"] = [data["stop"]]
-        return data
+        return without_nulls(data)
 
     @field_validator("stop")
     @classmethod
@@ -198,18 +195,10 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
     """``stream`` None: the body decides (``/``); True/False: the route decides. ``mindie``:
     MindIE's ``/``, where ``max_new_tokens`` is lowered to what the server allows
     (``min(max_iter_times, max_new_tokens)``, and what fits in the context) instead of refused."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object with 'inputs'")
+    data = json_object(body, what="a JSON object with 'inputs'")
     if isinstance(data.get("inputs"), list):
         data = {**data, "inputs": text_from_parts(data["inputs"])}
-    try:
-        request = TgiRequest.model_validate(data)
-    except ValidationError as err:
-        raise ValidationFailed(describe(err)) from None
+    request = validated(TgiRequest, data)
     wants_stream = request.stream if stream is None else stream
     p = request.parameters
     if wants_stream and p.decoder_input_details:
@@ -279,8 +268,11 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     return body
 
 
-class TgiResponder:
+class TgiResponder(errors.ErrorsIn):
     """TGI's answers (``/generate``, ``/generate_stream``) as a server Responder."""
+
+    error_shape = staticmethod(errors.tgi)
+    event_prefix = b"data:"
 
     def __init__(self, parsed: ParsedTgi, as_list: bool = False):
         self.parsed = parsed
@@ -322,14 +314,6 @@ class TgiResponder:
     def body(self, outs: list[RequestOutput]) -> bytes:
         body = generate_body(outs[0], self.parsed)
         return orjson.dumps([body] if self.as_list else body)
-
-    def error_chunk(self, message: str) -> bytes:
-        _, body = errors.tgi(GenerationError(message))
-        return b"data:" + orjson.dumps(body) + b"\n\n"
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
-        status, body = errors.tgi(err)
-        return status, orjson.dumps(body)
 
 
 def tokenize_body(text: str, encoding: Any) -> bytes:

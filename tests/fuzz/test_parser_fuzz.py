@@ -22,6 +22,7 @@ from lmiserve.formatters import (
     shapes,
     tgi,
 )
+from lmiserve.formatters import kserve_generate as generate_extension
 from lmiserve.generation import limits
 from lmiserve.generation.request import GenerationRequest
 
@@ -124,17 +125,17 @@ def tgi_(body: bytes) -> None:
 
 
 def completions(body: bytes) -> None:
-    req = openai_completions.parse(openai_completions.parse_body(body))
+    req = openai_completions.parse(shapes.json_object(body))
     engine_ready(openai_completions.generation_requests(req))
 
 
 def chat(body: bytes) -> None:
-    req = openai_chat.parse(openai_completions.parse_body(body))
+    req = openai_chat.parse(shapes.json_object(body))
     engine_ready([openai_chat.generation_request(req, "prompt", MAX_MODEL_LEN)])
 
 
 def databricks_(body: bytes) -> None:
-    data = openai_completions.parse_body(body)
+    data = shapes.json_object(body)
     task = databricks.task_of(data)
     if task == "completions":
         engine_ready(databricks.completion_requests(databricks.parse_completion(data), MAX_MODEL_LEN))
@@ -145,7 +146,7 @@ def databricks_(body: bytes) -> None:
 
 
 def embeddings_(body: bytes) -> None:
-    embeddings.parse(openai_completions.parse_body(body))
+    embeddings.parse(shapes.json_object(body))
 
 
 def kserve_infer(body: bytes) -> None:
@@ -154,12 +155,12 @@ def kserve_infer(body: bytes) -> None:
 
 
 def kserve_generate(body: bytes) -> None:
-    prompt, params = kserve.parse_generate(openai_completions.parse_body(body))
+    prompt, params = generate_extension.parse_generate(shapes.json_object(body))
     engine_ready([params.request(prompt)])
 
 
 def invocation_shape(body: bytes) -> None:
-    assert shapes.invocation_shape(openai_completions.parse_body(body)) in (
+    assert shapes.invocation_shape(shapes.json_object(body)) in (
         "lmi", "kserve", "chat", "completions", "embeddings"
     )  # fmt: skip
 

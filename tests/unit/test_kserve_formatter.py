@@ -9,7 +9,7 @@ import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from lmiserve.errors import BadRequest, NotFound, ValidationFailed
-from lmiserve.formatters import kserve
+from lmiserve.formatters import errors, kserve, kserve_generate
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 
@@ -151,7 +151,7 @@ def test_bad_parameter_values_are_validation_errors(params, fragment):
     with pytest.raises(ValidationFailed) as info:
         plan_of({"inputs": [text_input(["a"])], "parameters": params})
     assert fragment in info.value.detail
-    status, body = kserve.errors.kserve(info.value)
+    status, body = errors.kserve(info.value)
     assert status == 400 and body == {"error": info.value.detail}
 
 
@@ -300,7 +300,7 @@ def test_metadata_shapes():
 
 
 def test_generate_body_parameters_inline_or_nested():
-    prompt, params = kserve.parse_generate(
+    prompt, params = kserve_generate.parse_generate(
         {"text_input": "Hi", "max_tokens": 4, "parameters": {"temperature": 0, "max_tokens": 9}, "stream": False}
     )
     assert prompt == "Hi" and params.max_tokens == 4 and not params.sampling
@@ -318,7 +318,7 @@ def test_generate_body_parameters_inline_or_nested():
 )
 def test_generate_errors(body, error, fragment):
     with pytest.raises(error, match=fragment):
-        kserve.parse_generate(body)
+        kserve_generate.parse_generate(body)
 
 
 def _output(prompt, new, text, finished):
@@ -329,7 +329,7 @@ def _output(prompt, new, text, finished):
 
 def test_generate_responder_stream_and_body():
     params = kserve.parameters({"return_full_text": True})
-    r = kserve.GenerateResponder("tiny", params, stream=True)
+    r = kserve_generate.GenerateResponder("tiny", params, stream=True)
     assert r.media_type == "text/event-stream"
     first = r.chunk(0, _output("Hi", [" a"], " a", False))
     assert first == b'data: {"model_name":"tiny","model_version":"1","text_output":"Hi a"}\n\n'
@@ -337,7 +337,9 @@ def test_generate_responder_stream_and_body():
     assert r.chunk(0, _output("Hi", [" b"], " a b", True)).startswith(b"data: ")
     assert r.end([]) == b""
     assert r.error_chunk("boom") == b'data: {"error":"boom"}\n\n'
-    body = kserve.GenerateResponder("tiny", kserve.parameters({}), stream=False).body([_output("Hi", [], " a", True)])
+    body = kserve_generate.GenerateResponder("tiny", kserve.parameters({}), stream=False).body(
+        [_output("Hi", [], " a", True)]
+    )
     assert orjson.loads(body) == {"model_name": "tiny", "model_version": "1", "text_output": " a"}
     assert r.error_body(NotFound("no model")) == (404, b'{"error":"no model"}')
     assert r.error_body(BadRequest("bad"))[0] == 400

@@ -232,10 +232,12 @@ def test_kserve_infer_json_and_binary():
 
 
 def test_kserve_generate_and_stream():
-    from lmiserve.formatters import kserve
+    from lmiserve.formatters import kserve_generate
 
-    prompt, params = kserve.parse_generate({"text_input": PROMPT, "parameters": {"max_tokens": 4}})
-    golden("kserve/generate.json", kserve.GenerateResponder("tiny", params, stream=False).body([output()]))
-    golden("kserve/generate_stream.sse", replay(kserve.GenerateResponder("tiny", params, stream=True), output()))
-    failing = kserve.GenerateResponder("tiny", params, stream=True)
+    prompt, params = kserve_generate.parse_generate({"text_input": PROMPT, "parameters": {"max_tokens": 4}})
+    golden("kserve/generate.json", kserve_generate.GenerateResponder("tiny", params, stream=False).body([output()]))
+    golden(
+        "kserve/generate_stream.sse", replay(kserve_generate.GenerateResponder("tiny", params, stream=True), output())
+    )
+    failing = kserve_generate.GenerateResponder("tiny", params, stream=True)
     golden("kserve/generate_stream_error.sse", replay(failing, output(), fail_after=2))

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from ...formatters import databricks, openai_chat, openai_completions
 from ...formatters.openai_common import Style
+from ...formatters.shapes import json_object
 from ...serving import EngineModel, ServedModel
 from ..bodies import read_body
 from ..generation import respond
@@ -60,14 +61,14 @@ async def _task(request: Request, model: ServedModel, data: dict, task: str, cha
 @router.post("/serving-endpoints/{name}/invocations")
 async def invocations(name: str, request: Request) -> Response:
     request.state.protocol = "databricks"
-    data = openai_completions.parse_body(await read_body(request))
+    data = json_object(await read_body(request))
     task = databricks.task_of(data)
     return await _task(request, _endpoint_model(request, name), data, task, databricks.CHAT)
 
 
 async def _openai_path(request: Request, task: str) -> Response:
     request.state.protocol = "databricks"
-    data = openai_completions.parse_body(await read_body(request))
+    data = json_object(await read_body(request))
     name = data.get("model") if isinstance(data.get("model"), str) else ""
     model = _endpoint_model(request, name) if name else request.app.state.registry.resolve(None)
     return await _task(request, model, data, task, databricks.OPENAI_CHAT)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
-from ...formatters import kserve, kserve_handler
+from ...formatters import kserve, kserve_generate, kserve_handler
 from ...serving import HandlerModel
 from .. import deadline, handler_response
 from ..generation import respond, wait_for_disconnect
@@ -142,8 +142,8 @@ async def _generate(request: Request, model_name: str, version: str, stream: boo
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    prompt, params = kserve.parse_generate(data)
-    responder = kserve.GenerateResponder(model.name, params, stream)
+    prompt, params = kserve_generate.parse_generate(data)
+    responder = kserve_generate.GenerateResponder(model.name, params, stream)
     return await respond(model, [params.request(prompt)], responder, request)
 
 

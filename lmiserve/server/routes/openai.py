@@ -9,6 +9,7 @@ from starlette.responses import Response
 from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
+from ...formatters.shapes import json_object
 from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel
 from ..bodies import read_body
 from ..errors import error_response
@@ -52,7 +53,7 @@ async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Resp
 
 async def _openai_body(request: Request) -> dict:
     request.state.protocol = "openai"
-    return openai_completions.parse_body(await read_body(request))
+    return json_object(await read_body(request))
 
 
 @router.post("/v1/completions")
