@@ -5,7 +5,9 @@ engine and the handler workers) or :func:`start` (the tensor-parallel ranks, whi
 store), in the environment :func:`child_env` builds; it reaps with :meth:`ChildProcess.reap` or
 :func:`reap_blocking` (:data:`EXIT_GRACE_S` to exit, then a kill) and names how a child ended with
 :func:`exit_description`. A child calls :func:`become_child` first (it dies with its parent and
-leaves stop signals to the server), and :func:`connect_to_parent` for its first message.
+leaves stop signals to the server), and :func:`connect_to_parent` for its first message;
+:func:`run_child` is a whole child's main: connect, start (a failure is reported to the parent)
+and serve until the parent goes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +74,43 @@ def connect_to_parent(argv: list[str], first: type, label: Callable[[Any], str])
         return None
     logs.configure(init.log_level, f"{label(init)} pid {os.getpid()}")
     return sock, init
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception (the type alone when it has no message)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def run_child(
+    argv: list[str],
+    first: type,
+    label: Callable[[Any], str],
+    failed: type,
+    start: Callable[[socket.socket, Any], Callable[[], None]],
+) -> int:
+    """A child's main. Connect (exit 2 when the first message is not a ``first``); ``start``
+    from it, returning the serving loop (on any failure the parent gets a ``failed`` message
+    with the traceback: exit 1); serve until the parent goes (exit 0)."""
+    import logging
+
+    from . import wire
+
+    channel = connect_to_parent(argv, first, label)
+    if channel is None:
+        return 2
+    sock, init = channel
+    try:
+        serve = start(sock, init)
+    except BaseException as exc:  # noqa: BLE001 - any failure is reported to the server
+        detail = "".join(traceback.format_exception(exc))
+        logging.getLogger("lmiserve.child").error("%s failed to start:\n%s", label(init), detail)
+        wire.send(sock, failed(error=describe(exc) + "\n" + detail))
+        return 1
+    try:
+        serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return 0
 
 
 def child_env(threads: int | None = None, **extra: str) -> dict[str, str]:

@@ -78,18 +78,15 @@ def _hub_snapshot(model_id: str) -> Path:
         ) from exc
 
 
-def resolve_model(model_id: str | None, model_dir: Path) -> Path:
-    """A local Hugging Face directory (config.json + weights + tokenizer) for ``model_id``."""
+def locate(model_id: str | None, model_dir: Path) -> Path | None:
+    """Where ``model_id``'s files are, as they are: a directory with config.json or a .gguf
+    file; None for a directory that has neither."""
     if not model_id:
         if (model_dir / "config.json").is_file():
             return model_dir
-        gguf = _gguf_in(model_dir)
-        if gguf is not None:
-            return gguf_to_hf(gguf)
-        return gguf_to_hf(package_file(DEFAULT_MODEL_ID))
+        return _gguf_in(model_dir) or package_file(DEFAULT_MODEL_ID)
     if model_id.startswith("pkg://"):
-        found = package_file(model_id)
-        return found if found.is_dir() else gguf_to_hf(found)
+        return package_file(model_id)
     if model_id.startswith("s3://"):
         raise ModelNotFound(
             f"{model_id}: lmiserve does not download from S3; let SageMaker place the model in /opt/ml/model"
@@ -98,15 +95,18 @@ def resolve_model(model_id: str | None, model_dir: Path) -> Path:
     if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
         path = model_dir / path
     if path.is_file() and path.suffix == ".gguf":
-        return gguf_to_hf(path)
+        return path
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return path
-        gguf = _gguf_in(path)
-        if gguf is not None:
-            return gguf_to_hf(gguf)
-        raise ModelNotFound(f"{path} has neither config.json nor a .gguf file")
+        return path if (path / "config.json").is_file() else _gguf_in(path)
     return _hub_snapshot(model_id)
+
+
+def resolve_model(model_id: str | None, model_dir: Path) -> Path:
+    """A local Hugging Face directory (config.json + weights + tokenizer) for ``model_id``."""
+    found = locate(model_id, model_dir)
+    if found is None:
+        raise ModelNotFound(f"{model_id} has neither config.json nor a .gguf file")
+    return found if found.is_dir() else gguf_to_hf(found)
 
 
 GGUF_ARCHITECTURES = {
@@ -132,25 +132,10 @@ def _gguf_architectures(gguf: Path) -> list[str]:
 
 def architectures(model_id: str | None, model_dir: Path) -> list[str]:
     """The model's architecture names, read cheaply (no conversion, no weights)."""
-    if not model_id:
-        if (model_dir / "config.json").is_file():
-            return _config_architectures(model_dir)
-        gguf = _gguf_in(model_dir)
-        return _gguf_architectures(gguf or package_file(DEFAULT_MODEL_ID))
-    if model_id.startswith("pkg://"):
-        found = package_file(model_id)
-        return _config_architectures(found) if found.is_dir() else _gguf_architectures(found)
-    path = Path(model_id)
-    if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
-        path = model_dir / path
-    if path.is_file() and path.suffix == ".gguf":
-        return _gguf_architectures(path)
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return _config_architectures(path)
-        gguf = _gguf_in(path)
-        return _gguf_architectures(gguf) if gguf else []
-    return _config_architectures(_hub_snapshot(model_id))
+    found = locate(model_id, model_dir)
+    if found is None:
+        return []
+    return _config_architectures(found) if found.is_dir() else _gguf_architectures(found)
 
 
 def _cache_dir_for(gguf: Path) -> Path:

@@ -7,9 +7,10 @@ Each field is declared once with :func:`setting`; keys, environment variables, C
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Literal
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import SecretStr, ValidationInfo, field_validator, model_validator
 
 from .engine_settings import EngineSettings
 from .fields import MIB, Area, EnvAlias, setting
@@ -37,6 +38,39 @@ _ROLLING = {
 }
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")
 _FORMATTER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def _device(v: str) -> str:
+    if not _DEVICE.match(v.lower()):
+        raise ValueError("not a device")
+    return v.lower()
+
+
+def _degree(v: str) -> int | str:
+    if v.lower() == "max":
+        return "max"
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError("not a degree")
+    return int(v)
+
+
+def _formatter(v: str) -> str:
+    if v.lower() in ("json", "jsonlines", "sse"):
+        return v.lower()
+    if not _FORMATTER.match(v):
+        raise ValueError("not a formatter")
+    return v
+
+
+_SPELLINGS: dict[str, Callable[[str], object]] = {
+    "engine": lambda v: {"python": "Python", "mpi": "MPI"}.get(v.lower(), v),
+    "dtype": lambda v: _DTYPES.get(v.lower(), v),
+    "rolling_batch": lambda v: _ROLLING.get(v.lower(), v),
+    "device": _device,
+    "tensor_parallel_degree": _degree,
+    "output_formatter": _formatter,
+}
+"""The model's text settings read case-blind (and checked), by field."""
 
 
 _Area = Area
@@ -293,55 +327,17 @@ class ModelSettings(_Area):
         ge=1,
     )
 
-    @field_validator("engine", mode="before")
+    @field_validator(*_SPELLINGS, mode="before")
     @classmethod
-    def _engine(cls, v: object) -> object:
-        if isinstance(v, str):
-            return {"python": "Python", "mpi": "MPI"}.get(v.strip().lower(), v)
-        return v
+    def _spelling(cls, v: object, info: ValidationInfo) -> object:
+        """A text value in the field's canonical spelling (or refused)."""
+        return _SPELLINGS[info.field_name](v.strip()) if isinstance(v, str) else v
 
-    @field_validator("dtype", mode="before")
+    @field_validator("tensor_parallel_degree")
     @classmethod
-    def _dtype(cls, v: object) -> object:
-        return _DTYPES.get(v.strip().lower(), v) if isinstance(v, str) else v
-
-    @field_validator("rolling_batch", mode="before")
-    @classmethod
-    def _rolling(cls, v: object) -> object:
-        return _ROLLING.get(v.strip().lower(), v) if isinstance(v, str) else v
-
-    @field_validator("device", mode="before")
-    @classmethod
-    def _device(cls, v: object) -> object:
-        if isinstance(v, str):
-            v = v.strip().lower()
-            if not _DEVICE.match(v):
-                raise ValueError("not a device")
-        return v
-
-    @field_validator("tensor_parallel_degree", mode="before")
-    @classmethod
-    def _tp(cls, v: object) -> object:
-        if isinstance(v, str):
-            v = v.strip().lower()
-            if v == "max":
-                return v
-            if not v.isdigit() or int(v) < 1:
-                raise ValueError("not a degree")
-            return int(v)
+    def _degree_above_zero(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
             raise ValueError("not a degree")
-        return v
-
-    @field_validator("output_formatter", mode="before")
-    @classmethod
-    def _formatter(cls, v: object) -> object:
-        if isinstance(v, str):
-            v = v.strip()
-            if v.lower() in ("json", "jsonlines", "sse"):
-                return v.lower()
-            if not _FORMATTER.match(v):
-                raise ValueError("not a formatter")
         return v
 
     @field_validator("max_model_len", "model_id", "entry_point", "model_name", "required_memory_mb", mode="before")

@@ -32,6 +32,11 @@ def is_not_found(exc: BaseException) -> bool:
     return error.get("Code") == "ValidationException" and "could not find" in str(error.get("Message", "")).lower()
 
 
+def _client(service: str) -> Any:
+    """A property for the session's client of ``service`` (made once, on first use)."""
+    return property(lambda self: self.client(service))
+
+
 class Aws:
     """One boto3 session and its clients."""
 
@@ -57,21 +62,10 @@ class Aws:
             self._clients[service] = self.session.client(service, config=self._config)
         return self._clients[service]
 
-    @property
-    def sagemaker(self) -> Any:
-        return self.client("sagemaker")
-
-    @property
-    def runtime(self) -> Any:
-        return self.client("sagemaker-runtime")
-
-    @property
-    def autoscaling(self) -> Any:
-        return self.client("application-autoscaling")
-
-    @property
-    def s3(self) -> Any:
-        return self.client("s3")
+    sagemaker = _client("sagemaker")
+    runtime = _client("sagemaker-runtime")
+    autoscaling = _client("application-autoscaling")
+    s3 = _client("s3")
 
     def identity(self) -> dict:
         if self._identity is None:

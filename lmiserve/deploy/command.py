@@ -50,20 +50,11 @@ def _model_flags(parser: argparse.ArgumentParser, required: bool) -> None:
         "--uncompressed", action="store_true", help="upload --model-dir's files under a prefix, not as model.tar.gz"
     )
     default = (lambda value: value) if required else (lambda value: None)
-    parser.add_argument(
-        "--startup-timeout",
-        type=int,
-        default=default(DEFAULT_STARTUP_TIMEOUT),
-        metavar="S",
-        help=f"ContainerStartupHealthCheckTimeoutInSeconds, 60..3600 ({DEFAULT_STARTUP_TIMEOUT})",
-    )
-    parser.add_argument(
-        "--download-timeout",
-        type=int,
-        default=default(DEFAULT_DOWNLOAD_TIMEOUT),
-        metavar="S",
-        help=f"ModelDataDownloadTimeoutInSeconds, 60..3600 ({DEFAULT_DOWNLOAD_TIMEOUT})",
-    )
+    for flag, field, value in (
+        ("--startup-timeout", "ContainerStartupHealthCheckTimeoutInSeconds", DEFAULT_STARTUP_TIMEOUT),
+        ("--download-timeout", "ModelDataDownloadTimeoutInSeconds", DEFAULT_DOWNLOAD_TIMEOUT),
+    ):
+        parser.add_argument(flag, type=int, default=default(value), metavar="S", help=f"{field}, 60..3600 ({value})")
     parser.add_argument("--volume-size", type=int, metavar="GB", help="EBS volume per instance (types without NVMe)")
     parser.add_argument(
         "--routing",

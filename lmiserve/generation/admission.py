@@ -34,10 +34,6 @@ class Admitted:
     def params(self) -> SamplingParams:
         return self.request.params
 
-    @property
-    def prompt(self) -> str:
-        return self.request.prompt
-
 
 @dataclass(frozen=True)
 class Admission:

@@ -18,6 +18,7 @@ from ..formatters import embeddings
 from ..model_store import resolve_model
 from .inputs import Input
 from .outputs import Output
+from .service import service_handle
 
 log = logging.getLogger("lmiserve.embedding")
 
@@ -123,14 +124,5 @@ class EmbeddingService:
         return output
 
 
-_service: EmbeddingService | None = None
-
-
-def handle(inputs: Input) -> Output | None:
-    global _service
-    if _service is None:
-        _service = EmbeddingService(inputs.get_properties())
-        return None
-    if inputs.is_empty():
-        return None
-    return _service.handle(inputs)
+handle = service_handle(EmbeddingService)
+"""DJL's entry point: the first call (the model's properties) builds the service."""

@@ -12,7 +12,7 @@ each step's text to a callback for streaming.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -42,6 +42,12 @@ class GenRow:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop_sequences: Sequence[str] = ()
+
+    @classmethod
+    def of(cls, prompt_ids: list[int], params: Any) -> GenRow:
+        """A row for ``prompt_ids`` decoded as ``params`` says (an object with this class's fields)."""
+        names = [f.name for f in fields(cls) if f.name != "prompt_ids"]
+        return cls(prompt_ids, **{name: getattr(params, name) for name in names})
 
 
 @dataclass

@@ -23,6 +23,7 @@ from ..model_store import resolve_model
 from .hf_generate import BatchGenerator, GenRow, RowResult
 from .inputs import Input
 from .outputs import Output, fan_out
+from .service import service_handle
 
 log = logging.getLogger("lmiserve.text_generation")
 
@@ -93,19 +94,7 @@ class TextGenerationService:
                     f"the prompt has {len(ids)} tokens and max_new_tokens is {params.max_new_tokens}: "
                     f"more than max_model_len ({self.max_model_len})"
                 )
-            rows.append(
-                GenRow(
-                    prompt_ids=ids,
-                    max_new_tokens=params.max_new_tokens,
-                    do_sample=params.do_sample,
-                    temperature=params.temperature,
-                    top_k=params.top_k,
-                    top_p=params.top_p,
-                    repetition_penalty=params.repetition_penalty,
-                    seed=params.seed,
-                    stop_sequences=params.stop_sequences,
-                )
-            )
+            rows.append(GenRow.of(ids, params))
         stream = request.stream if request.stream is not None else self.enable_streaming
         return _Request(index, request.prompts, params, rows, stream)
 
@@ -186,14 +175,5 @@ class TextGenerationService:
             yield lines
 
 
-_service: TextGenerationService | None = None
-
-
-def handle(inputs: Input) -> Output | None:
-    global _service
-    if _service is None:
-        _service = TextGenerationService(inputs.get_properties())
-        return None
-    if inputs.is_empty():
-        return None
-    return _service.handle(inputs)
+handle = service_handle(TextGenerationService)
+"""DJL's entry point: the first call (the model's properties) builds the service."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
-from ..child import connect_to_parent
+from ..child import describe, run_child
 from ..errors import LmiServeError
 from .inputs import Input
 from .loader import load_handler
@@ -30,10 +30,6 @@ log = logging.getLogger("lmiserve.worker")
 
 def _error_body(code: int, message: str, error: str) -> bytes:
     return json.dumps({"code": code, "message": message, "error": error}).encode("utf-8")
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class Worker:
@@ -71,7 +67,7 @@ class Worker:
             return
         except Exception as exc:
             log.error("handler failed:\n%s", traceback.format_exc())
-            self._fail_all(job, 424, "invoke handler failure", _describe(exc))
+            self._fail_all(job, 424, "invoke handler failure", describe(exc))
             return
         streams: list[tuple[str, Iterator[bytes]]] = []
         for item, response in zip(job.items, responses):
@@ -107,7 +103,7 @@ class Worker:
                     continue
                 except Exception as exc:
                     log.error("stream failed:\n%s", traceback.format_exc())
-                    wire.send(self.sock, wire.ResponseEnd(request_id=request_id, error=_describe(exc)))
+                    wire.send(self.sock, wire.ResponseEnd(request_id=request_id, error=describe(exc)))
                     active.remove(entry)
                     continue
                 wire.send(self.sock, wire.ResponseChunk(request_id=request_id, data=data))
@@ -122,35 +118,19 @@ class Worker:
                 wire.send(self.sock, wire.JobDone(job_id=msg.job_id))
 
 
-def _initialise(sock: socket.socket, init: wire.InitWorker) -> Callable[[Input], Any] | None:
-    try:
-        handler = load_handler(Path(init.model_dir), init.entry_point or "", init.handler)
-        result = handler(Input(init.properties))
-        if isinstance(result, Output) and result.code >= 400:
-            raise RuntimeError(f"initialisation answered {result.code}: {result.message}")
-    except BaseException as exc:  # noqa: BLE001 - any failure is reported to the server
-        detail = "".join(traceback.format_exception(exc))
-        log.error("model %s failed to load:\n%s", init.model_name, detail)
-        wire.send(sock, wire.WorkerFailed(error=_describe(exc) + "\n" + detail))
-        return None
-    return handler
+def _start(sock: socket.socket, init: wire.InitWorker) -> Callable[[], None]:
+    """Load the handler and call it once with the model's properties (its initialisation)."""
+    handler = load_handler(Path(init.model_dir), init.entry_point or "", init.handler)
+    result = handler(Input(init.properties))
+    if isinstance(result, Output) and result.code >= 400:
+        raise RuntimeError(f"initialisation answered {result.code}: {result.message}")
+    wire.send(sock, wire.WorkerReady(pid=os.getpid()))
+    return Worker(sock, handler).serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    channel = connect_to_parent(argv, wire.InitWorker, lambda i: f"{i.model_name} worker-{i.worker_id}")
-    if channel is None:
-        return 2
-    sock, init = channel
-    handler = _initialise(sock, init)
-    if handler is None:
-        return 1
-    wire.send(sock, wire.WorkerReady(pid=os.getpid()))
-    try:
-        Worker(sock, handler).serve()
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-    return 0
+    label = lambda i: f"{i.model_name} worker-{i.worker_id}"  # noqa: E731
+    return run_child(sys.argv[1:] if argv is None else argv, wire.InitWorker, label, wire.WorkerFailed, _start)
 
 
 if __name__ == "__main__":

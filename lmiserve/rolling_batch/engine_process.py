@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
-import traceback
+from collections.abc import Callable
 
 from .. import wire
-from ..child import connect_to_parent
+from ..child import run_child
 from .engine import Engine, RequestRejected
 from .settings import engine_config
 
@@ -91,19 +92,10 @@ def _rank_failed(reason: str) -> None:
     os._exit(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    channel = connect_to_parent(argv, wire.InitEngine, lambda i: f"{i.model_name} engine")
-    if channel is None:
-        return 2
-    sock, init = channel
-    try:
-        engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)
-    except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops
-        detail = "".join(traceback.format_exception(exc))
-        log.error("the engine failed to start:\n%s", detail)
-        wire.send(sock, wire.EngineFailed(error=f"{type(exc).__name__}: {exc}\n{detail}"))
-        return 1
+def _start(sock: socket.socket, init: wire.InitEngine) -> Callable[[], None]:
+    """Build the engine, say it is ready, and hand back its loop; a reader thread feeds the
+    loop's inbox from the socket."""
+    engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)
     lock = threading.Lock()
 
     def send(msg: wire.Msg) -> None:
@@ -121,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=read, name="engine-inbox", daemon=True).start()
     send(wire.EngineReady(info=engine.info))
-    try:
-        loop.run()
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-    return 0
+    return loop.run
+
+
+def main(argv: list[str] | None = None) -> int:
+    label = lambda i: f"{i.model_name} engine"  # noqa: E731
+    return run_child(sys.argv[1:] if argv is None else argv, wire.InitEngine, label, wire.EngineFailed, _start)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def admission(**kw):
 def test_the_admitted_request_is_final_and_the_parsed_one_untouched():
     parsed = GenerationRequest("", SamplingParams(max_new_tokens=5), prompt_ids=[104, 105])
     admitted = admission().admit(parsed, Chars())
-    assert admitted.prompt_ids == (104, 105) and admitted.prompt == "hi"
+    assert admitted.prompt_ids == (104, 105) and admitted.request.prompt == "hi"
     assert parsed.prompt == "" and parsed.prompt_ids == [104, 105]
     with pytest.raises(AttributeError):
         admitted.prompt_ids = (1,)  # frozen

@@ -99,7 +99,8 @@ def _model(tmp_path, text):
 
 def test_max_input_token_len_refuses_longer_prompts(tmp_path):
     model = _model(tmp_path, "option.max_input_token_len=5\n")
-    assert model.admit(GenerationRequest("hello", SamplingParams(max_new_tokens=3))).prompt_ids == (104, 101, 108, 108, 111)
+    admitted = model.admit(GenerationRequest("hello", SamplingParams(max_new_tokens=3)))
+    assert admitted.prompt_ids == (104, 101, 108, 108, 111)
     with pytest.raises(ValidationFailed, match=r"the prompt has 6 tokens, more than max_input_token_len \(5\)"):
         model.admit(GenerationRequest("hello!", SamplingParams(max_new_tokens=3)))
 

@@ -35,15 +35,7 @@ class CudaOps(ReferenceOps):
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
         self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def attention(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        paged: PagedAttentionInputs,
-        scale: float,
-        window: int = 0,
-    ) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
         return self.kernels.paged_attention(
             q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, paged.max_q_len, scale, window
         )

@@ -134,20 +134,8 @@ class NpuOps(ReferenceOps):
         if q.dtype not in ATTENTION_DTYPES:
             return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
         batch, heads, dim = q.shape
-        blocks, block_size, kv_heads, _ = k_cache.shape
         (lens,) = self._host_lengths("decode", seq_lens)
-        out, _ = self.npu.npu_fused_infer_attention_score(
-            q.reshape(batch, 1, heads * dim),
-            k_cache.view(blocks, block_size, kv_heads * dim),
-            v_cache.view(blocks, block_size, kv_heads * dim),
-            actual_seq_lengths_kv=lens,
-            block_table=block_tables,
-            num_heads=heads,
-            num_key_value_heads=kv_heads,
-            scale=scale,
-            input_layout="BSH",
-            block_size=block_size,
-        )
+        out = self._fused(q.reshape(batch, 1, heads * dim), k_cache, v_cache, heads, block_tables, lens, scale, "BSH")
         return out.view(batch, heads, dim)
 
     def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
@@ -167,23 +155,19 @@ class NpuOps(ReferenceOps):
 
     def _tnd(self, q, k_cache, v_cache, block_tables, cu, lens, scale):  # type: ignore[no-untyped-def]
         """Query rows of many sequences (TND), causal and aligned to each sequence's end."""
-        _, heads, dim = q.shape
-        blocks, block_size, kv_heads, _ = k_cache.shape
-        out, _ = self.npu.npu_fused_infer_attention_score(
-            q,
-            k_cache.view(blocks, block_size, kv_heads * dim),
-            v_cache.view(blocks, block_size, kv_heads * dim),
-            atten_mask=self.causal_mask(q.device),
-            actual_seq_lengths=cu[1:],
-            actual_seq_lengths_kv=lens,
-            block_table=block_tables,
-            num_heads=heads,
-            num_key_value_heads=kv_heads,
-            scale=scale,
-            input_layout="TND",
-            sparse_mode=3,
-            block_size=block_size,
-        )
+        mask = self.causal_mask(q.device)
+        layout = {"atten_mask": mask, "actual_seq_lengths": cu[1:], "sparse_mode": 3}
+        return self._fused(q, k_cache, v_cache, q.shape[1], block_tables, lens, scale, "TND", **layout)
+
+    def _fused(self, query, k_cache, v_cache, heads, block_tables, lens, scale, layout, **extra):  # type: ignore[no-untyped-def]
+        """``npu_fused_infer_attention_score`` over the paged cache, each block's K and V as
+        ``(block_size, kv_heads * head_dim)`` rows; ``lens`` are the sequences' lengths."""
+        blocks, block_size, kv_heads, dim = k_cache.shape
+        key = k_cache.view(blocks, block_size, kv_heads * dim)
+        value = v_cache.view(blocks, block_size, kv_heads * dim)
+        paged = {"block_table": block_tables, "block_size": block_size, "actual_seq_lengths_kv": lens}
+        shape = {"num_heads": heads, "num_key_value_heads": kv_heads, "input_layout": layout}
+        out, _ = self.npu.npu_fused_infer_attention_score(query, key, value, scale=scale, **paged, **shape, **extra)
         return out
 
     # --- sampling ---------------------------------------------------------------------

@@ -150,12 +150,7 @@ class ReferenceOps:
     ) -> torch.Tensor:
         """Prompt chunks: q ``(T, H, D)`` with sequence ``s`` at rows ``cu_q_lens[s]:cu_q_lens[s+1]``,
         continuing a cached prefix so that the sequence holds ``seq_lens[s]`` tokens in all."""
-        out = torch.empty_like(q)
-        bounds = cu_q_lens.tolist()
-        for s, length in enumerate(seq_lens.tolist()):
-            lo, hi = bounds[s], bounds[s + 1]
-            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
-        return out
+        return self._each(q, k_cache, v_cache, block_tables, cu_q_lens.tolist(), seq_lens.tolist(), scale, window)
 
     def attention(
         self,
@@ -168,11 +163,15 @@ class ReferenceOps:
     ) -> torch.Tensor:
         """Every sequence of the step at once: q ``(T, H, D)``, sequence ``s`` at rows
         ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens."""
+        tables = paged.block_tables
+        return self._each(q, k_cache, v_cache, tables, paged.host_cu_q_lens, paged.host_seq_lens, scale, window)
+
+    def _each(self, q, k_cache, v_cache, block_tables, bounds, lengths, scale, window):  # type: ignore[no-untyped-def]
+        """Each sequence's rows ``bounds[s]:bounds[s+1]`` of ``q`` attended on their own."""
         out = torch.empty_like(q)
-        bounds = paged.host_cu_q_lens
-        for s, length in enumerate(paged.host_seq_lens):
+        for s, length in enumerate(lengths):
             lo, hi = bounds[s], bounds[s + 1]
-            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, paged.block_tables[s], length, scale, window)
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
         return out
 
     # --- sampling ---------------------------------------------------------------------

@@ -23,6 +23,21 @@ inline float as_float(T v) {
   return lmiserve::to_f32(v);
 }
 
+// a finite "minus infinity": the kernel is built with -ffast-math, which assumes finite values
+constexpr float kLowest = -1e30f;
+
+// One task is a sequence and a range of its KV heads. With enough sequences a task takes
+// every head, so each cache block is read front to back in one pass (what the hardware
+// prefetcher likes); with few sequences the heads are split to keep every thread busy.
+struct Tasks {
+  int64_t splits, heads_per_task;
+  Tasks(int64_t batch, int64_t kv_heads)
+      : splits(batch >= 2 * at::get_num_threads() ? 1 : kv_heads), heads_per_task(kv_heads / splits) {}
+  int64_t count(int64_t batch) const { return batch * splits; }
+  int64_t sequence(int64_t task) const { return task / splits; }
+  int64_t first_head(int64_t task) const { return (task % splits) * heads_per_task; }
+};
+
 template <typename scalar_t>
 void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
             const int32_t* block_tables, const int32_t* seq_lens, int64_t batch, int64_t heads,
@@ -31,22 +46,14 @@ void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sca
   const int64_t group = heads / kv_heads;
   const int64_t slot_stride = kv_heads * dim;
   const int64_t block_stride = block_size * slot_stride;
-  // a finite "minus infinity": the kernel is built with -ffast-math, which assumes finite values
-  constexpr float kLowest = -1e30f;
-  // One task is a sequence and a range of its KV heads. With enough sequences a task takes
-  // every head, so each cache block is read front to back in one pass (what the hardware
-  // prefetcher likes); with few sequences the heads are split to keep every thread busy.
-  const int64_t threads = at::get_num_threads();
-  const int64_t splits = batch >= 2 * threads ? 1 : kv_heads;
-  const int64_t heads_per_task = kv_heads / splits;
+  const Tasks tasks(batch, kv_heads);
 
-  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tasks.count(batch), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(heads * dim), acc(heads * dim);
     std::vector<float> run_max(heads), run_sum(heads), scores(heads * block_size);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits;
-      const int64_t h0 = (task % splits) * heads_per_task;
-      const int64_t h1 = h0 + heads_per_task;
+      const int64_t b = tasks.sequence(task);
+      const int64_t h0 = tasks.first_head(task), h1 = h0 + tasks.heads_per_task;
       const int64_t len = seq_lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       for (int64_t qh = h0 * group; qh < h1 * group; ++qh) {
@@ -172,17 +179,14 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
   const int64_t heads = kv_heads * G;
   const int64_t slot_stride = kv_heads * dim;
   const int64_t block_stride = block_size * slot_stride;
-  constexpr float kLowest = -1e30f;
-  const int64_t threads = at::get_num_threads();
-  const int64_t splits = batch >= 2 * threads ? 1 : kv_heads;
-  const int64_t heads_per_task = kv_heads / splits;
+  const Tasks tasks(batch, kv_heads);
 
-  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tasks.count(batch), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(heads * dim), run_max(heads), run_sum(heads), probs(heads * block_size);
     std::vector<float> qf(heads * dim), corr(heads);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits;
-      const int64_t h0 = (task % splits) * heads_per_task, h1 = h0 + heads_per_task;
+      const int64_t b = tasks.sequence(task);
+      const int64_t h0 = tasks.first_head(task), h1 = h0 + tasks.heads_per_task;
       const int64_t len = seq_lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const c10::BFloat16* qb = q + b * q_stride_b;
