@@ -12,7 +12,8 @@ class Api:
     name: str
     path: str
 
-    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+    def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
+        """The request; ``adapter`` names a LoRA adapter in the protocol's way ("" for none)."""
         raise NotImplementedError
 
     def tokens_in(self, line: str) -> int:
@@ -21,12 +22,15 @@ class Api:
 
 
 class LmiApi(Api):
-    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
-        return {
+    def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
+        body: dict[str, Any] = {
             "inputs": prompt,
             "parameters": {"max_new_tokens": max_new_tokens, "ignore_eos_token": True, "do_sample": False},
             "stream": True,
         }
+        if adapter:
+            body["adapters"] = adapter
+        return body
 
     def tokens_in(self, line: str) -> int:
         line = line.removeprefix("data:").strip()
@@ -39,8 +43,11 @@ class LmiApi(Api):
 
 
 class TgiApi(Api):
-    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
-        return {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False}}
+    def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
+        parameters: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": False}
+        if adapter:
+            parameters["adapter_id"] = adapter
+        return {"inputs": prompt, "parameters": parameters}
 
     def tokens_in(self, line: str) -> int:
         if not line.startswith("data:"):
@@ -52,9 +59,9 @@ class TgiApi(Api):
 
 
 class OpenAiApi(Api):
-    def body(self, prompt: str, max_new_tokens: int, model: str) -> dict[str, Any]:
+    def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
         return {
-            "model": model,
+            "model": adapter or model,
             "prompt": prompt,
             "max_tokens": max_new_tokens,
             "temperature": 0,

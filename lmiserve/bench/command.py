@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model name (default: the server's only model)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the served model's)")
     parser.add_argument(
+        "--adapters", default="", help="comma-separated LoRA adapters, mixed evenly over the requests (default: none)"
+    )
+    parser.add_argument(
         "--baseline", action="store_true", help="also measure transformers generate (batch = c) on the server's device"
     )
     parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]
     info = _server_model(args.url, args.model)
     path = _model_path(info, args.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             "max_new_tokens": args.max_new_tokens,
             "seed": args.seed,
             "salt": salt,
+            "adapters": adapters,
             "engine": info.get("engine"),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
         batch = texts[used : used + warmup + n]
         used += warmup + n
-        row = asyncio.run(run_level(args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"]))
+        row = asyncio.run(run_level(args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"], adapters))
         report["server"].append(row)
     if args.baseline:
         from .baseline import run_baseline

@@ -36,19 +36,28 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, api: Api) -> Req
 
 
 async def run_level(
-    base_url: str, api: Api, prompts: list[str], concurrency: int, warmup: int, max_new_tokens: int, model: str
+    base_url: str,
+    api: Api,
+    prompts: list[str],
+    concurrency: int,
+    warmup: int,
+    max_new_tokens: int,
+    model: str,
+    adapters: list[str] | None = None,
 ) -> dict[str, object]:
-    """Send one request per prompt with ``concurrency`` clients; the first ``warmup`` are not measured."""
+    """Send one request per prompt with ``concurrency`` clients; the first ``warmup`` are not
+    measured. With ``adapters``, request ``i`` uses adapter ``i mod len(adapters)`` (an even mix)."""
     url = base_url.rstrip("/") + api.path
-    queue = [(i < warmup, prompt) for i, prompt in enumerate(prompts)]
+    names = adapters or [""]
+    queue = [(i < warmup, prompt, names[i % len(names)]) for i, prompt in enumerate(prompts)]
     measured: list[RequestRecord] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
 
         async def worker() -> None:
             while queue:
-                is_warmup, prompt = queue.pop(0)
-                record = await _one(client, url, api.body(prompt, max_new_tokens, model), api)
+                is_warmup, prompt, adapter = queue.pop(0)
+                record = await _one(client, url, api.body(prompt, max_new_tokens, model, adapter), api)
                 if not is_warmup:
                     measured.append(record)
 
