@@ -139,6 +139,25 @@ class GenerateRequest(Msg):
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    adapter: str = ""
+    """The LoRA adapter the request uses ("" for the base model)."""
+
+
+class AdapterCommand(Msg):
+    """Register, update or unregister a LoRA adapter in the engine (answered by an AdapterResult)."""
+
+    op_id: int
+    action: str
+    name: str
+    src: str = ""
+    preload: bool | None = None
+    pin: bool | None = None
+
+
+class AdapterResult(Msg):
+    op_id: int
+    status: int = 200
+    error: str | None = None
 
 
 class AbortRequest(Msg):
@@ -185,6 +204,11 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     generated_tokens: int
     step_seconds: float
+    adapters_loaded: int = 0
+    """LoRA adapters whose weights are in host memory."""
+    adapter_loads: int = 0
+    """Times an adapter's weights were read from its directory (at registration or again after
+    being unloaded)."""
 
 
 class EngineStep(Msg):
@@ -208,6 +232,8 @@ Message = (
     | GenerateRequest
     | AbortRequest
     | EngineStep
+    | AdapterCommand
+    | AdapterResult
 )
 
 _encoder = msgspec.msgpack.Encoder()

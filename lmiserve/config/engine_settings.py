@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from .fields import Area, parse_size, setting
 
@@ -131,6 +131,37 @@ class EngineSettings(Area):
         "Run every engine step kernel by kernel. By default, on CUDA GPUs, decode steps are captured as "
         "CUDA graphs for batch sizes up to max_rolling_batch_size (at most 512) and replayed.",
     )
+    enable_lora: bool = setting(
+        False,
+        "option.enable_lora",
+        "Serve LoRA adapters (PEFT directories) on top of the base model: those in the model directory's "
+        "adapters/ folder load at start, others through the adapters management API; each request names "
+        "its adapter, and requests for different adapters share one batch.",
+    )
+    max_loras: int = setting(
+        4,
+        "option.max_loras",
+        "Most distinct adapters in one engine step (the adapter slots on the device); requests for other "
+        "adapters wait for a slot.",
+        ge=1,
+        le=256,
+    )
+    max_lora_rank: int = setting(
+        16,
+        "option.max_lora_rank",
+        "Highest LoRA rank an adapter may have; the device slots are sized for it, so a larger value costs "
+        "memory. An adapter of a higher rank is refused when it is registered.",
+        ge=1,
+        le=512,
+    )
+    max_cpu_loras: int | None = setting(
+        None,
+        "option.max_cpu_loras",
+        "Adapters whose weights are kept loaded in host memory; beyond it the least recently used unpinned "
+        "adapter is unloaded, and read from its directory again when a request needs it. At least "
+        "max_loras; empty: max_loras.",
+        ge=1,
+    )
     engine_heartbeat_timeout: int = setting(
         60,
         "option.engine_heartbeat_timeout",
@@ -148,6 +179,7 @@ class EngineSettings(Area):
         "max_new_tokens_limit",
         "max_prefill_batch_size",
         "npu_device_ids",
+        "max_cpu_loras",
         mode="before",
     )
     @classmethod
@@ -158,3 +190,16 @@ class EngineSettings(Area):
     @classmethod
     def _size(cls, v: object) -> object:
         return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _lora_cache(self) -> EngineSettings:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"option.max_cpu_loras ({self.max_cpu_loras}) must be at least option.max_loras ({self.max_loras})"
+            )
+        return self
+
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters kept loaded in host memory (max_cpu_loras, else max_loras)."""
+        return self.max_cpu_loras or self.max_loras

@@ -137,6 +137,8 @@ _ALIASES = {
     "random_seed": "seed",
     "stop_words": "stop",
     "stop_sequences": "stop",
+    "adapter": "lora_name",
+    "adapter_id": "lora_name",
 }
 _LISTS = {"stop", "stop_words", "stop_sequences", "stop_token_ids", "bad_words"}
 
@@ -164,6 +166,9 @@ class GenerateParameters(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_full_text: bool = False
+    lora_name: StrictStr | None = None
+    """The LoRA adapter to generate with (the name Triton's vLLM backend reads; ``adapter`` and
+    ``adapter_id`` are the same); empty: the base model."""
 
     @model_validator(mode="before")
     @classmethod
@@ -217,6 +222,7 @@ class GenerateParameters(BaseModel):
             stop=list(self.stop),
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            adapter=self.lora_name or None,
         )
 
 

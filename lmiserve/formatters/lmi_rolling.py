@@ -86,6 +86,15 @@ class RollingRequest(BaseModel):
     inputs: StrictStr
     parameters: RollingParameters = RollingParameters()
     stream: bool | None = None
+    adapters: StrictStr | list[StrictStr] | None = None
+    """DJL's adapter for the request: a name, or a list of one name per input ("" for the base model)."""
+
+    @property
+    def adapter(self) -> str | None:
+        names = self.adapters if isinstance(self.adapters, list) else [self.adapters]
+        if len(names) != 1:  # DJL's words
+            raise InvalidParameter("Number of adapters is not equal to the number of inputs")
+        return names[0] or None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -185,6 +194,7 @@ def parse_request(body: bytes, defaults: Defaults, data: Any = UNDECODABLE) -> P
         skip_special_tokens=p.skip_special_tokens,
         spaces_between_special_tokens=p.spaces_between_special_tokens,
         truncate=p.truncate,
+        adapter=request.adapter,
     )
     return ParsedRequest(generation, p, stream, fmt, defaults.tgi_compat)
 

@@ -108,13 +108,16 @@ class TgiParameters(BaseModel):
     def _rules(self) -> TgiParameters:
         if self.watermark:
             raise ValueError("watermark is not supported by this server")
-        if self.adapter_id not in (None, "", "None"):
-            raise ValueError(f"adapter_id {self.adapter_id!r}: no LoRA adapters are loaded")
         if (self.best_of or 1) > 1 and not self.sampling:
             raise ValueError("best_of > 1 needs sampling (do_sample, temperature, top_k, top_p or typical_p)")
         if self.grammar is not None:
             self.grammar.guided()  # a value that is not JSON fails here
         return self
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter named by ``adapter_id``; MindIE's "None" (and empty) is the base model."""
+        return None if self.adapter_id in (None, "", "None") else self.adapter_id
 
     @property
     def sampling(self) -> bool:
@@ -188,6 +191,7 @@ class ParsedTgi:
             stop=list(p.stop),
             truncate=p.truncate,
             cap_max_new_tokens=cap_max_new_tokens,
+            adapter=p.adapter,
         )
 
 

@@ -29,6 +29,7 @@ class OutputProcessor:
             sequences=[SequenceOutput(index=i) for i in range(count)],
             seed=request.params.seed,
             arrival=time.monotonic(),
+            adapter=request.adapter or "",
         )
         self._detok = [
             IncrementalDetokenizer(

@@ -37,6 +37,8 @@ class GenerationRequest:
     fit_context: bool = False
     """Refuse the request when the prompt leaves no room for ``max_new_tokens`` in the context
     (otherwise generation just ends when the context is full)."""
+    adapter: str | None = None
+    """The LoRA adapter to generate with (a registered name); None or "": the base model."""
 
 
 @dataclass
@@ -90,6 +92,8 @@ class RequestOutput:
     """Per generated position, the size of the engine step that produced it."""
     queue_us: list[int] = field(default_factory=list)
     """Per generated position, microseconds waited for that step."""
+    adapter: str = ""
+    """The LoRA adapter the request used ("" for the base model)."""
 
     @property
     def finished(self) -> bool:

@@ -16,7 +16,6 @@ Plain Python, no torch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from .sequence import Sequence
@@ -117,9 +116,10 @@ class BlockManager:
             seq.block_table.append(self._take_free())
 
     # --- prefix caching ---------------------------------------------------------------
-    def _hashes(self, token_ids: Seq[int], count: int) -> list[tuple[int, tuple[int, ...]]]:
+    def _hashes(self, seq: Sequence, count: int) -> list[tuple[int, tuple[int, ...]]]:
+        token_ids = seq.token_ids
         out = []
-        parent = None
+        parent = seq.group.cache_key
         bs = self.block_size
         for i in range(count):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -136,7 +136,7 @@ class BlockManager:
             return []
         usable = (seq.num_tokens - 1) // self.block_size
         found = []
-        for block_hash, tokens in self._hashes(seq.token_ids, usable):
+        for block_hash, tokens in self._hashes(seq, usable):
             block_id = self._by_hash.get(block_hash)
             if block_id is None or self.blocks[block_id].tokens != tokens:
                 break
@@ -167,7 +167,11 @@ class BlockManager:
         full = min(seq.num_computed, seq.num_tokens) // self.block_size
         if full <= seq.num_hashed_blocks:
             return
-        parent = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else None
+        parent = (
+            self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
+            if seq.num_hashed_blocks
+            else seq.group.cache_key
+        )
         bs = self.block_size
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])

@@ -8,6 +8,7 @@ process (production: model compute never waits on JSON, and a crash is contained
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -71,19 +72,40 @@ class EngineClient:
         self.on_exit: Callable[[EngineClient, str], None] | None = None
         self.last_progress = time.monotonic()
         """When the engine last reported a step (see ``engine_process.HEARTBEAT_SECONDS``)."""
+        self._op_ids = itertools.count(1)
+        self._ops: dict[int, asyncio.Future[wire.AdapterResult]] = {}
 
     def _send(self, msg: wire.Msg) -> None:
         raise NotImplementedError
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> RequestStream:
+    def submit(
+        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+    ) -> RequestStream:
         if not self.alive:
             raise WorkerDied("the engine is not running")
         if not self.streams:  # an idle engine owes no progress: count from the first request
             self.last_progress = time.monotonic()
         stream = RequestStream(request_id, max(params.best_of, params.n, 1))
         self.streams[request_id] = stream
-        self._send(wire.GenerateRequest(request_id=request_id, prompt_ids=prompt_ids, params=params))
+        self._send(wire.GenerateRequest(request_id=request_id, prompt_ids=prompt_ids, params=params, adapter=adapter))
         return stream
+
+    async def adapter_command(
+        self, action: str, name: str, src: str = "", preload: bool | None = None, pin: bool | None = None
+    ) -> wire.AdapterResult:
+        """Register, update or unregister an adapter in the engine, between two of its steps."""
+        if not self.alive:
+            raise WorkerDied("the engine is not running")
+        op_id = next(self._op_ids)
+        answer: asyncio.Future[wire.AdapterResult] = asyncio.get_running_loop().create_future()
+        self._ops[op_id] = answer
+        self._send(wire.AdapterCommand(op_id=op_id, action=action, name=name, src=src, preload=preload, pin=pin))
+        return await answer
+
+    def _on_adapter_result(self, result: wire.AdapterResult) -> None:
+        answer = self._ops.pop(result.op_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(result)
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         stream = self.streams.get(request_id)
@@ -111,6 +133,10 @@ class EngineClient:
         for stream in self.streams.values():
             stream.fail(error)
         self.streams.clear()
+        for answer in self._ops.values():
+            if not answer.done():
+                answer.set_exception(error)
+        self._ops.clear()
         if was_alive and self.on_exit is not None:
             self.on_exit(self, reason)
 
@@ -184,6 +210,8 @@ class ProcessEngineClient(EngineClient):
                 break
             if isinstance(msg, wire.EngineStep):
                 self._on_step(msg)
+            elif isinstance(msg, wire.AdapterResult):
+                self._on_adapter_result(msg)
         code = await self.process.reap() if self.process is not None else None
         if not self.stopping and self._stall is None:
             log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))
@@ -229,6 +257,8 @@ class InProcessEngineClient(EngineClient):
         def send(msg: wire.Msg) -> None:
             if isinstance(msg, wire.EngineStep):
                 loop.call_soon_threadsafe(self._on_step, msg)
+            elif isinstance(msg, wire.AdapterResult):
+                loop.call_soon_threadsafe(self._on_adapter_result, msg)
 
         def run() -> None:
             try:

@@ -9,11 +9,9 @@ and response formats live above it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -26,8 +24,9 @@ from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
+from .lora.engine_adapters import EngineAdapters
 from .model_runner import ModelRunner, StepLogits
-from .models.spec import read_config, spec_from_config
+from .models.spec import eos_token_ids, read_config, spec_from_config
 from .parallel import TensorParallelError, WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
@@ -42,18 +41,7 @@ class RequestRejected(ValueError):
     """The engine cannot take this request (the API layer should have refused it first)."""
 
 
-def _eos_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
-    ids = list(spec_eos)
-    gen = Path(model_dir) / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        for t in [eos] if isinstance(eos, int) else eos or []:
-            if t not in ids:
-                ids.append(t)
-    return tuple(ids)
-
-
-class Engine(BeamSteps):
+class Engine(BeamSteps, EngineAdapters):
     def __init__(self, config: EngineConfig, on_rank_failure: Callable[[str], None] | None = None):
         """``on_rank_failure``: called when a tensor-parallel rank dies while the engine runs
         (the engine process exits); without it, the next step raises :class:`TensorParallelError`."""
@@ -62,7 +50,7 @@ class Engine(BeamSteps):
         self.spec = spec_from_config(read_config(config.model_dir))
         spec = self.spec
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
-        self.eos_token_ids = _eos_ids(config.model_dir, spec.eos_token_ids)
+        self.eos_token_ids = eos_token_ids(config.model_dir, spec.eos_token_ids)
         self.ranks: WorkerRanks | None = None
         tp = config.tensor_parallel_degree
         if tp > 1:
@@ -79,7 +67,12 @@ class Engine(BeamSteps):
         capacity = self.num_blocks * config.block_size
         self.blocks = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.max_prefill_seqs
+            self.blocks,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            config.max_prefill_seqs,
+            self.adapters,
         )
         self.sampler = Sampler(config.device, self.runner.ops, self.guided)
         self.groups: dict[str, Group] = {}
@@ -103,6 +96,7 @@ class Engine(BeamSteps):
             "tensor_parallel_degree": tp,
             "deterministic": "on" if config.deterministic else "off",
             "decode_graphs": ",".join(map(str, self.runner.graphs.buckets)) if self.runner.graphs else "off",
+            **self.lora_info(),
         }
         if self.ranks is not None:
             self.info["rank_pids"] = self.ranks.pids
@@ -149,6 +143,7 @@ class Engine(BeamSteps):
             shard=Shard(0, tp) if tp > 1 else None,
             deterministic=cfg.deterministic,
         )
+        self._setup_lora(dtype)
         block_bytes = self.runner.block_bytes
         self.num_blocks = self._num_blocks(block_bytes)
         if self.ranks is not None:
@@ -178,7 +173,9 @@ class Engine(BeamSteps):
             self.ranks.close()
 
     # --- requests -----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+    ) -> None:
         if request_id in self.groups:
             raise RequestRejected(f"request id {request_id!r} is already running")
         if not prompt_ids:
@@ -193,6 +190,11 @@ class Engine(BeamSteps):
             except ValueError as exc:
                 raise RequestRejected(str(exc)) from None
         group = Group(request_id, params)
+        if adapter:
+            try:
+                group.adapter = self._use_adapter(adapter)
+            except ValueError as exc:
+                raise RequestRejected(str(exc)) from None
         if params.num_beams > 1:
             if params.n > params.num_beams:
                 raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
@@ -233,6 +235,7 @@ class Engine(BeamSteps):
         for item in out.scheduled:
             if item.seq.first_scheduled is None:
                 item.seq.first_scheduled = started
+        self._fill_slots()
         self._run(out, deltas)
         ended = time.monotonic()
         for item in out.scheduled:
@@ -366,8 +369,8 @@ class Engine(BeamSteps):
         return None
 
     def _maybe_done(self, group: Group) -> None:
-        if all(s.finished for s in group.sequences):
-            self.groups.pop(group.request_id, None)
+        if all(s.finished for s in group.sequences) and self.groups.pop(group.request_id, None) is not None:
+            self._adapter_done(group)
 
     def stats(self) -> wire.EngineStats:
         return wire.EngineStats(
@@ -380,4 +383,5 @@ class Engine(BeamSteps):
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
             step_seconds=self.last_step_seconds,
+            **self.adapter_stats(),
         )

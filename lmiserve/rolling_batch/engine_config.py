@@ -30,6 +30,10 @@ class EngineConfig:
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = False
     """A request's tokens do not depend on the rest of the batch (:mod:`.ops.batch_invariant`)."""
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
 
 def engine_options(model: ModelSettings, engine: EngineSettings) -> dict[str, str]:

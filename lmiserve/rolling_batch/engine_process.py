@@ -44,12 +44,14 @@ class EngineLoop:
             return False
         if isinstance(msg, wire.GenerateRequest):
             try:
-                self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params)
+                self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params, msg.adapter)
             except RequestRejected as exc:
                 refused = wire.SeqDelta(
                     request_id=msg.request_id, finish_reason="error", error=str(exc), error_kind="validation"
                 )
                 self.send(wire.EngineStep(deltas=[refused]))
+        elif isinstance(msg, wire.AdapterCommand):
+            self.send(self.engine.adapter_command(msg))
         elif isinstance(msg, wire.AbortRequest):
             for request_id in msg.request_ids:
                 self.engine.abort(request_id, msg.index)

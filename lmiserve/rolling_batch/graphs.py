@@ -162,10 +162,14 @@ class DecodeGraphs:
         return self.buckets[i] if i < len(self.buckets) else None
 
     def fits(self, arrays: StepArrays) -> bool:
-        """A step the graphs can run: decodes only, few enough, block tables narrow enough."""
+        """A step the graphs can run: decodes only, few enough, block tables narrow enough, no adapter."""
         n = arrays.num_seqs
         return (
-            n > 0 and arrays.num_decodes == n and n <= self.buckets[-1] and arrays.block_tables.shape[1] <= self.width
+            n > 0
+            and arrays.num_decodes == n
+            and n <= self.buckets[-1]
+            and arrays.block_tables.shape[1] <= self.width
+            and arrays.lora_slots is None  # adapters' runs change every step: those steps run eagerly
         )
 
     def run(self, arrays: StepArrays) -> torch.Tensor:

@@ -4,7 +4,8 @@ Every step has a token budget (``max_num_batched_tokens``). Running sequences th
 (one token each) go first, then running sequences still prefilling continue with a chunk of
 their prompt, then waiting sequences are admitted in arrival order while the budget, the
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
-across steps alongside the decodes. When the cache runs out, the most recently admitted
+across steps alongside the decodes. A request for a LoRA adapter joins only when its adapter has
+a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
 cache is never an error.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from .block_manager import BlockManager
 from .sequence import Group, Sequence, Status
@@ -68,9 +70,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         max_prefill_seqs: int | None = None,
+        adapters: Any = None,
     ):
-        """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides)."""
+        """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides);
+        ``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on."""
         self.blocks = block_manager
+        self.adapters = adapters
         self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
         self.max_num_seqs = max_num_seqs
         # every running sequence must be able to decode in every step
@@ -102,6 +107,7 @@ class Scheduler:
             except ValueError:
                 pass
         self.blocks.free(seq)
+        self._release_slot(seq.group)
 
     def abort(self, request_id: str) -> list[Sequence]:
         found = [s for s in [*self.running, *self.waiting] if s.request_id == request_id]
@@ -118,6 +124,25 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
+        self._release_slot(seq.group)
+
+    # --- adapters -------------------------------------------------------------------------
+    def _take_slot(self, group: Group) -> bool:
+        """The request's adapter is in a device slot (now held by the request), or it must wait."""
+        if group.adapter is None or group.holds_slot:
+            return True
+        group.holds_slot = self.adapters.acquire(group.adapter)
+        return group.holds_slot
+
+    def _release_slot(self, group: Group) -> None:
+        if group.holds_slot and not any(s.status is Status.RUNNING for s in group.sequences):
+            group.holds_slot = False
+            self.adapters.release(group.adapter)
+
+    @staticmethod
+    def _slot_of(item: ScheduledSeq) -> int:
+        adapter = item.seq.group.adapter
+        return -1 if adapter is None else adapter.slot
 
     def _victims(self, protected: set[int]) -> list[Sequence]:
         """Sequences that may be preempted: not scheduled this step, not part of a beam search
@@ -216,6 +241,9 @@ class Scheduler:
             n = min(seq.num_tokens - len(cached) * self.blocks.block_size, budget)
             if self.blocks.admission_cost(seq, cached, n) > self.blocks.num_free_blocks:
                 break
+            if not self._take_slot(seq.group):  # every slot is taken by adapters running now
+                skipped.append(self.waiting.popleft())
+                continue
             self.waiting.popleft()
             self.blocks.admit(seq, cached, n)
             seq.status = Status.RUNNING
@@ -225,6 +253,9 @@ class Scheduler:
             budget -= n
         for seq in reversed(skipped):
             self.waiting.appendleft(seq)
+        if self.adapters is not None:  # one run of rows per adapter: fewer, larger LoRA products
+            out.decodes.sort(key=self._slot_of)
+            out.prefills.sort(key=self._slot_of)
         return out
 
     def after_step(self, out: SchedulerOutput) -> None:

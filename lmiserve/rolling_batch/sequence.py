@@ -32,6 +32,16 @@ class Group:
     sequences: list[Sequence] = field(default_factory=list)
     beam: Any = None
     """The search state of a beam-search request (a ``beam_search.BeamState``, which knows sequences)."""
+    adapter: Any = None
+    """The LoRA adapter the request uses (a ``lora.adapters.Adapter``), or None."""
+    holds_slot: bool = False
+    """Whether the request holds its adapter's device slot (while a sequence of it runs)."""
+
+    @property
+    def cache_key(self) -> int | None:
+        """What the prefix cache's hash chain starts from: KV computed under one adapter is not
+        another's (nor the base model's)."""
+        return None if self.adapter is None else self.adapter.key
 
     @property
     def leader(self) -> Sequence:

@@ -43,6 +43,10 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
         max_prefill_seqs=engine.max_prefill_batch_size,
         enforce_eager=engine.enforce_eager,
         deterministic=engine.deterministic,
+        enable_lora=engine.enable_lora,
+        max_loras=engine.max_loras,
+        max_lora_rank=engine.max_lora_rank,
+        max_cpu_loras=engine.cpu_loras,
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .models.decoder import AttentionMetadata
-from .ops.metadata import PagedAttentionInputs
+from .ops.metadata import LoraStep, PagedAttentionInputs
 from .scheduler import SchedulerOutput
 
 
@@ -36,6 +36,9 @@ class StepArrays:
     seq_lens: np.ndarray
     """int32 ``(S,)``: each sequence's length once this step has run."""
     num_decodes: int
+    lora_slots: np.ndarray | None = None
+    """int32 ``(S,)``: the device slot of each sequence's adapter, -1 for none; None when no
+    sequence of the step uses an adapter."""
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +81,10 @@ def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
     owner = np.repeat(np.arange(n), counts)
     positions = starts[owner] + (np.arange(total) - cu[owner])
     slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    adapters = [i.seq.group.adapter for i in items]
+    lora_slots = None
+    if any(a is not None for a in adapters):
+        lora_slots = np.fromiter((-1 if a is None else a.slot for a in adapters), np.int32, n)
     return StepArrays(
         input_ids=ids,
         positions=positions,
@@ -86,7 +93,24 @@ def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
         cu_q_lens=cu.astype(np.int32),
         seq_lens=(starts + counts).astype(np.int32),
         num_decodes=len(out.decodes),
+        lora_slots=lora_slots,
     )
+
+
+def lora_runs(arrays: StepArrays) -> list[tuple[int, int, int]]:
+    """``(slot, first row, end row)`` for each run of consecutive sequences with one adapter."""
+    runs: list[tuple[int, int, int]] = []
+    if arrays.lora_slots is None:
+        return runs
+    cu = arrays.cu_q_lens.tolist()
+    for s, slot in enumerate(arrays.lora_slots.tolist()):
+        if slot < 0:
+            continue
+        if runs and runs[-1][0] == slot and runs[-1][2] == cu[s]:
+            runs[-1] = (slot, runs[-1][1], cu[s + 1])
+        else:
+            runs.append((slot, cu[s], cu[s + 1]))
+    return runs
 
 
 def step_tensors(
@@ -108,6 +132,9 @@ def step_tensors(
     cu_t = ints[s * w : s * w + s + 1]
     lens_t = ints[s * w + s + 1 : s * w + 2 * s + 1]
     meta = AttentionMetadata(slot_mapping=longs[2 * t :], num_decodes=nd)
+    runs = lora_runs(arrays)
+    if runs:
+        meta.lora = LoraStep(runs, device)
     if unified:
         meta.paged = PagedAttentionInputs(
             block_tables=table_t,

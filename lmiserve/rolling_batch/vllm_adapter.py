@@ -231,7 +231,10 @@ class VllmEngineClient(EngineClient):
         await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
 
     # --- requests -----------------------------------------------------------------------------
-    def submit(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> RequestStream:
+    def submit(
+        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+    ) -> RequestStream:
+        """``adapter`` is always empty here: the model refuses adapters on the vLLM backend."""
         if not self.alive or self._dying or self.engine is None or self.api is None:
             raise WorkerDied("the engine is not running")
         count = max(params.best_of, params.n, 1)

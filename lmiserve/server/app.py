@@ -16,7 +16,7 @@ from .drain import Drain, DrainMiddleware
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
-from .routes import databricks, inference, kserve, management, openai, ping, tgi
+from .routes import adapters, databricks, inference, kserve, management, openai, ping, tgi
 from .routes import metrics as metrics_routes
 from .security import ApiKeys, SecurityMiddleware, management_reach
 
@@ -54,6 +54,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.include_router(ping.router)
     app.include_router(inference.router)
     app.include_router(management.router)
+    app.include_router(adapters.router)
     app.include_router(tgi.router)
     app.include_router(openai.router)
     app.include_router(kserve.router)

@@ -8,6 +8,7 @@ from fastapi import Request
 from ..errors import BadRequest
 
 CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
+ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 
 
 def parse_custom_attributes(value: str) -> dict[str, str]:
@@ -50,3 +51,9 @@ async def read_body(request: Request) -> bytes:
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
     return body
+
+
+def requested_adapter(request: Request) -> str | None:
+    """The LoRA adapter named outside the body, as DJL reads it: SageMaker's
+    X-Amzn-SageMaker-Adapter-Identifier header, else the ``adapter`` query parameter."""
+    return request.headers.get(ADAPTER_HEADER) or request.query_params.get("adapter") or None

@@ -101,6 +101,9 @@ class _ModelSeries:
     prompt_tokens: Any
     generation_tokens: Any
     success: Any  # the labelled parent: children by finish reason
+    adapter_requests: Any  # labelled parents: children by adapter
+    adapter_prompt_tokens: Any
+    adapter_generation_tokens: Any
 
 
 @dataclass
@@ -129,9 +132,13 @@ class GenerationObserver:
             p.first_seen = True
             s.ttft.observe(max(0.0, out.first_token_at - out.arrival))
             s.prompt_tokens.inc(len(out.prompt_token_ids))
+            if out.adapter:
+                s.adapter_prompt_tokens.labels(self.model, out.adapter).inc(len(out.prompt_token_ids))
         generated = out.generated_tokens
         if generated > p.tokens:
             s.generation_tokens.inc(generated - p.tokens)
+            if out.adapter:
+                s.adapter_generation_tokens.labels(self.model, out.adapter).inc(generated - p.tokens)
             p.tokens = generated
             previous = p.last_token_at.get(out.last_index)
             if previous is not None:
@@ -143,6 +150,8 @@ class GenerationObserver:
 
     def _finished(self, out: RequestOutput) -> None:
         s = self._series
+        if out.adapter:
+            s.adapter_requests.labels(self.model, out.adapter).inc()
         if out.error is not None:
             s.success.labels(self.model, "error").inc()
             return
@@ -163,6 +172,8 @@ class GenerationObserver:
             if not p.done:
                 p.done = True
                 self._series.success.labels(self.model, reason).inc()
+                if out.adapter:
+                    self._series.adapter_requests.labels(self.model, out.adapter).inc()
 
 
 # --- the app's metrics -----------------------------------------------------------------
@@ -225,6 +236,19 @@ class ServerMetrics:
             ["model", "finish_reason"],
             registry=r,
         )
+        by_adapter = ["model", "adapter"]
+        self.adapter_requests = Counter(
+            "lmiserve_adapter_requests",
+            "Generation requests that used a LoRA adapter, by adapter.",
+            by_adapter,
+            registry=r,
+        )
+        self.adapter_prompt_tokens = Counter(
+            "lmiserve_adapter_prompt_tokens", "Prompt tokens of requests using a LoRA adapter.", by_adapter, registry=r
+        )
+        self.adapter_generation_tokens = Counter(
+            "lmiserve_adapter_generation_tokens", "Tokens generated with a LoRA adapter.", by_adapter, registry=r
+        )
         r.register(ModelStateCollector(models))
         self._series: dict[str, _ModelSeries] = {}
 
@@ -250,6 +274,9 @@ class ServerMetrics:
                 prompt_tokens=self.prompt_tokens.labels(model),
                 generation_tokens=self.generation_tokens.labels(model),
                 success=self.request_success,
+                adapter_requests=self.adapter_requests,
+                adapter_prompt_tokens=self.adapter_prompt_tokens,
+                adapter_generation_tokens=self.adapter_generation_tokens,
             )
         return series
 

@@ -88,7 +88,10 @@ def protocol_for_path(path: str) -> str:
 
 
 def is_management(path: str) -> bool:
-    """The management API's paths; ``/models/{name}/invoke`` (multi-model inference) is not one."""
+    """The management API's paths (models and adapters); ``/models/{name}/invoke`` (multi-model
+    inference) is not one."""
+    if path == "/adapters" or path.startswith("/adapters/"):
+        return True
     return path == "/models" or (path.startswith("/models/") and not _INVOKE.match(path))
 
 

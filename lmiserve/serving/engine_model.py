@@ -21,6 +21,7 @@ from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngine
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.shard_check import check_shardable
+from .adapters import ModelAdapters
 from .handler_model import ModelLoadError
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
@@ -62,6 +63,8 @@ class EngineModel:
         self.counters = EngineCounters()
         self.custom_formatters: Any = None
         """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
+        self.adapters = ModelAdapters(settings, self.name, backend)
+        """The model's LoRA adapters (option.enable_lora)."""
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -121,6 +124,10 @@ class EngineModel:
         client = self._make_client()
         await client.start(timeout=float(self.settings.model.model_loading_timeout))
         client.on_exit = self._on_exit
+        if self._ever_ready:  # a restarted engine: the adapters registered so far, again
+            await self.adapters.replay(client)
+        else:  # adapters/<name>/ next to the model
+            await self.adapters.register_found(client, self.settings.model_dir, self.path)
         self.client = client
         self.max_model_len = int(client.info["max_model_len"])
         self._ever_ready = True
@@ -205,6 +212,7 @@ class EngineModel:
         client = self.client
         if client is None or not client.alive:
             raise ModelNotReady(f"model {self.name} is not ready")
+        adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
         limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
         if len(client.streams) >= limit:
@@ -214,7 +222,7 @@ class EngineModel:
             )
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
-        stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params)
+        stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params, adapter)
         return request_id, processor, stream
 
     def abort(self, request_id: str, index: int | None = None) -> None:

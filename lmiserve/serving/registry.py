@@ -49,6 +49,14 @@ class ModelRegistry:
         names = ", ".join(sorted(self.models))
         raise BadRequest(f"several models are loaded ({names}); name one with the model_name query parameter or header")
 
+    def adapter_owner(self, name: str) -> ServedModel | None:
+        """The model that has a LoRA adapter called ``name`` registered, if one has."""
+        for model in self.models.values():
+            adapters = getattr(model, "adapters", None)
+            if adapters is not None and name in adapters.entries:
+                return model
+        return None
+
     def ping(self) -> tuple[bool, dict[str, str]]:
         states = {name: model.status for name, model in self.models.items()}
         healthy = bool(states) and all(s == "Healthy" for s in states.values())

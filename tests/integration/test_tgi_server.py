@@ -130,7 +130,7 @@ def test_best_of_with_sampling(server):
         ({"top_p": 1.0}, False, "top_p"),
         ({"max_new_tokens": 0}, False, "max_new_tokens"),
         ({"watermark": True}, False, "watermark"),
-        ({"adapter_id": "my-lora"}, False, "adapter"),
+        ({"adapter_id": "my-lora"}, False, "Adapter my-lora is not registered"),
         ({"decoder_input_details": True}, True, "decoder_input_details"),
         ({"best_of": 2}, False, "best_of"),
         ({"stop": ["x" * 2000]}, False, "stop"),

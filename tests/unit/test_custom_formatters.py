@@ -66,8 +66,10 @@ def test_input_formatter_results():
         custom_input.normalize({"parameters": {}})
     with pytest.raises(BadRequest):
         custom_input.normalize(42)
-    with pytest.raises(ValidationFailed, match="adapter"):
-        custom_input.normalize({"inputs": "x", "adapter": "lora-1"})
+    adapted = custom_input.to_request(custom_input.normalize({"inputs": "x", "adapter": "lora-1"}), defaults, str)
+    assert adapted.generation.adapter == "lora-1"
+    with pytest.raises(BadRequest, match="adapter"):
+        custom_input.normalize({"inputs": "x", "adapter": 7})
     with pytest.raises(ValidationFailed):
         custom_input.to_request(custom_input.normalize({"inputs": "x", "parameters": {"top_p": 5}}), defaults, str)
 

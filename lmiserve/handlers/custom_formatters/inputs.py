@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ...errors import BadRequest, LmiServeError, ValidationFailed
+from ...errors import BadRequest, LmiServeError
 from ...formatters import lmi_rolling
 from ...formatters.request_io import RequestInput, TextInput
 from ..inputs import Input
@@ -61,8 +61,8 @@ def normalize(result: Any) -> FormattedInput:
         raise BadRequest("the input formatter's messages must be a list of {role, content} objects")
     if not isinstance(found.parameters, dict):
         raise BadRequest("the input formatter's parameters must be a dict")
-    if found.adapter not in (None, ""):
-        raise ValidationFailed(f"adapter {found.adapter!r}: no LoRA adapters are loaded")
+    if found.adapter is not None and not isinstance(found.adapter, str):
+        raise BadRequest("the input formatter's adapter must be a string (an adapter's name)")
     return found
 
 
@@ -74,6 +74,8 @@ def to_request(
     body: dict[str, Any] = {"inputs": prompt, "parameters": found.parameters}
     if found.stream is not None:
         body["stream"] = bool(found.stream)
+    if found.adapter:
+        body["adapters"] = found.adapter
     parsed = lmi_rolling.parse_request(orjson.dumps(body), defaults)
     if found.messages is not None:
         parsed.generation.add_special_tokens = False  # the chat template has them

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..ops.metadata import PagedAttentionInputs
+from ..ops.metadata import LoraStep, PagedAttentionInputs
 from ..ops.reference import LinearWeight, ReferenceOps
 from .spec import ModelSpec
 from .weights import maybe, take
@@ -34,6 +35,8 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     prefill_cu_q_lens: torch.Tensor | None = None
     prefill_seq_lens: torch.Tensor | None = None
+    lora: LoraStep | None = None
+    """The step's runs of tokens per adapter slot, when some request uses an adapter."""
 
 
 @dataclass
@@ -79,6 +82,8 @@ class DecoderModel:
         self.scale = spec.head_dim**-0.5
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self._split = [h * d, kv * d, kv * d]
+        self.lora: Any = None
+        """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""
 
     def _layer(self, t: dict[str, torch.Tensor], i: int) -> Layer:
         p = f"layers.{i}."
@@ -117,9 +122,15 @@ class DecoderModel:
         residual = h
         x, _ = ops.rms_norm(h, self.layers[0].input_norm, eps)
         last = len(self.layers) - 1
+        lora = None
+        if meta.lora is not None and self.lora is not None:  # each projection's runs, once per step
+            lora = {group: meta.lora.only(slots) for group, slots in self.lora.holds.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            qkv = ops.linear(x, layer.qkv)
+            if lora is not None:
+                self._adapt(qkv, x, i, "qkv", lora)
             # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
-            q, k, v = (t.contiguous() for t in ops.linear(x, layer.qkv).split(self._split, dim=-1))
+            q, k, v = (t.contiguous() for t in qkv.split(self._split, dim=-1))
             q = q.view(tokens, spec.num_heads, spec.head_dim)
             k = k.view(tokens, spec.num_kv_heads, spec.head_dim)
             v = v.view(tokens, spec.num_kv_heads, spec.head_dim)
@@ -128,13 +139,30 @@ class DecoderModel:
                 k, _ = ops.rms_norm(k, layer.k_norm, eps)
             q, k = ops.rotary(q, k, cos, sin)
             ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = self._attention(q, k_cache, v_cache, meta, tokens, nd)
-            o = self._row_linear(attn.view(tokens, -1), layer.o)
+            attn = self._attention(q, k_cache, v_cache, meta, tokens, nd).view(tokens, -1)
+            o = self._row_linear(attn, layer.o)
+            if lora is not None:
+                self._adapt(o, attn, i, "o", lora)
             x, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            mlp = self._row_linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
+            gate_up = ops.linear(x, layer.gate_up)
+            if lora is not None:
+                self._adapt(gate_up, x, i, "gate_up", lora)
+            act = ops.swiglu(gate_up)
+            mlp = self._row_linear(act, layer.down)
+            if lora is not None:
+                self._adapt(mlp, act, i, "down", lora)
             next_norm = self.norm if i == last else self.layers[i + 1].input_norm
             x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
         return x
+
+    def _adapt(
+        self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str, lora: dict[str, LoraStep | None]
+    ) -> None:
+        """Add the low-rank updates of the adapters in the step that adapt this projection."""
+        runs = lora[group]
+        if runs is not None:
+            a, b = self.lora.layers[layer][group]
+            self.ops.lora_add(y, x, a, b, runs, self.lora.parts[group])
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata, tokens: int, nd: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
         ops, window = self.ops, self.spec.sliding_window

@@ -84,6 +84,12 @@ class BatchInvariantOps:
             return self.inner.argmax_logsumexp(logits)  # one row per task in the C++ kernel
         return in_blocks(self.inner.argmax_logsumexp, logits)
 
+    def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
+        """Each run's two products on blocks of exactly ROWS rows, like :meth:`linear`."""
+        for slot, first, end in lora.segments:
+            u = in_blocks(torch.mm, x[first:end].contiguous(), a[slot].t())
+            y[first:end] += in_blocks(torch.mm, u, b[slot])
+
     # --- attention: every query token on its own ----------------------------------------------
     def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         tables, lens = self._as_decodes(block_tables, cu_q_lens, seq_lens)

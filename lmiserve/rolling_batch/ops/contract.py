@@ -162,6 +162,25 @@ class CheckedOps:
             self._checked["prefill"] = (block_tables, cu_q_lens, seq_lens)
         return self.inner.attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window)
 
+    def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
+        """Shapes that agree; runs in order, inside the step's rows, each naming a slot of the pool
+        (checked once per step: every layer gets the same runs)."""
+        rows, slots = y.shape[0], a.shape[0]
+        if x.shape[0] != rows or a.shape[2] != x.shape[1] or b.shape[2] != y.shape[1] or b.shape[1] != a.shape[1]:
+            raise ContractError(
+                f"LoRA shapes disagree: y {tuple(y.shape)}, x {tuple(x.shape)}, A {tuple(a.shape)}, B {tuple(b.shape)}"
+            )
+        if lora.checked != (rows, slots):
+            last = 0
+            for slot, first, end in lora.segments:
+                if not (0 <= slot < slots and last <= first < end <= rows):
+                    raise ContractError(
+                        f"LoRA run {(slot, first, end)} is out of order or outside {rows} rows, {slots} slots"
+                    )
+                last = end
+            lora.checked = (rows, slots)
+        return self.inner.lora_add(y, x, a, b, lora, parts)
+
     def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
         """The whole step at once; checked on the host copies of its lengths (no device read,
         so the check may run while a device graph is being captured)."""

@@ -51,6 +51,9 @@ class CudaOps(ReferenceOps):
             q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, longest, scale, window
         )
 
+    def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
+        self.kernels.lora_add(y, x, a, b, lora.tensors(), lora.max_rows)
+
     def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
         if x.dtype in _HALF and x.is_contiguous():
             return self.kernels.rms_norm(x, weight, eps)

@@ -170,6 +170,24 @@ class NpuOps(ReferenceOps):
         out, _ = self.npu.npu_fused_infer_attention_score(query, key, value, scale=scale, **paged, **shape, **extra)
         return out
 
+    # --- LoRA -----------------------------------------------------------------------
+    def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
+        """The runs' rows gathered, then two grouped matrix multiplies (one group per run, each
+        with its slot's factor; A transposed in place) and the update added back to those rows."""
+        if len(lora.segments) == 1 or y.dtype not in ATTENTION_DTYPES:
+            return super().lora_add(y, x, a, b, lora, parts)
+        slots, firsts, ends = lora.tensors()
+        rows = lora.rows()
+        index = slots.long()
+        ends_cum = torch.cumsum(ends - firsts, 0).long()
+        grouped = self.npu.npu_grouped_matmul
+        xs = x.index_select(0, rows)
+        (u,) = grouped(
+            [xs], [a.index_select(0, index).transpose(1, 2)], group_list=ends_cum, split_item=3, group_type=0
+        )
+        (v,) = grouped([u], [b.index_select(0, index)], group_list=ends_cum, split_item=3, group_type=0)
+        y.index_add_(0, rows, v)
+
     # --- sampling ---------------------------------------------------------------------
     def top_k_top_p(self, logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
         """The fused filter where its limits allow (every row's k in 1..1024, or no k at all);

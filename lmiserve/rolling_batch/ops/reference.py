@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
-from .metadata import PagedAttentionInputs
+from .metadata import LoraStep, PagedAttentionInputs
 
 
 @dataclass
@@ -173,6 +173,26 @@ class ReferenceOps:
             lo, hi = bounds[s], bounds[s + 1]
             out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
         return out
+
+    # --- LoRA ---------------------------------------------------------------------------
+    def lora_add(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        lora: LoraStep,
+        parts: tuple[int, ...] | None = None,
+    ) -> None:
+        """Add each adapter's low-rank update to the rows of its requests, in place: for every run
+        ``(slot, first, end)`` of ``lora``, ``y[first:end] += x[first:end] @ a[slot].T @ b[slot]``
+        (``a`` ``(slots, r, in)``, ``b`` ``(slots, r, out)``, scaling folded into ``b``).
+
+        ``parts`` (a hint; the result is the same without it): ``b``'s columns split at these
+        bounds into parts, part ``p`` nonzero only in rows ``p*r/P .. (p+1)*r/P`` (a fused projection)."""
+        for slot, first, end in lora.segments:
+            u = x[first:end] @ a[slot].t()
+            y[first:end].addmm_(u, b[slot])
 
     # --- sampling ---------------------------------------------------------------------
     def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,40 +22,50 @@ from .openai import chat_prompt, embeddings, engine_model
 router = APIRouter()
 
 
-def _endpoint_model(request: Request, name: str) -> ServedModel:
+def _endpoint_model(request: Request, name: str) -> tuple[ServedModel, str | None]:
+    """The model an endpoint name (or a body's ``model``) names, and the LoRA adapter when the
+    name is an adapter's."""
     registry = request.app.state.registry
+    if name and name not in registry.models and registry.adapter_owner(name) is not None:
+        return registry.adapter_owner(name), name
     if name in registry.models or len(registry.models) != 1:
-        return registry.get(name)
-    return registry.resolve(None)
+        return registry.get(name), None
+    return registry.resolve(None), None
 
 
-async def _completions(request: Request, model: EngineModel, data: dict) -> Response:
+async def _completions(request: Request, model: EngineModel, data: dict, adapter: str | None) -> Response:
     req = databricks.parse_completion(data)
     templated = None
     if not req.use_raw_prompt and getattr(model.tokenizer, "chat_template", None):
         texts = [text for text, ids in req.prompts() if ids is None]
         templated = [model.chat_prompt([{"role": "user", "content": t}], None) for t in texts] or None
     generations = databricks.completion_requests(req, model.max_model_len, templated)
-    responder = openai_completions.CompletionResponder(req, model.name, databricks.COMPLETIONS)
+    for generation in generations:
+        generation.adapter = adapter
+    responder = openai_completions.CompletionResponder(req, adapter or model.name, databricks.COMPLETIONS)
     responder.truncate_on_timeout = req.error_behavior == "truncate"
     if templated is not None:
         responder.echo_prompts = [text for text, _ in req.prompts()]
     return await respond(model, generations, responder, request)
 
 
-async def _chat(request: Request, model: EngineModel, data: dict, style: Style) -> Response:
+async def _chat(request: Request, model: EngineModel, data: dict, style: Style, adapter: str | None) -> Response:
     req = databricks.parse_chat(data)
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
-    return await respond(model, [generation], openai_chat.ChatResponder(req, model.name, style), request)
+    generation.adapter = adapter
+    return await respond(model, [generation], openai_chat.ChatResponder(req, adapter or model.name, style), request)
 
 
-async def _task(request: Request, model: ServedModel, data: dict, task: str, chat_style: Style) -> Response:
+async def _task(
+    request: Request, found: tuple[ServedModel, str | None], data: dict, task: str, chat_style: Style
+) -> Response:
+    model, adapter = found
     if task == "embeddings":
         return await embeddings(request, {**data, "model": model.name}, with_id=True)
     engine = engine_model(request, model.name)
     if task == "chat":
-        return await _chat(request, engine, data, chat_style)
-    return await _completions(request, engine, data)
+        return await _chat(request, engine, data, chat_style, adapter)
+    return await _completions(request, engine, data, adapter)
 
 
 @router.post("/serving-endpoints/{name}/invocations")
@@ -70,8 +80,8 @@ async def _openai_path(request: Request, task: str) -> Response:
     request.state.protocol = "databricks"
     data = json_object(await read_body(request))
     name = data.get("model") if isinstance(data.get("model"), str) else ""
-    model = _endpoint_model(request, name) if name else request.app.state.registry.resolve(None)
-    return await _task(request, model, data, task, databricks.OPENAI_CHAT)
+    found = _endpoint_model(request, name) if name else (request.app.state.registry.resolve(None), None)
+    return await _task(request, found, data, task, databricks.OPENAI_CHAT)
 
 
 @router.post("/serving-endpoints/chat/completions")

@@ -34,7 +34,7 @@ from ...serving import (
     ModelPool,
     ServedModel,
 )
-from ..bodies import read_body
+from ..bodies import read_body, requested_adapter
 from ..handler_response import invoke_handler
 from ..metrics import STATE_KEY
 from .bedrock import invoke_bedrock, is_bedrock_body
@@ -59,14 +59,22 @@ def _styles(model: EngineModel) -> tuple[Style, Style]:
 Invoke = Callable[[Request, EngineModel, bytes, Any], Awaitable[Response]]
 
 
+def _served(request: Request, model: EngineModel, data: Any) -> str:
+    """The name an OpenAI-shaped body on /invocations is served under: the model's, or the LoRA
+    adapter's that the header or the body's ``adapters`` names (checked here: a name the model
+    does not have is refused as a validation error)."""
+    adapter = requested_adapter(request) or (data.get("adapters") if isinstance(data.get("adapters"), str) else None)
+    return model.adapters.check_request(adapter) or model.name
+
+
 async def _chat(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
     request.state.protocol = "openai"
-    return await chat(request, {**data, "model": model.name}, _styles(model)[1])
+    return await chat(request, {**data, "model": _served(request, model, data)}, _styles(model)[1])
 
 
 async def _completions(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:
     request.state.protocol = "openai"
-    return await completions(request, {**data, "model": model.name}, _styles(model)[0])
+    return await completions(request, {**data, "model": _served(request, model, data)}, _styles(model)[0])
 
 
 async def _embeddings(request: Request, model: EngineModel, body: bytes, data: Any) -> Response:

@@ -68,7 +68,7 @@ def _admin(request: Request) -> ModelAdmin:
     return request.app.state.admin
 
 
-def _flag(request: Request, name: str, default: bool) -> bool:
+def query_flag(request: Request, name: str, default: bool) -> bool:
     value = request.query_params.get(name)
     if value is None or value == "":
         return default
@@ -118,7 +118,7 @@ async def register_model(request: Request) -> JSONResponse:
         name = params.pop("model_name")
         await pool.load(name, url, params)
         return JSONResponse({"status": f'Model "{name}" registered.'})
-    synchronous = _flag(request, "synchronous", True)
+    synchronous = query_flag(request, "synchronous", True)
     model = await _admin(request).register(url, params, synchronous)
     if synchronous:
         return JSONResponse({"status": f'Model "{model.name}" registered.'})
@@ -128,7 +128,7 @@ async def register_model(request: Request) -> JSONResponse:
 @router.put("/models/{model_name}")
 async def scale_model(model_name: str, request: Request) -> JSONResponse:
     """``PUT /models/{name}?min_worker=&max_worker=&synchronous=``."""
-    synchronous = _flag(request, "synchronous", True)
+    synchronous = query_flag(request, "synchronous", True)
     low, high = await _admin(request).scale(
         model_name, _count(request, "min_worker"), _count(request, "max_worker"), synchronous
     )

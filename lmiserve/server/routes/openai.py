@@ -27,6 +27,17 @@ def engine_model(request: Request, name: str | None) -> EngineModel:
     return model
 
 
+def model_and_adapter(request: Request, name: str | None) -> tuple[EngineModel, str | None]:
+    """The model a request's ``model`` names, or, where it names a LoRA adapter, the adapter's
+    base model and the adapter (as vLLM serves adapters under their own names)."""
+    registry = request.app.state.registry
+    if name and name not in registry.models:
+        owner = registry.adapter_owner(name)
+        if isinstance(owner, EngineModel):
+            return owner, name
+    return engine_model(request, name), None
+
+
 def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
     return model.chat_prompt(
         req.template_messages(),
@@ -38,16 +49,20 @@ def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
 
 async def completions(request: Request, data: dict, style: Style = OPENAI_COMPLETIONS) -> Response:
     req = openai_completions.parse(data)
-    model = engine_model(request, req.model)
-    responder = openai_completions.CompletionResponder(req, model.name, style)
-    return await respond(model, openai_completions.generation_requests(req), responder, request)
+    model, adapter = model_and_adapter(request, req.model)
+    responder = openai_completions.CompletionResponder(req, adapter or model.name, style)
+    generations = openai_completions.generation_requests(req)
+    for generation in generations:
+        generation.adapter = adapter
+    return await respond(model, generations, responder, request)
 
 
 async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Response:
     req = openai_chat.parse(data)
-    model = engine_model(request, req.model)
+    model, adapter = model_and_adapter(request, req.model)
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
-    responder = openai_chat.ChatResponder(req, model.name, style)
+    generation.adapter = adapter
+    responder = openai_chat.ChatResponder(req, adapter or model.name, style)
     return await respond(model, [generation], responder, request)
 
 
@@ -104,4 +119,15 @@ async def v1_models(request: Request) -> Response:
         if isinstance(model, EngineModel) and model.max_model_len:
             entry["max_model_len"] = model.max_model_len
         data.append(entry)
+        for adapter in getattr(model, "adapters", None) and model.adapters.entries.values() or ():
+            data.append(
+                {
+                    "id": adapter.name,
+                    "object": "model",
+                    "created": now(),
+                    "owned_by": "lmiserve",
+                    "root": adapter.src,
+                    "parent": name,
+                }
+            )
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")

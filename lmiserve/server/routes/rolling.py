@@ -14,7 +14,7 @@ from ...formatters.request_io import TextInput
 from ...formatters.shapes import UNDECODABLE
 from ...handlers.custom_formatters import CustomResponder, error_payload, parse_custom
 from ...serving import EngineModel, Responder
-from ..bodies import read_body, request_properties
+from ..bodies import read_body, request_properties, requested_adapter
 from ..generation import respond
 
 
@@ -45,6 +45,7 @@ async def invoke_rolling(
         except (BadRequest, ValidationFailed) as err:
             status, data, media_type = lmi_rolling.refusal(body, defaults(model), err)
             return Response(data, status_code=status, media_type=media_type)
+    req.generation.adapter = requested_adapter(request) or req.generation.adapter  # the header wins, as in DJL
     responder: Responder = lmi_rolling.LmiResponder(req)
     if custom and custom.output is not None:
         text_input = TextInput(

@@ -220,6 +220,34 @@ def npu_fused_infer_attention_score(
 # --- sampling --------------------------------------------------------------------------------
 
 
+def npu_grouped_matmul(x, weight, *, group_list=None, split_item=0, group_type=None, group_list_type=0, **rest):
+    """The documented "single x, single 3-D weight, single y" form (group_type 0, group_list a
+    tensor): rows ``group_list[i-1]:group_list[i]`` of ``x`` times ``weight[i]`` (``(k, n)``, which
+    may be a transposed view), one output tensor."""
+    groups = group_list.tolist() if isinstance(group_list, torch.Tensor) else group_list
+    _record("npu_grouped_matmul", group_list=groups, split_item=split_item, group_type=group_type)
+    _need(len(x) == 1 and len(weight) == 1, "npu_grouped_matmul: this form takes one x and one weight tensor")
+    xs, w = x[0], weight[0]
+    _need(group_type == 0 and split_item in (2, 3), "npu_grouped_matmul: group_type 0 needs split_item 2 or 3")
+    _need(isinstance(group_list, torch.Tensor) and group_list.dtype == torch.int64, "npu_grouped_matmul: group_list")
+    _need(group_list_type == 0, "npu_grouped_matmul: only cumulative group lists here")
+    _need(xs.dim() == 2 and w.dim() == 3, "npu_grouped_matmul: x must be 2-D and the weight 3-D")
+    _need(xs.is_contiguous(), "npu_grouped_matmul: x does not support transposition")
+    _need(
+        xs.dtype == w.dtype and xs.dtype in (torch.float16, torch.bfloat16, torch.float32), "npu_grouped_matmul: dtype"
+    )
+    _need(len(groups) == w.shape[0] <= 1024, "npu_grouped_matmul: one group per weight, at most 1024")
+    _need(all(b >= a for a, b in zip([0, *groups], groups)), "npu_grouped_matmul: group_list must not decrease")
+    _need(groups[-1] == xs.shape[0], "npu_grouped_matmul: the last group must end at x's rows")
+    _need(xs.shape[1] == w.shape[1], "npu_grouped_matmul: x's columns must be the weight's k")
+    out = torch.empty(xs.shape[0], w.shape[2], dtype=xs.dtype)
+    start = 0
+    for i, end in enumerate(groups):
+        out[start:end] = (xs[start:end].float() @ w[i].float()).to(xs.dtype)
+        start = end
+    return [out]
+
+
 def npu_top_k_top_p(logits: torch.Tensor, p: torch.Tensor | None = None, k: torch.Tensor | None = None):
     _record("npu_top_k_top_p", k=None if k is None else k.tolist(), p=None if p is None else p.tolist())
     _need(p is not None or k is not None, "npu_top_k_top_p: p and k cannot both be None")

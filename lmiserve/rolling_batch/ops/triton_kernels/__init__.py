@@ -8,5 +8,6 @@ to check them against the reference ops on small shapes without a GPU.
 from .attention import paged_attention
 from .cache import write_kv
 from .elementwise import add_rms_norm, rms_norm, rotary_, swiglu
+from .lora import lora_add
 
-__all__ = ["add_rms_norm", "paged_attention", "rms_norm", "rotary_", "swiglu", "write_kv"]
+__all__ = ["add_rms_norm", "lora_add", "paged_attention", "rms_norm", "rotary_", "swiglu", "write_kv"]

@@ -1,0 +1,142 @@
+"""DJL's Adapters Management API: register, update, describe, list and unregister a model's
+LoRA adapters while the server runs.
+
+``/models/{model}/adapters[...]``, and ``/adapters[...]`` where the server has one model. The
+answers are DJL's: ``{"status": "Adapter NAME registered"}`` (updated, unregistered), an adapter
+as ``{"name", "src", "preload", "pin"}``, a list as ``{"adapters": [...], "nextPageToken"}``; a
+model or adapter that is not there is 404, a name registered twice 409, an adapter that cannot
+be loaded 424, no device slot left to pin it in 507, LoRA not enabled 400.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from ...errors import BadRequest, LmiServeError, ModelNotReady, NotFound
+from ...serving import EngineModel
+from .management import query_flag
+
+router = APIRouter()
+
+
+def _model(request: Request, name: str | None) -> EngineModel:
+    registry = request.app.state.registry
+    if name is None:
+        if len(registry.models) != 1:
+            raise BadRequest(
+                "The adapter must be prefixed with a model unless there is only a single startup model used."
+            )
+        model = next(iter(registry.models.values()))
+    elif name not in registry.models:
+        raise NotFound(f"The model {name} was not found")
+    else:
+        model = registry.models[name]
+    if not isinstance(model, EngineModel):
+        raise BadRequest("LoRA is not enabled.")
+    model.adapters.check_enabled()
+    return model
+
+
+def _client(model: EngineModel):  # type: ignore[no-untyped-def]
+    if model.client is None or not model.client.alive:
+        raise ModelNotReady(f"model {model.name} is not ready")
+    return model.client
+
+
+async def _register(request: Request, model_name: str | None) -> JSONResponse:
+    model = _model(request, model_name)
+    name = request.query_params.get("name") or ""
+    if not name:
+        raise BadRequest("Parameter name is required.")
+    src = request.query_params.get("src") or ""
+    if not src:
+        raise BadRequest("Parameter src is required.")
+    preload, pin = query_flag(request, "preload", True), query_flag(request, "pin", False)
+    await model.adapters.register(_client(model), name, src, preload, pin)
+    return JSONResponse({"status": f"Adapter {name} registered"})
+
+
+async def _list(request: Request, model_name: str | None) -> JSONResponse:
+    model = _model(request, model_name)
+    try:
+        limit = int(request.query_params.get("limit", 100))
+        start = int(request.query_params.get("next_page_token", 0))
+    except ValueError:
+        raise BadRequest("limit and next_page_token must be whole numbers") from None
+    if limit < 1 or start < 0:
+        raise BadRequest("limit must be >= 1 and next_page_token >= 0")
+    entries = list(model.adapters.entries.values())
+    body: dict[str, object] = {"adapters": [a.describe() for a in entries[start : start + limit]]}
+    if start + limit < len(entries):
+        body["nextPageToken"] = str(start + limit)
+    return JSONResponse(body)
+
+
+async def _update(request: Request, model_name: str | None, name: str) -> JSONResponse:
+    model = _model(request, model_name)
+    info = model.adapters.get(name)
+    src = request.query_params.get("src")
+    if src and src != info.src:
+        raise LmiServeError("Updating adapter path is not supported.", status=424)
+    preload = query_flag(request, "preload", info.preload) if "preload" in request.query_params else None
+    pin = query_flag(request, "pin", info.pin) if "pin" in request.query_params else None
+    await model.adapters.update(_client(model), name, preload, pin)
+    return JSONResponse({"status": f"Adapter {name} updated"})
+
+
+async def _unregister(request: Request, model_name: str | None, name: str) -> JSONResponse:
+    model = _model(request, model_name)
+    await model.adapters.unregister(_client(model), name)
+    return JSONResponse({"status": f"Adapter {name} unregistered"})
+
+
+@router.post("/models/{model_name}/adapters")
+async def register(model_name: str, request: Request) -> JSONResponse:
+    return await _register(request, model_name)
+
+
+@router.get("/models/{model_name}/adapters")
+async def list_adapters(model_name: str, request: Request) -> JSONResponse:
+    return await _list(request, model_name)
+
+
+@router.get("/models/{model_name}/adapters/{name}")
+async def describe(model_name: str, name: str, request: Request) -> JSONResponse:
+    return JSONResponse(_model(request, model_name).adapters.get(name).describe())
+
+
+@router.post("/models/{model_name}/adapters/{name}/update")
+async def update(model_name: str, name: str, request: Request) -> JSONResponse:
+    return await _update(request, model_name, name)
+
+
+@router.delete("/models/{model_name}/adapters/{name}")
+async def unregister(model_name: str, name: str, request: Request) -> JSONResponse:
+    return await _unregister(request, model_name, name)
+
+
+# the same without /models/{model_name}: the server's only model
+@router.post("/adapters")
+async def register_single(request: Request) -> JSONResponse:
+    return await _register(request, None)
+
+
+@router.get("/adapters")
+async def list_single(request: Request) -> JSONResponse:
+    return await _list(request, None)
+
+
+@router.get("/adapters/{name}")
+async def describe_single(name: str, request: Request) -> JSONResponse:
+    return JSONResponse(_model(request, None).adapters.get(name).describe())
+
+
+@router.post("/adapters/{name}/update")
+async def update_single(name: str, request: Request) -> JSONResponse:
+    return await _update(request, None, name)
+
+
+@router.delete("/adapters/{name}")
+async def unregister_single(name: str, request: Request) -> JSONResponse:
+    return await _unregister(request, None, name)
