@@ -44,9 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _server_model(url: str, name: str | None) -> dict:
-    models = httpx.get(url.rstrip("/") + "/models", timeout=30).json()["models"]
-    name = name or models[0]["modelName"]
-    return httpx.get(url.rstrip("/") + f"/models/{name}", timeout=30).json()[0]
+    """The model's description from lmiserve's management API; for another server (vLLM, TGI),
+    what its OpenAI ``/v1/models`` says (its ``root`` is the model's directory, where it gives one)."""
+    base = url.rstrip("/")
+    listed = httpx.get(base + "/models", timeout=30)
+    if listed.status_code == 200 and "models" in listed.json():
+        name = name or listed.json()["models"][0]["modelName"]
+        return httpx.get(base + f"/models/{name}", timeout=30).json()[0]
+    cards = httpx.get(base + "/v1/models", timeout=30).json()["data"]
+    card = next((c for c in cards if c["id"] == name), cards[0])
+    return {"modelName": card["id"], "root": card.get("root"), "engine": None}
 
 
 def _model_path(info: dict, tokenizer: str | None) -> Path:
@@ -55,6 +62,10 @@ def _model_path(info: dict, tokenizer: str | None) -> Path:
 
     if tokenizer:
         return Path(tokenizer)
+    if "modelUrl" not in info:  # another server: its model's own directory
+        if not info.get("root") or not Path(info["root"]).is_dir():
+            raise SystemExit("this server does not say where its model is: give --tokenizer DIR")
+        return Path(info["root"])
     settings = load_settings(info["modelUrl"], env={})
     return resolve_model(settings.model.model_id, settings.model_dir)
 

@@ -21,9 +21,18 @@ class EngineSettings(Area):
         None,
         "option.max_rolling_batch_prefill_tokens",
         "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
-        "empty: 512 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
+        "empty: 2048 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
         "option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
         key_aliases=("option.max_prefill_tokens",),
+        ge=1,
+    )
+    max_decode_step_prefill_tokens: int | None = setting(
+        None,
+        "option.max_decode_step_prefill_tokens",
+        "Most prompt tokens in an engine step that also decodes running sequences: every running stream "
+        "waits for the whole step, so this bounds the time between two of its tokens. A step with no "
+        "sequence decoding takes up to max_rolling_batch_prefill_tokens. Empty: 256 on CPUs, the whole "
+        "budget on accelerators.",
         ge=1,
     )
     kv_cache_memory: int | None = setting(
@@ -173,6 +182,7 @@ class EngineSettings(Area):
     @field_validator(
         "kv_cache_memory",
         "max_rolling_batch_prefill_tokens",
+        "max_decode_step_prefill_tokens",
         "block_size",
         "max_input_token_len",
         "max_iter_times",

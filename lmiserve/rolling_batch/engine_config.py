@@ -17,7 +17,7 @@ class EngineConfig:
     dtype: str = "fp32"
     device: str = "cpu"
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_bytes: int | None = None
@@ -26,6 +26,8 @@ class EngineConfig:
     ops: str = "auto"
     tensor_parallel_degree: int = 1
     max_prefill_seqs: int | None = None
+    decode_prefill_tokens: int | None = None
+    """Most prompt tokens in a step that also decodes (None: the whole budget)."""
     enforce_eager: bool = False
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = False

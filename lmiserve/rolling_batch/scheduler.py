@@ -4,7 +4,10 @@ Every step has a token budget (``max_num_batched_tokens``). Running sequences th
 (one token each) go first, then running sequences still prefilling continue with a chunk of
 their prompt, then waiting sequences are admitted in arrival order while the budget, the
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
-across steps alongside the decodes. A request for a LoRA adapter joins only when its adapter has
+across steps alongside the decodes. A step in which sequences decode takes at most
+``decode_prefill_tokens`` prompt tokens (their next token waits for the whole step); a step
+without decodes delays no stream and takes the whole budget, so prompts arriving together are
+prefilled together and then decode in step. A request for a LoRA adapter joins only when its adapter has
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
@@ -71,11 +74,15 @@ class Scheduler:
         max_model_len: int,
         max_prefill_seqs: int | None = None,
         adapters: Any = None,
+        decode_prefill_tokens: int | None = None,
     ):
         """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides);
-        ``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on."""
+        ``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on;
+        ``decode_prefill_tokens``: most prompt tokens a step takes while sequences decode in it (empty:
+        the budget's), so that running streams wait at most that long for their next token."""
         self.blocks = block_manager
         self.adapters = adapters
+        self.decode_prefill_tokens = decode_prefill_tokens
         self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
         self.max_num_seqs = max_num_seqs
         # every running sequence must be able to decode in every step
@@ -209,6 +216,10 @@ class Scheduler:
             protected.add(seq.seq_id)
             out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
             budget -= 1
+
+        # streams that decode wait for this step: it takes a bounded number of prompt tokens
+        if out.decodes and self.decode_prefill_tokens is not None:
+            budget = min(budget, self.decode_prefill_tokens)
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:

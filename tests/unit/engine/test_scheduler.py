@@ -140,3 +140,23 @@ def test_max_prefill_seqs_limits_the_prompts_of_one_step():
     assert [len(out.prefills) for out in steps][:3] == [2, 2, 1]
     assert all(len(out.prefills) <= 2 for out in steps)
     assert all(g.leader.finish_reason == "length" for g in groups)
+
+
+def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes_the_budget():
+    """Prompts arriving together are prefilled in one step and then decode in step; a prompt that
+    arrives while others decode is taken in small chunks, so their streams are not held up."""
+    sched = Scheduler(
+        BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, decode_prefill_tokens=6
+    )
+    for rid in "ab":
+        sched.add(request(rid, 20, max_new=8))
+    first = step(sched)
+    assert [i.num_tokens for i in first.prefills] == [20, 20] and not first.decodes
+    sched.add(request("c", 20, max_new=4, first_token=100))
+    chunks = []
+    while any(s.request_id == "c" and s.num_computed < 20 for s in sched.running + list(sched.waiting)):
+        out = step(sched)
+        assert len(out.decodes) == 2 and sum(i.num_tokens for i in out.prefills) <= 6
+        chunks.append(sum(i.num_tokens for i in out.prefills))
+    assert chunks == [6, 6, 6, 2]
+    run(sched)
