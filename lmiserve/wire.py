@@ -189,7 +189,7 @@ class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     error_kind: str = ""
     """"validation" when the request itself was refused; otherwise an internal failure."""
     batch_size: int = 0
-    """Sequences in the engine step that produced these tokens."""
+    """Sequences in the engine step that produced these tokens (0: the engine does not say)."""
     queue_us: int = 0
     """Microseconds the sequence waited for that step since its previous step (or its arrival)."""
 

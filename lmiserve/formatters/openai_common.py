@@ -145,7 +145,8 @@ class StyledResponder:
 
 def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:
     """Token counts for a response (every choice of every prompt), with MindIE's per-token
-    ``batch_size`` and ``queue_wait_time`` (µs) lists."""
+    ``batch_size`` and ``queue_wait_time`` (µs) lists where the engine reports its steps (vLLM
+    does not; the lists are then left out rather than filled with zeros)."""
     prompt = sum(len(o.prompt_token_ids) for o in outs)
     body: dict[str, Any] = {"prompt_tokens": prompt}
     if completion:
@@ -154,7 +155,7 @@ def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = Tru
         body["total_tokens"] = prompt + generated
     else:
         body["total_tokens"] = prompt
-    if mindie and completion:
+    if mindie and completion and all(o.step_stats for o in outs):
         longest = max(outs, key=lambda o: len(o.batch_sizes))
         body["batch_size"] = list(longest.batch_sizes)
         body["queue_wait_time"] = list(longest.queue_us)

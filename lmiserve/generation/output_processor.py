@@ -85,7 +85,9 @@ class OutputProcessor:
         if delta.num_prompt_tokens:
             out.num_cached_tokens = max(out.num_cached_tokens, delta.num_cached_tokens)
         self._prompt_details(delta)
-        if delta.token_ids and len(seq.tokens) >= len(out.batch_sizes):
+        if delta.token_ids and not delta.batch_size:
+            out.step_stats = False
+        elif delta.token_ids and len(seq.tokens) >= len(out.batch_sizes):
             out.batch_sizes.append(delta.batch_size)
             out.queue_us.append(delta.queue_us)
         detok, stops = self._detok[delta.index], self._stops[delta.index]

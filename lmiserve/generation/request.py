@@ -92,6 +92,8 @@ class RequestOutput:
     """Per generated position, the size of the engine step that produced it."""
     queue_us: list[int] = field(default_factory=list)
     """Per generated position, microseconds waited for that step."""
+    step_stats: bool = True
+    """The engine reported each step's batch size and wait (vLLM does not: both lists stay empty)."""
     adapter: str = ""
     """The LoRA adapter the request used ("" for the base model)."""
 

@@ -58,3 +58,34 @@ def test_engine_error_marks_every_sequence(tiny_tokenizer):
     proc.apply(SeqDelta(request_id="r", finish_reason="error", error="boom"))
     assert proc.output.error == "boom" and proc.output.finished
     assert [s.finish_reason for s in proc.output.sequences] == ["error", "error"]
+
+
+def _usage_after(tokenizer, batch_sizes):
+    from lmiserve.formatters.openai_common import usage
+
+    req = GenerationRequest(prompt="Say:", params=SamplingParams(max_new_tokens=len(batch_sizes)))
+    proc = OutputProcessor(tokenizer, "r", req, [5])
+    for i, size in enumerate(batch_sizes):
+        last = i == len(batch_sizes) - 1
+        proc.apply(
+            SeqDelta(
+                request_id="r",
+                token_ids=[7 + i],
+                batch_size=size,
+                queue_us=10 * size,
+                finish_reason="length" if last else None,
+            )
+        )
+    return usage([proc.output])
+
+
+def test_mindie_step_lists_come_from_the_engine_or_are_left_out(tiny_tokenizer):
+    assert _usage_after(tiny_tokenizer, [1, 3, 2]) == {
+        "prompt_tokens": 1,
+        "completion_tokens": 3,
+        "total_tokens": 4,
+        "batch_size": [1, 3, 2],
+        "queue_wait_time": [10, 30, 20],
+    }
+    # an engine that does not report its steps (vLLM): no lists, rather than zeros that look like data
+    assert _usage_after(tiny_tokenizer, [0, 0]) == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
