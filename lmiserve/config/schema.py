@@ -248,6 +248,13 @@ class ModelSettings(_Area):
         env_aliases=("TENSOR_PARALLEL_DEGREE", "SM_NUM_GPUS"),
         allowed="an integer >= 1 or max",
     )
+    pipeline_parallel_degree: int = setting(
+        1,
+        "option.pipeline_parallel_degree",
+        "Pipeline stages one model copy is split into, across devices or nodes: vLLM's pipeline_parallel_size "
+        "(option.rolling_batch=vllm only; other backends refuse more than 1).",
+        allowed="an integer >= 1",
+    )
     output_formatter: str = setting(
         "json",
         "option.output_formatter",
@@ -333,7 +340,7 @@ class ModelSettings(_Area):
         """A text value in the field's canonical spelling (or refused)."""
         return _SPELLINGS[info.field_name](v.strip()) if isinstance(v, str) else v
 
-    @field_validator("tensor_parallel_degree")
+    @field_validator("tensor_parallel_degree", "pipeline_parallel_degree")
     @classmethod
     def _degree_above_zero(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:

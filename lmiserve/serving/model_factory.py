@@ -168,6 +168,14 @@ BACKENDS: dict[str, Callable[[Settings], ServedModel]] = {
 
 
 def _build_model(settings: Settings) -> ServedModel:
+    if settings.model.pipeline_parallel_degree > 1 and (
+        settings.model.rolling_batch != "vllm" or _user_handler(settings)
+    ):
+        raise ModelLoadError(
+            f"option.pipeline_parallel_degree={settings.model.pipeline_parallel_degree} needs "
+            "option.rolling_batch=vllm (vLLM's pipeline parallelism); lmiserve's engine shards by "
+            "option.tensor_parallel_degree only"
+        )
     if _user_handler(settings):
         return _handler_model(settings, TEXT_GENERATION_HANDLER)
     return BACKENDS[settings.model.rolling_batch](settings)
