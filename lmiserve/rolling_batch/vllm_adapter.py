@@ -27,6 +27,7 @@ from .host_memory import cpu_kv_cache_bytes
 from .vllm_cpu import cpu_tuning, find_iomp, find_tcmalloc, usable_cpus
 from .vllm_engine_args import engine_kwargs, taken
 from .vllm_params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
+from .vllm_processes import child_pids, reap
 
 log = logging.getLogger("lmiserve.vllm")
 
@@ -34,6 +35,7 @@ NOT_INSTALLED = "option.rolling_batch=vllm needs the vllm package, which is not 
 GPU_SHARE = "option.gpu_memory_utilization"
 WATCH_INTERVAL_S = 1.0
 SHUTDOWN_TIMEOUT_S = 30.0
+REAP_GRACE_S = 5.0
 
 
 def vllm_installed() -> bool:
@@ -113,12 +115,24 @@ class VllmEngineClient(EngineClient):
         self._dying = False
         self._stopping = False
         self.cpu_tuning = ""
+        self._children_before: frozenset[int] | None = None
         self._totals = {"prompt_tokens": 0, "generated_tokens": 0, "prefix_cache_hit_tokens": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
         if not vllm_installed():
             raise EngineStartError(NOT_INSTALLED)
+        try:
+            await self._start(timeout)
+        except BaseException:  # failed, timed out or cancelled: none of vLLM's processes stays
+            if self._children_before is not None:
+                reap(self._children_before, REAP_GRACE_S)
+            raise
+        self.alive = True
+        self._refresh_stats()
+        self._watcher = asyncio.create_task(self._watch(), name="vllm-watch")
+
+    async def _start(self, timeout: float) -> None:
         try:
             self.api = VllmApi.load()
             from vllm import AsyncEngineArgs, AsyncLLMEngine  # type: ignore[import-not-found]
@@ -130,6 +144,7 @@ class VllmEngineClient(EngineClient):
                 log.debug("vLLM %s does not take %s; left to its defaults", self.api.version, ", ".join(ignored))
             args = AsyncEngineArgs(**kwargs)
             log.info("starting vLLM %s: %s", self.api.version, kwargs)
+            self._children_before = child_pids()
             self.engine = await asyncio.wait_for(self._build(AsyncLLMEngine, args), timeout)
             self.info = _info(self.engine, self.api, wanted)
             if self.cpu_tuning:
@@ -140,9 +155,6 @@ class VllmEngineClient(EngineClient):
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of vLLM to start is a start failure
             raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {_one_line(exc)}") from exc
-        self.alive = True
-        self._refresh_stats()
-        self._watcher = asyncio.create_task(self._watch(), name="vllm-watch")
 
     def _tune_for_cpu(self, wanted: dict[str, Any]) -> None:
         """vLLM's CPU tuning, in the environment its engine processes inherit (see vllm_cpu)."""
@@ -183,15 +195,14 @@ class VllmEngineClient(EngineClient):
 
     async def _shutdown(self, timeout: float) -> None:
         engine, self.engine = self.engine, None
-        if engine is None:
-            return
         shutdown = getattr(engine, "shutdown", None) or getattr(engine, "shutdown_background_loop", None)
-        if shutdown is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.to_thread(shutdown), timeout)
-        except Exception as exc:  # noqa: BLE001 - the engine is going away either way
-            log.warning("vLLM did not shut down cleanly: %s", exc)
+        if shutdown is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(shutdown), timeout)
+            except Exception as exc:  # noqa: BLE001 - the engine is going away either way
+                log.warning("vLLM did not shut down cleanly: %s", exc)
+        if self._children_before is not None:  # vLLM was started (or was starting)
+            await asyncio.to_thread(reap, self._children_before, REAP_GRACE_S)
 
     async def _watch(self) -> None:
         """Notice an engine that died while no request was running."""

@@ -78,3 +78,24 @@ def test_engine_death_fails_the_request_then_vllm_starts_again(server):
         r = c.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 3}})
         assert r.status_code == 200 and r.json()["generated_text"]
     assert "the vLLM engine died" in server.log()
+
+
+def test_a_server_stopped_while_vllm_starts_leaves_none_of_its_processes(smollm2_dir, tmp_path):
+    from tests.server_process import ServerProcess
+
+    from .real_vllm import serving_dir
+
+    server = ServerProcess(serving_dir(tmp_path / "m", smollm2_dir, "option.dtype=bf16\n"))
+    try:
+        deadline = time.monotonic() + 120
+        started = []
+        while not started and time.monotonic() < deadline and server.proc.poll() is None:
+            started = [p for p in vllm_processes(server) if p.name().startswith("VLLM")]
+            time.sleep(0.2)
+        assert started, "vLLM started no engine process"
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_exit(60)
+    finally:
+        server.stop()
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [] and len(gone) == len(started)
