@@ -21,6 +21,7 @@ from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngine
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.shard_check import check_shardable
+from . import heap
 from .adapters import ModelAdapters
 from .handler_model import ModelLoadError
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -140,6 +141,8 @@ class EngineModel:
             self.failure = str(exc)
             raise ModelLoadError(self.failure) from None
         log.info("model %s: engine ready (pid %s): %s", self.name, getattr(self.client, "pid", None), self.client.info)
+        if self.backend == "vllm":  # this process then holds vLLM's front end (see heap.settle)
+            heap.settle()
 
     def _on_exit(self, client: EngineClient, reason: str) -> None:
         # a restarted engine counts from zero: keep what this one counted, and forget its state
