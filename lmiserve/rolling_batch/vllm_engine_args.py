@@ -116,7 +116,8 @@ def typed_options(options: dict[str, str], args_cls: type) -> dict[str, Any]:
             with contextlib.redirect_stderr(io.StringIO()) as err:
                 parsed = vars(parser.parse_args(argv))
         except (SystemExit, argparse.ArgumentError, ValueError) as exc:
-            detail = " ".join(err.getvalue().split()[-30:]) or str(exc)
+            text = " ".join(err.getvalue().split())
+            detail = text.rsplit("error: ", 1)[-1] if text else str(exc)  # argparse's reason, not its usage
             raise EngineStartError(f"option.{name}={value} is not a valid vLLM engine argument: {detail}") from None
         typed[name] = parsed.get(name, _literal(value))
     return typed

@@ -63,5 +63,6 @@ def test_vllms_name_for_one_of_lmiserves_settings_must_agree(tmp_path):
 
 
 def test_a_value_vllm_refuses_names_the_option(tmp_path):
-    with pytest.raises(EngineStartError, match=r"option.max_num_batched_tokens=lots is not a valid vLLM engine arg"):
+    reason = r"option.max_num_batched_tokens=lots is not a valid vLLM engine argument: argument --max-num-batched-tokens: invalid"
+    with pytest.raises(EngineStartError, match=reason):
         engine_args(tmp_path, "option.max_num_batched_tokens=lots\n")
