@@ -9,7 +9,8 @@ from pathlib import Path
 
 log = logging.getLogger("lmiserve.devices")
 
-_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""lmiserve's dtype names (``option.dtype``) → torch's, which vLLM also takes."""
 
 
 @functools.cache
@@ -78,4 +79,4 @@ def resolve_dtype(spec: str, device: str) -> tuple[str, str]:
 def torch_dtype(name: str):  # type: ignore[no-untyped-def]
     import torch
 
-    return getattr(torch, _TORCH_DTYPES[name])
+    return getattr(torch, TORCH_DTYPE_NAMES[name])

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from ..devices import TORCH_DTYPE_NAMES
 from .client import EngineStartError
 from .vllm_params import field_names
-
-DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 RENAMED = {
     "tensor_parallel_size": "option.tensor_parallel_degree",
@@ -46,7 +45,7 @@ def lmiserve_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": str(model_path),
         "tokenizer": str(model_path),
-        "dtype": DTYPES.get(model.dtype, model.dtype),
+        "dtype": TORCH_DTYPE_NAMES.get(model.dtype, model.dtype),
         "trust_remote_code": model.trust_remote_code,
         "tensor_parallel_size": _tensor_parallel(model.tensor_parallel_degree),
         "pipeline_parallel_size": model.pipeline_parallel_degree,
