@@ -271,7 +271,8 @@ class VllmEngineClient(EngineClient):
         self._totals["prompt_tokens"] += delta.num_prompt_tokens
         self._totals["prefix_cache_hit_tokens"] += delta.num_cached_tokens
         self._totals["generated_tokens"] += len(delta.token_ids)
-        self._refresh_stats()
+        if delta.finish_reason is not None:  # else the 1 s watcher refreshes them
+            self._refresh_stats()
         self._on_step(wire.EngineStep(deltas=[delta]))
 
     def _refresh_stats(self) -> None:
@@ -290,14 +291,15 @@ class VllmEngineClient(EngineClient):
         )
 
     def _in_vllm(self) -> int:
-        """Sequences vLLM itself has not finished (what this server asked for, where vLLM
-        does not say): an aborted request leaves this count once vLLM has dropped it."""
+        """Sequences vLLM has not finished, counting those on their way to it: an aborted
+        request leaves this count once vLLM has dropped it."""
+        ours = sum(len(group) for group in self._tasks.values())
         processor = getattr(self.engine, "output_processor", None)
         count = getattr(processor, "get_num_unfinished_requests", None)
         if count is not None:
             with contextlib.suppress(Exception):
-                return int(count())
-        return sum(len(group) for group in self._tasks.values())
+                return max(int(count()), ours)
+        return ours
 
     async def _generate(self, state: SequenceState, sp: Any, vllm_id: str) -> None:
         failed = False
