@@ -8,9 +8,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+
+
+def serving_dir(root: Path, properties: str) -> Path:
+    """A model directory that holds only ``serving.properties`` (the weights are elsewhere)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "serving.properties").write_text(properties)
+    return root
+
+
+def sse_data(body: bytes, space: bool = False) -> list[str]:
+    """The data of each server-sent event, the framing checked byte for byte."""
+    assert body.endswith(b"\n\n")
+    prefix = "data: " if space else "data:"
+    events = body.decode().split("\n\n")[:-1]
+    assert all(e.startswith(prefix) and "\n" not in e for e in events), events
+    return [e[len(prefix) :].strip() for e in events]
 
 
 def free_port() -> int:
@@ -66,6 +83,14 @@ class ServerProcess:
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 120), **kwargs)
+
+    def hang_up_stream(self, path: str, body: dict, while_open: Callable[[], None]) -> None:
+        """Read a streaming response's first two lines, call ``while_open``, then disconnect."""
+        with self.client() as c, c.stream("POST", path, json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            next(lines)
+            while_open()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -7,15 +7,15 @@ from pathlib import Path
 import torch
 
 from tests.server_process import ServerProcess
+from tests.server_process import serving_dir as write_serving_dir
 
 
 def serving_dir(root: Path, model_dir: Path, extra: str = "") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "serving.properties").write_text(
+    return write_serving_dir(
+        root,
         f"model_name=tiny\noption.model_id={model_dir}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
-        "option.max_model_len=256\noption.max_rolling_batch_prefill_tokens=32\n" + extra
+        "option.max_model_len=256\noption.max_rolling_batch_prefill_tokens=32\n" + extra,
     )
-    return root
 
 
 def start(root: Path, model_dir: Path, extra: str = "", env: dict | None = None) -> ServerProcess:

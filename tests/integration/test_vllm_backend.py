@@ -248,13 +248,12 @@ def test_stop_strings_are_applied_by_lmiserve(server, fake_log):
 def test_client_disconnect_aborts_the_vllm_request(server, fake_log):
     mark = fake_log.mark()
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 240, "ignore_eos_token": True}, "stream": True}
-    with server.client() as c:
-        with c.stream("POST", "/invocations", json=body) as r:
-            lines = r.iter_lines()
-            next(lines)
-            next(lines)
-            assert running_gauge(server) == 1
-            assert c.get("/models/tiny").json()[0]["stats"]["running"] == 1
+
+    def one_running() -> None:
+        assert running_gauge(server) == 1
+        assert httpx.get(server.url + "/models/tiny").json()[0]["stats"]["running"] == 1
+
+    server.hang_up_stream("/invocations", body, one_running)
     [generate] = fake_log.events("generate", mark)
     fake_log.wait_for("abort", generate["request_id"])
     fake_log.wait_for("closed", generate["request_id"])

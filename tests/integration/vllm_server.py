@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, sse_data  # noqa: F401 - the tests import it from here
+from tests.server_process import serving_dir as write_serving_dir
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 FAKE_VARS = ("LOG", "EOS_AFTER", "DELAY", "DIE_AFTER", "FAIL_START", "HOLD_START")
@@ -23,11 +24,9 @@ OTHER = "hi there"
 
 
 def serving_dir(root: Path, model_dir: Path, extra: str = "") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "serving.properties").write_text(
-        f"model_name=tiny\noption.model_id={model_dir}\noption.rolling_batch=vllm\ngrpc_port=0\n" + extra
+    return write_serving_dir(
+        root, f"model_name=tiny\noption.model_id={model_dir}\noption.rolling_batch=vllm\ngrpc_port=0\n" + extra
     )
-    return root
 
 
 def server_env(fake: bool = True, **fake_vars: object) -> dict[str, str]:
@@ -73,14 +72,6 @@ def fake_ids(prompt_ids: list[int], count: int, vocab_size: int, seed: int = 0) 
 
 def fake_logprob(token: int) -> float:
     return -0.5 - (token % 4) / 8
-
-
-def sse_data(body: bytes) -> list[str]:
-    """The data of each server-sent event, checking the framing byte for byte."""
-    assert body.endswith(b"\n\n")
-    events = body.decode().split("\n\n")[:-1]
-    assert all(e.startswith("data:") and "\n" not in e for e in events), events
-    return [e[len("data:") :].strip() for e in events]
 
 
 def running_gauge(server: ServerProcess) -> float:

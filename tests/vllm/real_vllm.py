@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, sse_data
+from tests.server_process import serving_dir as write_serving_dir
 
 NAME = "smollm2"
 START_TIMEOUT_S = 600
@@ -25,25 +26,15 @@ needs_vllm = [
 
 
 def serving_dir(root: Path, model_dir: Path, extra: str = "") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "serving.properties").write_text(
+    return write_serving_dir(
+        root,
         f"model_name={NAME}\noption.model_id={model_dir}\noption.rolling_batch=vllm\n"
-        "option.max_model_len=1024\noption.max_rolling_batch_size=16\n" + extra
+        "option.max_model_len=1024\noption.max_rolling_batch_size=16\n" + extra,
     )
-    return root
 
 
 def start(root: Path, model_dir: Path, extra: str = "") -> ServerProcess:
     return ServerProcess(serving_dir(root, model_dir, extra)).wait_ready(START_TIMEOUT_S)
-
-
-def sse_data(body: bytes, space: bool = False) -> list[str]:
-    """The data of each server-sent event, framing checked byte for byte."""
-    assert body.endswith(b"\n\n")
-    prefix = "data: " if space else "data:"
-    events = body.decode().split("\n\n")[:-1]
-    assert all(e.startswith(prefix) and "\n" not in e for e in events), events
-    return [e[len(prefix) :].strip() for e in events]
 
 
 def sse_json(body: bytes, space: bool = False) -> list[dict]:

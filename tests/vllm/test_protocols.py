@@ -255,12 +255,11 @@ def wait_until_idle(server, timeout: float = 60) -> int:
 
 def test_client_disconnect_aborts_in_vllm(server):
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}, "stream": True}
-    with server.client() as c:
-        with c.stream("POST", "/invocations", json=body) as r:
-            lines = r.iter_lines()
-            next(lines)
-            next(lines)
-            assert running(server) == 1
+
+    def one_running() -> None:
+        assert running(server) == 1
+
+    server.hang_up_stream("/invocations", body, one_running)
     assert wait_until_idle(server) == 0  # vLLM itself no longer holds the request
 
     with pytest.raises(httpx.ReadTimeout):
