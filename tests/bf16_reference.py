@@ -1,0 +1,52 @@
+"""The engine's bf16 greedy tokens on the embedded SmolLM2 against transformers' generate in
+bf16: equal, except where transformers' top two logits are a near-tie at the first difference."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lmiserve.wire import SamplingParams
+from tests.unit.engine.engine_helpers import make_engine, run
+
+TIE_ULPS = 4
+"""bf16 near-tie margin: transformers' top two logits within 4 bf16 steps at their magnitude
+(one step is 2**(floor(log2 |logit|) - 7); at a logit of 30, 4 steps are 0.5)."""
+
+TEXTS = ["What is Deep Learning?", "The capital of France is", "def fibonacci(n):"]
+NEW_TOKENS = 32
+
+
+def bf16_margin(logit: float) -> float:
+    return TIE_ULPS * 2.0 ** (math.floor(math.log2(max(abs(logit), 1e-30))) - 7)
+
+
+def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[str] = TEXTS, **engine_args) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tok(t)["input_ids"] for t in texts]
+    engine = make_engine(model_dir, device=device, dtype="bf16", max_model_len=512, max_num_seqs=8, **engine_args)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    tokens, _, _ = run(engine, {0: [(str(i), p, params) for i, p in enumerate(prompts)]})
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    for i, prompt in enumerate(prompts):
+        ours = tokens[str(i)][0]
+        out = hf.generate(
+            torch.tensor([prompt], device=device),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        want = out.sequences[0, len(prompt) :].tolist()
+        first = next((j for j, (a, b) in enumerate(zip(ours, want)) if a != b), None)
+        if first is None:
+            assert ours == want
+            continue
+        top2 = out.logits[first][0].float().topk(2)
+        gap = float(top2.values[0] - top2.values[1])
+        assert ours[first] in top2.indices.tolist(), (texts[i], first)
+        assert gap <= bf16_margin(float(top2.values[0])), (texts[i], first, gap)
