@@ -28,7 +28,9 @@ from .reference import LinearWeight, ReferenceOps
 log = logging.getLogger("lmiserve.ops")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("paged_attention.cpp", "sampling.cpp", "fused.cpp", "lora.cpp")]
+_SOURCES = [
+    _CSRC / name for name in ("paged_attention.cpp", "prefill_attention.cpp", "sampling.cpp", "fused.cpp", "lora.cpp")
+]
 _HALF = (torch.bfloat16, torch.float16)
 PACK_BATCH_HINT = 32
 LONG_RUN = 32
@@ -187,6 +189,12 @@ class CpuOps(ReferenceOps):
         return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
 
     def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+        """Half precision: the C++ kernel, reading the paged cache in place (about twice torch's
+        fused attention at 190-token prompts). fp32 keeps torch's, whose sums match transformers'."""
+        if self.kernels and q.dtype in _HALF and q.stride(-1) == 1:
+            return torch.ops.lmiserve_cpu.paged_attention_prefill(
+                q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window
+            )
         out = torch.empty_like(q)
         bounds = cu_q_lens.tolist()
         block_size, kv_heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]

@@ -101,6 +101,39 @@ def test_cpu_kernel_bf16_close_to_reference(heads, kv_heads, dim, window):
     assert torch.allclose(ref.float(), fast.float(), atol=2e-2)
 
 
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,window,dtype",
+    [
+        (9, 3, 64, 0, torch.bfloat16),  # SmolLM2's shapes
+        (8, 2, 64, 20, torch.bfloat16),
+        (32, 8, 128, 0, torch.bfloat16),
+        (4, 4, 64, 0, torch.float16),
+        (6, 3, 32, 0, torch.bfloat16),  # a head size without the vector path
+        (16, 1, 128, 50, torch.bfloat16),
+    ],
+)
+def test_cpu_prefill_kernel_half_precision_matches_dense(heads, kv_heads, dim, window, dtype):
+    """Prompt chunks in bf16/fp16 go through the C++ kernel: each row sees its cached prefix and
+    the chunk's rows before it (tiles of 16 rows, rows past a multiple of four queries)."""
+    totals = [190, 40, 129, 16, 33, 1]
+    chunks = [190, 1, 25, 16, 17, 1]  # whole prompts, one token, chunks after a prefix
+    k_cache, v_cache, tables, dense = paged(totals, kv_heads, dim, num_blocks=48, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    # q as a view into a wider projection, as the model hands it over (rows not contiguous)
+    fused = torch.randn(sum(chunks), heads + 2 * kv_heads, dim).to(dtype)
+    q = fused[:, :heads]
+    ops = CpuOps()
+    assert ops.kernels
+    out = ops.attention_prefill(
+        q, k_cache, v_cache, tables, cu, torch.tensor(totals, dtype=torch.int32), dim**-0.5, window
+    )
+    assert out.dtype == dtype and out.shape == q.shape
+    for s, (total, n) in enumerate(zip(totals, chunks)):
+        lo = int(cu[s])
+        expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n, window=window)
+        assert torch.allclose(out[lo : lo + n].double(), expected, atol=2e-2), (total, n)
+
+
 def test_write_kv_uses_slot_formula_and_skips_minus_one():
     ops = ReferenceOps()
     k_cache = torch.zeros(4, BS, 2, 8)
