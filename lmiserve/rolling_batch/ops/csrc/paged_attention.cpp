@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "task_queue.h"
 
 namespace {
 
@@ -48,10 +49,10 @@ void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sca
   const int64_t block_stride = block_size * slot_stride;
   const Tasks tasks(batch, kv_heads);
 
-  at::parallel_for(0, tasks.count(batch), 1, [&](int64_t begin, int64_t end) {
+  lmiserve::for_each_task(tasks.count(batch), [&](const auto& next) {
     std::vector<float> qf(heads * dim), acc(heads * dim);
     std::vector<float> run_max(heads), run_sum(heads), scores(heads * block_size);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task; (task = next()) >= 0;) {
       const int64_t b = tasks.sequence(task);
       const int64_t h0 = tasks.first_head(task), h1 = h0 + tasks.heads_per_task;
       const int64_t len = seq_lens[b];
@@ -184,10 +185,10 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
   const int64_t block_stride = block_size * slot_stride;
   const Tasks tasks(batch, kv_heads);
 
-  at::parallel_for(0, tasks.count(batch), 1, [&](int64_t begin, int64_t end) {
+  lmiserve::for_each_task(tasks.count(batch), [&](const auto& next) {
     std::vector<float> acc(heads * dim), run_max(heads), run_sum(heads), probs(heads * block_size);
     std::vector<float> qf(heads * dim), corr(heads);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task; (task = next()) >= 0;) {
       const int64_t b = tasks.sequence(task);
       const int64_t h0 = tasks.first_head(task), h1 = h0 + tasks.heads_per_task;
       const int64_t len = seq_lens[b];

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "task_queue.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -159,10 +160,10 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
   const int64_t slot_stride = kv_heads * dim;
   const int64_t queries = kRows * group;
 
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  lmiserve::for_each_task(static_cast<int64_t>(tasks.size()), [&](const auto& next) {
     std::vector<float> qf((queries + 3) * dim, 0.f), acc(queries * dim), run_max(queries), run_sum(queries);
     std::vector<float> kt(dim * kBlock), vf(kBlock * dim);
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i; (i = next()) >= 0;) {
       const Task& task = tasks[i];
       const int64_t len = seq_lens[task.seq];
       const int64_t n = cu_q_lens[task.seq + 1] - cu_q_lens[task.seq];
@@ -254,6 +255,9 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t r = 0; r < n; r += kRows) tasks.push_back({s, h, r, std::min(kRows, n - r)});
   }
+  // the costliest first (keys read x rows), so that the last tasks taken are short ones
+  auto cost = [&](const Task& t) { return (len_p[t.seq] - (cu_p[t.seq + 1] - cu_p[t.seq]) + t.row0 + t.rows) * t.rows; };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_prefill", [&] {
     prefill<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
