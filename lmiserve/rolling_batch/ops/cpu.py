@@ -29,7 +29,15 @@ log = logging.getLogger("lmiserve.ops")
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
-    _CSRC / name for name in ("paged_attention.cpp", "prefill_attention.cpp", "sampling.cpp", "fused.cpp", "lora.cpp")
+    _CSRC / name
+    for name in (
+        "paged_attention.cpp",
+        "prefill_attention.cpp",
+        "kv_write.cpp",
+        "sampling.cpp",
+        "fused.cpp",
+        "lora.cpp",
+    )
 ]
 _HALF = (torch.bfloat16, torch.float16)
 PACK_BATCH_HINT = 32
@@ -142,6 +150,20 @@ class CpuOps(ReferenceOps):
             y = torch.ops.mkldnn._linear_pointwise(x2, w.packed, w.bias, "none", [], "")
             return y.view(*shape[:-1], y.shape[-1])
         return F.linear(x, w.weight, w.bias)
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
+        """One C++ call per layer for both caches (the reference masks the -1 slots and copies twice)."""
+        if (
+            self.kernels
+            and k.dtype == k_cache.dtype
+            and v.dtype == v_cache.dtype
+            and slot_mapping.dtype == torch.int64
+            and k.is_contiguous()
+            and v.is_contiguous()
+        ):
+            torch.ops.lmiserve_cpu.write_kv_(k, v, k_cache, v_cache, slot_mapping)
+            return
+        super().write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         if not self.kernels:

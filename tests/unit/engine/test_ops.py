@@ -134,11 +134,12 @@ def test_cpu_prefill_kernel_half_precision_matches_dense(heads, kv_heads, dim, w
         assert torch.allclose(out[lo : lo + n].double(), expected, atol=2e-2), (total, n)
 
 
-def test_write_kv_uses_slot_formula_and_skips_minus_one():
-    ops = ReferenceOps()
-    k_cache = torch.zeros(4, BS, 2, 8)
-    v_cache = torch.zeros(4, BS, 2, 8)
-    k = torch.arange(3 * 16, dtype=torch.float32).view(3, 2, 8)
+@pytest.mark.parametrize("ops", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_uses_slot_formula_and_skips_minus_one(ops, dtype):
+    k_cache = torch.zeros(4, BS, 2, 8, dtype=dtype)
+    v_cache = torch.zeros(4, BS, 2, 8, dtype=dtype)
+    k = torch.arange(3 * 16, dtype=torch.float32).view(3, 2, 8).to(dtype)
     v = -k
     table = [2, 0]
     positions = [0, 17, 5]
@@ -147,6 +148,14 @@ def test_write_kv_uses_slot_formula_and_skips_minus_one():
     assert torch.equal(k_cache[2, 0], k[0]) and torch.equal(k_cache[0, 1], k[1])
     assert torch.equal(v_cache[0, 1], v[1])
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 2  # the third token was not stored
+
+
+def test_cpu_write_kv_refuses_a_slot_outside_the_cache():
+    k_cache = torch.zeros(2, BS, 2, 8, dtype=torch.bfloat16)
+    k = torch.ones(1, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        CpuOps().write_kv(k, k, k_cache, k_cache.clone(), torch.tensor([2 * BS]))
+    assert not k_cache.any()
 
 
 def test_rms_norm_returns_rstd():
