@@ -47,10 +47,10 @@ struct Stretch {
   }
 };
 
-// The online-softmax update of query qi with its scores sc[lo..hi) (scaled), then acc += p V.
-inline void update(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf, float* acc,
-                   float* run_max, float* run_sum) {
-  const int64_t dim = st.dim;
+// Online softmax over one stretch: sc[lo..hi) (scaled scores) become exp(score - new maximum),
+// the other lanes 0; query qi's running maximum and sum move on. Returns the factor by which
+// the sums accumulated so far must be rescaled.
+inline float softmax_step(int64_t qi, float* sc, int64_t lo, int64_t hi, float* run_max, float* run_sum) {
   float block_max = run_max[qi];
   for (int64_t s = lo; s < hi; ++s) block_max = std::max(block_max, sc[s]);
 #pragma omp simd
@@ -60,6 +60,14 @@ inline void update(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t
   const float correction = std::exp(run_max[qi] - block_max);
   run_sum[qi] = run_sum[qi] * correction + sum;
   run_max[qi] = block_max;
+  return correction;
+}
+
+// The online-softmax update of query qi with its scores sc[lo..hi) (scaled), then acc += p V.
+inline void update(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf, float* acc,
+                   float* run_max, float* run_sum) {
+  const int64_t dim = st.dim;
+  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum);
   float* av = acc + qi * dim;
 #pragma omp simd
   for (int64_t d = 0; d < dim; ++d) av[d] *= correction;
@@ -98,15 +106,7 @@ template <int DV>
 inline void update_avx512(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf,
                           float* acc, float* run_max, float* run_sum) {
   constexpr int64_t dim = 16 * DV;
-  float block_max = run_max[qi];
-  for (int64_t s = lo; s < hi; ++s) block_max = std::max(block_max, sc[s]);
-#pragma omp simd
-  for (int64_t s = 0; s < kBlock; ++s) sc[s] = (s >= lo && s < hi) ? std::exp(sc[s] - block_max) : 0.f;
-  float sum = 0.f;
-  for (int64_t s = lo; s < hi; ++s) sum += sc[s];
-  const float correction = std::exp(run_max[qi] - block_max);
-  run_sum[qi] = run_sum[qi] * correction + sum;
-  run_max[qi] = block_max;
+  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum);
   float* av = acc + qi * dim;
   const __m512 c = _mm512_set1_ps(correction);
   __m512 a[DV];
