@@ -31,8 +31,17 @@ class EngineSettings(Area):
         "option.max_decode_step_prefill_tokens",
         "Most prompt tokens in an engine step that also decodes running sequences: every running stream "
         "waits for the whole step, so this bounds the time between two of its tokens. A step with no "
-        "sequence decoding takes up to max_rolling_batch_prefill_tokens. Empty: 256 on CPUs, the whole "
+        "sequence decoding takes up to max_rolling_batch_prefill_tokens. Empty: 512 on CPUs, the whole "
         "budget on accelerators.",
+        ge=1,
+    )
+    decode_step_prefill_tokens_per_sequence: int | None = setting(
+        None,
+        "option.decode_step_prefill_tokens_per_sequence",
+        "In an engine step that also decodes, most prompt tokens per sequence running or waiting (never "
+        "fewer than 32, never more than max_decode_step_prefill_tokens): a prompt holds a few streams up "
+        "briefly in small chunks, while a full batch prefills its arriving prompts in larger chunks, in "
+        "fewer steps. Empty: 6 on CPUs, no such limit on accelerators.",
         ge=1,
     )
     kv_cache_memory: int | None = setting(
@@ -183,6 +192,7 @@ class EngineSettings(Area):
         "kv_cache_memory",
         "max_rolling_batch_prefill_tokens",
         "max_decode_step_prefill_tokens",
+        "decode_step_prefill_tokens_per_sequence",
         "block_size",
         "max_input_token_len",
         "max_iter_times",

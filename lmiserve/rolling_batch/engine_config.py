@@ -28,6 +28,8 @@ class EngineConfig:
     max_prefill_seqs: int | None = None
     decode_prefill_tokens: int | None = None
     """Most prompt tokens in a step that also decodes (None: the whole budget)."""
+    decode_prefill_tokens_per_seq: int | None = None
+    """In a step that also decodes, most prompt tokens per sequence running or waiting (None: no such limit)."""
     enforce_eager: bool = False
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = False

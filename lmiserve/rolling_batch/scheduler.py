@@ -5,9 +5,12 @@ Every step has a token budget (``max_num_batched_tokens``). Running sequences th
 their prompt, then waiting sequences are admitted in arrival order while the budget, the
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
 across steps alongside the decodes. A step in which sequences decode takes at most
-``decode_prefill_tokens`` prompt tokens (their next token waits for the whole step); a step
-without decodes delays no stream and takes the whole budget, so prompts arriving together are
-prefilled together and then decode in step. A request for a LoRA adapter joins only when its adapter has
+``decode_prefill_tokens`` prompt tokens (their next token waits for the whole step), and with
+``prefill_tokens_per_seq`` at most that many per sequence running or waiting (never fewer than
+:data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
+full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
+steps. A step without decodes delays no stream and takes the whole budget, so prompts arriving
+together are prefilled together and then decode in step. A request for a LoRA adapter joins only when its adapter has
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
@@ -24,6 +27,10 @@ from typing import Any
 
 from .block_manager import BlockManager
 from .sequence import Group, Sequence, Status
+
+MIN_DECODE_STEP_PREFILL = 32
+"""Fewest prompt tokens a step that decodes may take under the per-sequence limit, so that a
+prompt arriving beside one or two streams is not cut into many tiny chunks."""
 
 
 @dataclass
@@ -75,14 +82,18 @@ class Scheduler:
         max_prefill_seqs: int | None = None,
         adapters: Any = None,
         decode_prefill_tokens: int | None = None,
+        prefill_tokens_per_seq: int | None = None,
     ):
         """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides);
         ``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on;
         ``decode_prefill_tokens``: most prompt tokens a step takes while sequences decode in it (empty:
-        the budget's), so that running streams wait at most that long for their next token."""
+        the budget's), so that running streams wait at most that long for their next token;
+        ``prefill_tokens_per_seq``: in such a step, also at most this many prompt tokens per
+        sequence running or waiting (empty: no such limit)."""
         self.blocks = block_manager
         self.adapters = adapters
         self.decode_prefill_tokens = decode_prefill_tokens
+        self.prefill_tokens_per_seq = prefill_tokens_per_seq
         self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
         self.max_num_seqs = max_num_seqs
         # every running sequence must be able to decode in every step
@@ -193,6 +204,14 @@ class Scheduler:
         leader = seq.group.leader
         return not leader.finished and leader.num_computed < leader.num_prompt_tokens
 
+    def decode_step_prefill_budget(self) -> int:
+        """Most prompt tokens a step that also decodes may take now."""
+        limit = self.decode_prefill_tokens or self.max_num_batched_tokens
+        if self.prefill_tokens_per_seq is not None:
+            share = self.prefill_tokens_per_seq * (len(self.running) + len(self.waiting))
+            limit = min(limit, max(MIN_DECODE_STEP_PREFILL, share))
+        return limit
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -218,8 +237,8 @@ class Scheduler:
             budget -= 1
 
         # streams that decode wait for this step: it takes a bounded number of prompt tokens
-        if out.decodes and self.decode_prefill_tokens is not None:
-            budget = min(budget, self.decode_prefill_tokens)
+        if out.decodes:
+            budget = min(budget, self.decode_step_prefill_budget())
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:

@@ -160,3 +160,37 @@ def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes
         chunks.append(sum(i.num_tokens for i in out.prefills))
     assert chunks == [6, 6, 6, 2]
     run(sched)
+
+
+def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
+    """Per sequence running or waiting, a decoding step takes a few prompt tokens, never fewer
+    than MIN_DECODE_STEP_PREFILL and never more than decode_prefill_tokens."""
+    from lmiserve.rolling_batch.scheduler import MIN_DECODE_STEP_PREFILL
+
+    def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
+        sched = Scheduler(
+            BlockManager(512, BS),
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+            max_model_len=512,
+            decode_prefill_tokens=cap,
+            prefill_tokens_per_seq=per_seq,
+        )
+        for i in range(decoding):
+            sched.add(request(f"d{i}", 4, max_new=100, first_token=1000 + 10 * i))
+        step(sched)  # all prefilled together (nothing decoded yet), now decoding
+        sched.add(request("late", 300, max_new=2))
+        chunks = []
+        while sched.running[-1].request_id != "late" or sched.running[-1].num_computed < 300:
+            out = step(sched)
+            assert len(out.decodes) == decoding
+            chunks.append(sum(i.num_tokens for i in out.prefills))
+        return chunks
+
+    assert MIN_DECODE_STEP_PREFILL == 32
+    # 3 decoding + 1 waiting: 4 x 6 = 24, raised to the floor of 32
+    assert chunks_beside(3, 6, 512) == [32] * 9 + [12]
+    # 15 decoding + 1 prefilling: 16 x 6 = 96 per step
+    assert chunks_beside(15, 6, 512) == [96, 96, 96, 12]
+    # 40 decoding + 1: 41 x 6 = 246, capped at 100
+    assert chunks_beside(40, 6, 100) == [100, 100, 100]
