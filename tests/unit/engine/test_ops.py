@@ -101,6 +101,48 @@ def test_cpu_kernel_bf16_close_to_reference(heads, kv_heads, dim, window):
     assert torch.allclose(ref.float(), fast.float(), atol=2e-2)
 
 
+def paged_blocks(lengths, kv_heads, dim, block_size, seed=0):
+    """bf16 K/V in blocks of ``block_size`` tokens, shuffled; the dense K/V of each sequence."""
+    g = torch.Generator().manual_seed(seed)
+    blocks_of = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(blocks_of) + 4
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=g).bfloat16()
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=g).bfloat16()
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.zeros(len(lengths), max(blocks_of), dtype=torch.int32)
+    dense = []
+    for s, n in enumerate(lengths):
+        blocks = [order.pop() for _ in range(blocks_of[s])]
+        tables[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(n)])
+        dense.append((k_cache.view(-1, kv_heads, dim)[slots], v_cache.view(-1, kv_heads, dim)[slots]))
+    return k_cache, v_cache, tables, dense
+
+
+@pytest.mark.parametrize(
+    "lengths,heads,kv_heads,dim,block_size,window",
+    [
+        ([190, 254, 1, 17, 33, 300, 64, 129, 5], 9, 3, 64, 16, 0),  # SmolLM2: whole sequences per task
+        ([200], 9, 3, 64, 16, 0),  # one sequence: a task per KV head
+        ([31, 250, 47], 8, 2, 128, 16, 0),
+        ([40, 97, 16, 15, 200], 12, 4, 64, 32, 0),  # blocks of 32: two stretches of 16 per block
+        ([100, 7, 260, 33], 8, 2, 64, 16, 40),  # a window starting inside a stretch
+        ([18, 1], 4, 4, 64, 16, 0),
+    ],
+)
+def test_cpu_decode_kernel_bf16_matches_dense(lengths, heads, kv_heads, dim, block_size, window):
+    """The AVX-512 decode kernel (two passes over each sequence, the next rows requested while a
+    stretch is used) against dense attention in fp64 over the same bf16 keys and values."""
+    k_cache, v_cache, tables, dense = paged_blocks(lengths, kv_heads, dim, block_size)
+    q = torch.randn(len(lengths), heads, dim, generator=torch.Generator().manual_seed(1)).bfloat16()
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    out = CpuOps().attention_decode(q, k_cache, v_cache, tables, lens, dim**-0.5, window)
+    for s, n in enumerate(lengths):
+        expected = dense_attention(q[s : s + 1], *dense[s], causal_offset=n - 1, window=window)
+        # the kernel's sums are fp32; its output is rounded to bf16 (8 bits of mantissa)
+        assert torch.allclose(out[s : s + 1].double(), expected, atol=4e-3, rtol=8e-3), (s, n)
+
+
 @pytest.mark.parametrize(
     "heads,kv_heads,dim,window,dtype",
     [

@@ -3,8 +3,9 @@
 // The KV cache of one layer is K and V, each (num_blocks, block_size, num_kv_heads, head_dim).
 // Sequence b's token t lives in block block_tables[b][t / block_size], slot t % block_size.
 // Query heads are grouped contiguously over KV heads (head h uses KV head h / (H / KVH)).
-// Scores and the softmax are computed in fp32 with a running (online) maximum, reading each
-// key and value once, straight from the cache: nothing is gathered or copied.
+// Scores and the softmax are computed in fp32, reading each key and value once, straight from
+// the cache: nothing is gathered or copied. The portable loop keeps a running (online) maximum;
+// the AVX-512 kernel for bf16 scores a whole sequence first, then takes its softmax and values.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -130,26 +131,6 @@ void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sca
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-// 16 bf16 values -> 16 fp32 lanes
-inline __m512 load_bf16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// Blocks are asked for 8 ahead, into L2 (T1) rather than L1: a block is 2 x 6 KiB at
-// SmolLM2's shapes, and a burst of L1 prefetches that deep left the loads waiting (decode
-// attention at 32 sequences x 200 tokens took ~20% longer with T0 at 4 or 8 ahead).
-constexpr int64_t PREFETCH_AHEAD = 8;
-
-inline void prefetch_block(const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, int64_t offset, int64_t elements) {
-  const char* k = reinterpret_cast<const char*>(k_cache + offset);
-  const char* v = reinterpret_cast<const char*>(v_cache + offset);
-  for (int64_t byte = 0; byte < elements * 2; byte += 64) {
-    _mm_prefetch(k + byte, _MM_HINT_T1);
-    _mm_prefetch(v + byte, _MM_HINT_T1);
-  }
-}
-
 // Where token t's partial sums go so that reduce16 returns lane t = sum of token t's vector.
 inline int reduce_slot(int t) { return 4 * (t % 4) + t / 4; }
 
@@ -168,134 +149,215 @@ inline __m512 reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
 }
 
+// 32 bf16 values -> their 16 even-indexed and 16 odd-indexed elements as fp32 (one shift, one
+// mask: no cross-lane shuffle). Dot products and sums come out the same in this order; only the
+// output is interleaved back.
+inline void split_bf16(const c10::BFloat16* p, __m512& even, __m512& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// One sequence's cache rows for the heads of one task. A stretch of 16 tokens starting at a
+// multiple of 16 lies in one block (block sizes are multiples of 16), its rows slot_stride apart.
+struct Rows {
+  const c10::BFloat16* cache;
+  const int32_t* table;
+  int64_t block_size, block_stride, slot_stride, head_offset;
+  // token t0's row (at the task's first head); t0 + s is s * slot_stride further on
+  const c10::BFloat16* stretch(int64_t t0) const {
+    return cache + table[t0 / block_size] * block_stride + (t0 % block_size) * slot_stride + head_offset;
+  }
+};
+
 // Decode attention over a bf16 paged cache with AVX-512, for G query heads per KV head and
-// head_dim = 16 * DV. Per block of 16 tokens: the scores of all 16 tokens are built in one
-// vector (partial dot products reduced together rather than one by one), the softmax runs
-// 16 lanes wide, and each KV head's accumulators stay in registers while the block's values
-// are added.
-template <int G, int DV>
+// head_dim = 32 * DW, in two passes over a sequence: the scores of every key (16 at a time, the
+// partial dot products of 16 keys reduced together), then one softmax over the whole row, then
+// the values. The loop is bound by memory: while a stretch of 16 keys (or values) is used, the
+// next stretch's cache lines are requested, a row at a time, so that loads are in flight all the
+// time rather than in bursts (a burst of prefetches per block, or none, reads about half as fast).
+// The stretch after a sequence's last values is the first keys of the thread's next task.
+template <int G, int DW>
 void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
                         const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* seq_lens,
-                        int64_t batch, int64_t kv_heads, int64_t max_blocks, int64_t q_stride_b, int64_t q_stride_h,
-                        int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window) {
-  constexpr int64_t dim = 16 * DV;
-  constexpr int64_t block_size = 16;
+                        int64_t batch, int64_t kv_heads, int64_t block_size, int64_t max_blocks, int64_t q_stride_b,
+                        int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window) {
+  constexpr int64_t dim = 32 * DW;
+  constexpr int64_t kStretch = 16;
   const int64_t heads = kv_heads * G;
   const int64_t slot_stride = kv_heads * dim;
   const int64_t block_stride = block_size * slot_stride;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, seq_lens[b]);
+  const int64_t row = longest + 2 * kStretch;  // scores of one query head, from a stretch boundary
   const Tasks tasks(batch, kv_heads);
 
+  // the keys (or values) of task `task` a pass reads, from stretch `first` on
+  auto rows_of = [&](const c10::BFloat16* cache, int64_t task) {
+    const int64_t b = tasks.sequence(task);
+    return Rows{cache, block_tables + b * max_blocks, block_size, block_stride, slot_stride,
+                tasks.first_head(task) * dim};
+  };
+  auto first_key = [&](int64_t b) {
+    const int64_t len = seq_lens[b];
+    return ((window > 0 ? std::max<int64_t>(0, len - window) : 0) / kStretch) * kStretch;
+  };
+  // the rows read one stretch ahead: `count` rows from `first`, `bytes` each
+  struct Ahead {
+    const char* first = nullptr;
+    int64_t count = 0, heads = 0;
+  };
+
   lmiserve::for_each_task(tasks.count(batch), [&](const auto& next) {
-    std::vector<float> acc(heads * dim), run_max(heads), run_sum(heads), probs(heads * block_size);
-    std::vector<float> qf(heads * dim), corr(heads);
-    for (int64_t task; (task = next()) >= 0;) {
+    std::vector<float> scores(heads * row), acc(heads * dim), inv(heads);
+    const __m512 lowest = _mm512_set1_ps(kLowest);
+    int64_t task = next();
+    while (task >= 0) {
+      const int64_t upcoming = next();
       const int64_t b = tasks.sequence(task);
       const int64_t h0 = tasks.first_head(task), h1 = h0 + tasks.heads_per_task;
+      const int64_t nheads = h1 - h0;
       const int64_t len = seq_lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const c10::BFloat16* qb = q + b * q_stride_b;
-      for (int64_t qh = h0 * G; qh < h1 * G; ++qh) {
-        for (int64_t d = 0; d < dim; ++d) qf[qh * dim + d] = lmiserve::to_f32(qb[qh * q_stride_h + d]);
-        run_max[qh] = kLowest;
-        run_sum[qh] = 0.f;
-      }
-      std::fill(acc.begin() + h0 * G * dim, acc.begin() + h1 * G * dim, 0.f);
-      const int32_t* table = block_tables + b * max_blocks;
-      const __m512 scale_v = _mm512_set1_ps(scale);
-
-      for (int64_t t0 = (first / block_size) * block_size; t0 < len; t0 += block_size) {
-        const int64_t block = table[t0 / block_size];
-        const int lo = static_cast<int>(std::max(t0, first) - t0);
-        const int hi = static_cast<int>(std::min(t0 + block_size, len) - t0);
-        const __mmask16 live = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-        const c10::BFloat16* kb = k_cache + block * block_stride;
-        const c10::BFloat16* vb = v_cache + block * block_stride;
-        // keep the memory system busy: ask for the block PREFETCH_AHEAD positions further on
-        const int64_t ahead = t0 + PREFETCH_AHEAD * block_size;
-        if (t0 == (first / block_size) * block_size) {
-          for (int64_t t = t0; t < std::min(ahead, len); t += block_size) prefetch_block(k_cache, v_cache, table[t / block_size] * block_stride, block_stride);
+      const int64_t base = first_key(b);
+      const int64_t stretches = (len - base + kStretch - 1) / kStretch;
+      const Rows keys = rows_of(k_cache, task), values = rows_of(v_cache, task);
+      // what is read one stretch after stretch i of the key pass (i < stretches) or the value
+      // pass (i >= stretches): the pass's next stretch, then the values, then the next task's keys
+      auto ahead_of = [&](int64_t i) {
+        const int64_t j = i + 1;
+        Ahead a;
+        if (j < 2 * stretches) {
+          const int64_t t0 = base + (j % stretches) * kStretch;
+          a.first = reinterpret_cast<const char*>((j < stretches ? keys : values).stretch(t0));
+          a.count = std::min(kStretch, len - t0);
+          a.heads = nheads;
+        } else if (upcoming >= 0) {
+          const int64_t nb = tasks.sequence(upcoming), t0 = first_key(nb);
+          a.first = reinterpret_cast<const char*>(rows_of(k_cache, upcoming).stretch(t0));
+          a.count = std::min(kStretch, seq_lens[nb] - t0);
+          a.heads = tasks.heads_per_task;
         }
-        if (ahead < len) prefetch_block(k_cache, v_cache, table[ahead / block_size] * block_stride, block_stride);
+        return a;
+      };
+      // row s of that stretch, the part of head h (spread over the heads' loops, not in bursts)
+      auto prefetch_row = [&](const Ahead& a, int s, int64_t h) {
+        if (s >= a.count || h >= a.heads) return;
+        const char* p = a.first + (s * slot_stride + h * dim) * 2;
+        for (int w = 0; w < DW; ++w) _mm_prefetch(p + 64 * w, _MM_HINT_T0);
+      };
+
+      // pass 1: every score, scaled; lanes before `first` or past the end hold kLowest
+      for (int64_t i = 0; i < stretches; ++i) {
+        const int64_t t0 = base + i * kStretch;
+        const int lo = static_cast<int>(std::max(t0, first) - t0);
+        const int hi = static_cast<int>(std::min(t0 + kStretch, len) - t0);
+        const __mmask16 live = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        const c10::BFloat16* kb = keys.stretch(t0);
+        const Ahead next_rows = ahead_of(i);
         for (int64_t h = h0; h < h1; ++h) {
+          __m512 qv[G][2 * DW];
+          for (int g = 0; g < G; ++g)
+            for (int w = 0; w < DW; ++w)
+              split_bf16(q + b * q_stride_b + (h * G + g) * q_stride_h + 32 * w, qv[g][2 * w], qv[g][2 * w + 1]);
           __m512 part[G][16];
           for (int g = 0; g < G; ++g)
             for (int t = 0; t < 16; ++t) part[g][t] = _mm512_setzero_ps();
           for (int s = lo; s < hi; ++s) {
-            const c10::BFloat16* kr = kb + s * slot_stride + h * dim;
-            __m512 kv[DV];
-            for (int l = 0; l < DV; ++l) kv[l] = load_bf16(kr + 16 * l);
+            prefetch_row(next_rows, s, h - h0);
+            const c10::BFloat16* kr = kb + s * slot_stride + (h - h0) * dim;
+            __m512 kv[2 * DW];
+            for (int w = 0; w < DW; ++w) split_bf16(kr + 32 * w, kv[2 * w], kv[2 * w + 1]);
             for (int g = 0; g < G; ++g) {
-              const float* qv = qf.data() + (h * G + g) * dim;
-              __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qv), kv[0]);
-              for (int l = 1; l < DV; ++l) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * l), kv[l], dot);
+              __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
+              for (int l = 1; l < 2 * DW; ++l) dot = _mm512_fmadd_ps(qv[g][l], kv[l], dot);
               part[g][reduce_slot(s)] = dot;
             }
           }
           for (int g = 0; g < G; ++g) {
-            const int64_t qh = h * G + g;
-            const __m512 sc = _mm512_mul_ps(reduce16(part[g]), scale_v);
-            const float block_max = std::max(run_max[qh], _mm512_mask_reduce_max_ps(live, sc));
-            alignas(64) float e[16];
-            _mm512_store_ps(e, _mm512_sub_ps(sc, _mm512_set1_ps(block_max)));
+            const __m512 sc = _mm512_mul_ps(reduce16(part[g]), _mm512_set1_ps(scale));
+            _mm512_storeu_ps(scores.data() + (h * G + g) * row + i * kStretch, _mm512_mask_blend_ps(live, lowest, sc));
+          }
+        }
+      }
+      // one softmax per query head over its whole row
+      const int64_t width = stretches * kStretch;
+      for (int64_t qh = h0 * G; qh < h1 * G; ++qh) {
+        float* r = scores.data() + qh * row;
+        __m512 m = lowest;
+        for (int64_t t = 0; t < width; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(r + t));
+        const float top = _mm512_reduce_max_ps(m);
 #pragma omp simd
-            for (int t = 0; t < 16; ++t) e[t] = std::exp(e[t]);
-            const __m512 p = _mm512_maskz_mov_ps(live, _mm512_load_ps(e));
-            _mm512_storeu_ps(probs.data() + qh * block_size, p);
-            corr[qh] = std::exp(run_max[qh] - block_max);
-            run_sum[qh] = run_sum[qh] * corr[qh] + _mm512_reduce_add_ps(p);
-            run_max[qh] = block_max;
-          }
-          __m512 a[G][DV];
-          for (int g = 0; g < G; ++g) {
-            const __m512 c = _mm512_set1_ps(corr[h * G + g]);
-            for (int l = 0; l < DV; ++l) a[g][l] = _mm512_mul_ps(_mm512_loadu_ps(acc.data() + (h * G + g) * dim + 16 * l), c);
-          }
+        for (int64_t t = 0; t < width; ++t) r[t] = std::exp(r[t] - top);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < width; t += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(r + t));
+        const float total = _mm512_reduce_add_ps(sum);
+        inv[qh] = total > 0.f ? 1.f / total : 0.f;
+      }
+      // pass 2: the probability-weighted values, kept as even and odd elements of each 32
+      std::fill(acc.begin() + h0 * G * dim, acc.begin() + h1 * G * dim, 0.f);
+      for (int64_t i = 0; i < stretches; ++i) {
+        const int64_t t0 = base + i * kStretch;
+        const int lo = static_cast<int>(std::max(t0, first) - t0);
+        const int hi = static_cast<int>(std::min(t0 + kStretch, len) - t0);
+        const c10::BFloat16* vb = values.stretch(t0);
+        const Ahead next_rows = ahead_of(stretches + i);
+        for (int64_t h = h0; h < h1; ++h) {
+          __m512 a[G][2 * DW];
+          for (int g = 0; g < G; ++g)
+            for (int l = 0; l < 2 * DW; ++l) a[g][l] = _mm512_loadu_ps(acc.data() + (h * G + g) * dim + 16 * l);
+          const float* p = scores.data() + h * G * row + i * kStretch;
           for (int s = lo; s < hi; ++s) {
-            const c10::BFloat16* vr = vb + s * slot_stride + h * dim;
-            __m512 vv[DV];
-            for (int l = 0; l < DV; ++l) vv[l] = load_bf16(vr + 16 * l);
+            prefetch_row(next_rows, s, h - h0);
+            const c10::BFloat16* vr = vb + s * slot_stride + (h - h0) * dim;
+            __m512 vv[2 * DW];
+            for (int w = 0; w < DW; ++w) split_bf16(vr + 32 * w, vv[2 * w], vv[2 * w + 1]);
             for (int g = 0; g < G; ++g) {
-              const __m512 p = _mm512_set1_ps(probs[(h * G + g) * block_size + s]);
-              for (int l = 0; l < DV; ++l) a[g][l] = _mm512_fmadd_ps(p, vv[l], a[g][l]);
+              const __m512 pg = _mm512_set1_ps(p[g * row + s]);
+              for (int l = 0; l < 2 * DW; ++l) a[g][l] = _mm512_fmadd_ps(pg, vv[l], a[g][l]);
             }
           }
           for (int g = 0; g < G; ++g)
-            for (int l = 0; l < DV; ++l) _mm512_storeu_ps(acc.data() + (h * G + g) * dim + 16 * l, a[g][l]);
+            for (int l = 0; l < 2 * DW; ++l) _mm512_storeu_ps(acc.data() + (h * G + g) * dim + 16 * l, a[g][l]);
         }
       }
       for (int64_t qh = h0 * G; qh < h1 * G; ++qh) {
         c10::BFloat16* dst = out + b * out_stride_b + qh * out_stride_h;
-        const float inv = run_sum[qh] > 0.f ? 1.f / run_sum[qh] : 0.f;
         const float* av = acc.data() + qh * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = lmiserve::from_f32<c10::BFloat16>(av[d] * inv);
+        for (int w = 0; w < DW; ++w)
+          for (int e = 0; e < 16; ++e) {
+            dst[32 * w + 2 * e] = lmiserve::from_f32<c10::BFloat16>(av[32 * w + e] * inv[qh]);
+            dst[32 * w + 2 * e + 1] = lmiserve::from_f32<c10::BFloat16>(av[32 * w + 16 + e] * inv[qh]);
+          }
       }
+      task = upcoming;
     }
   });
 }
 
 using Bf16Kernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
                             const int32_t*, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, float, int64_t);
+                            int64_t, int64_t, float, int64_t);
 
-template <int DV>
+template <int DW>
 Bf16Kernel pick_group(int64_t group) {
   switch (group) {
-    case 1: return &decode_bf16_avx512<1, DV>;
-    case 2: return &decode_bf16_avx512<2, DV>;
-    case 3: return &decode_bf16_avx512<3, DV>;
-    case 4: return &decode_bf16_avx512<4, DV>;
-    case 5: return &decode_bf16_avx512<5, DV>;
-    case 6: return &decode_bf16_avx512<6, DV>;
-    case 7: return &decode_bf16_avx512<7, DV>;
-    case 8: return &decode_bf16_avx512<8, DV>;
+    case 1: return &decode_bf16_avx512<1, DW>;
+    case 2: return &decode_bf16_avx512<2, DW>;
+    case 3: return &decode_bf16_avx512<3, DW>;
+    case 4: return &decode_bf16_avx512<4, DW>;
+    case 5: return &decode_bf16_avx512<5, DW>;
+    case 6: return &decode_bf16_avx512<6, DW>;
+    case 7: return &decode_bf16_avx512<7, DW>;
+    case 8: return &decode_bf16_avx512<8, DW>;
     default: return nullptr;
   }
 }
 
 Bf16Kernel pick_bf16_kernel(int64_t group, int64_t dim, int64_t block_size) {
-  if (block_size != 16) return nullptr;
-  if (dim == 64) return pick_group<4>(group);
-  if (dim == 128) return pick_group<8>(group);
+  if (block_size % 16 != 0) return nullptr;
+  if (dim == 64) return pick_group<2>(group);
+  if (dim == 128) return pick_group<4>(group);
   return nullptr;
 }
 #endif
@@ -321,7 +383,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
     if (auto kernel = pick_bf16_kernel(heads / kv_heads, dim, block_size)) {
       kernel(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
              v_cache.data_ptr<c10::BFloat16>(), tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), batch, kv_heads,
-             tables.size(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1), static_cast<float>(scale), window);
+             block_size, tables.size(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+             static_cast<float>(scale), window);
       return out;
     }
   }
