@@ -1,8 +1,11 @@
 """The device ops tuned for CPUs.
 
-- Linear layers in bf16 use oneDNN with weights reordered once into its blocked layout
-  (the reorder otherwise happens on every call; at small batch sizes it costs more than the
-  multiply itself).
+- Linear layers in bf16, on CPUs with AVX512_BF16 and no AMX, use a C++ kernel
+  (``csrc/linear.cpp``) with weights packed once for it: it keeps the next columns' weights
+  arriving while it multiplies, which a decode step (few rows, every weight read from memory)
+  needs most. On CPUs with AMX (oneDNN runs prompt-sized products on its tiles) or without
+  AVX512_BF16, oneDNN with weights reordered once into its blocked layout (the reorder otherwise
+  happens on every call; at small batch sizes it costs more than the multiply itself).
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ...devices import cpu_flags
 from .reference import LinearWeight, ReferenceOps
 
 log = logging.getLogger("lmiserve.ops")
@@ -37,6 +41,7 @@ _SOURCES = [
         "sampling.cpp",
         "fused.cpp",
         "lora.cpp",
+        "linear.cpp",
     )
 ]
 _HALF = (torch.bfloat16, torch.float16)
@@ -125,6 +130,15 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 @functools.cache
+def own_bf16_linear() -> bool:
+    """Whether bf16 linear layers run in the C++ kernel: built for AVX512_BF16 (the kernels are
+    compiled for the CPU they run on) on a CPU without AMX, whose tiles oneDNN uses."""
+    if not load_kernels() or "amx_bf16" in cpu_flags():
+        return False
+    return bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
+
+
+@functools.cache
 def _part_cols(parts: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(parts, dtype=torch.int64)
 
@@ -137,11 +151,17 @@ class CpuOps(ReferenceOps):
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
         prepared = super().prepare_linear(weight, bias)
-        if _can_pack(weight):
+        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and own_bf16_linear():
+            prepared.packed = torch.ops.lmiserve_cpu.pack_linear_bf16(prepared.weight)
+            prepared.packing = "lmiserve"
+        elif _can_pack(weight):
             prepared.packed = torch.ops.mkldnn._reorder_linear_weight(prepared.weight, PACK_BATCH_HINT)
+            prepared.packing = "onednn"
         return prepared
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.packing == "lmiserve" and x.dtype == torch.bfloat16:
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0])
         if w.packed is not None and x.dtype == torch.bfloat16:
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])

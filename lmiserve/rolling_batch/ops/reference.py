@@ -25,6 +25,8 @@ class LinearWeight:
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     packed: torch.Tensor | None = None
+    packing: str = ""
+    """Whose layout ``packed`` is in (a backend's name for it); "" when nothing is packed."""
 
     @property
     def out_features(self) -> int:

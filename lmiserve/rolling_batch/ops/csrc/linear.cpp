@@ -1,0 +1,213 @@
+// bf16 linear layers on CPUs with AVX512_BF16: y = x W^T (+ bias), sums in fp32, y rounded to bf16.
+//
+// The weight (N, K) is packed once into groups of kCols = 48 output columns, each group laid out
+// as [K/2][48][2]: for every pair of k, the 48 columns' two values side by side, which is what
+// vdpbf16ps multiplies against a broadcast pair of x (16 columns, 2 k, one instruction). A tile
+// is 8 rows of x by the 48 columns of a group: 24 accumulators in registers over the whole K.
+// Threads split the groups (the columns), so each streams its own part of the weight once.
+//
+// Decode steps multiply a few rows by every weight of the model, which is read from memory each
+// time: while a group is used, the cache lines of the thread's next group are requested, a few per
+// pair of k, spread over the tiles, so the multiply never waits for a burst of loads (oneDNN's
+// kernel at 32 rows runs at about half its peak here, waiting on the weights). With more rows the
+// weight stays in the caches across tiles and the requests would only push it out, so they stop.
+// Rows are taken in chunks whose x fits in L2 beside a group; K is cut in stretches past 768 pairs.
+//
+// Each row's sums are formed in the same order whatever the number of rows, so a row's result
+// does not depend on the rest of the batch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kPanels = 3;            // 16-column vectors per group
+constexpr int64_t kCols = 16 * kPanels;   // columns per group
+constexpr int64_t kRows = 8;              // rows per tile
+constexpr int64_t kPrefetchRows = 64;     // up to this many rows the next group is requested ahead
+constexpr int64_t kPairsPerStretch = 768;  // pairs of k per stretch: a group's stretch is <= 147 KiB
+constexpr int64_t kChunkBytes = 384 * 1024;  // x rows per chunk: at most this many bytes of x
+
+at::Tensor pack_linear_bf16(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_linear_bf16 takes a bf16 (N, K) weight");
+  TORCH_CHECK(weight.size(1) % 2 == 0, "pack_linear_bf16 needs an even K");
+  const auto w = weight.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), pairs = k / 2, groups = (n + kCols - 1) / kCols;
+  auto packed = at::zeros({groups, pairs, kCols, 2}, w.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr());
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t c = 0; c < kCols && g * kCols + c < n; ++c) {
+        const uint16_t* row = src + (g * kCols + c) * k;
+        uint16_t* out = dst + g * pairs * kCols * 2 + c * 2;
+        for (int64_t p = 0; p < pairs; ++p) {
+          out[p * kCols * 2] = row[2 * p];
+          out[p * kCols * 2 + 1] = row[2 * p + 1];
+        }
+      }
+  });
+  return packed;
+}
+
+bool linear_bf16_supported() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512BF16__)
+
+// Where a tile's sums go: the first stretch of K starts them at zero (or at `part`), the last
+// rounds them to bf16 in y (adding the bias), the others leave them in `part`.
+struct TileOut {
+  uint16_t* y;
+  int64_t ldy, cols;
+  const float* bias;  // kCols values for this group, or nullptr
+  float* part;        // kRows * kCols partial sums between stretches
+  bool first, last;
+};
+
+// Requests for the next group's cache lines spread over a group's tiles: tile `tile` of `tiles`
+// asks, at pair p, for the lines numbered (tile * pairs + p) * kPanels / tiles onwards.
+struct Ahead {
+  const char* next;
+  int64_t tile, tiles;
+};
+
+template <int MR, bool PREFETCH>
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+  __m512 acc[MR][kPanels];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < kPanels; ++j)
+      acc[r][j] = out.first ? _mm512_setzero_ps() : _mm512_loadu_ps(out.part + (r * kPanels + j) * 16);
+  const int32_t* rows[MR];
+  for (int r = 0; r < MR; ++r) rows[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
+  for (int64_t p = 0; p < pairs; ++p) {
+    if constexpr (PREFETCH) {
+      const int64_t j = ahead.tile * pairs + p;
+      for (int64_t line = j * kPanels / ahead.tiles; line < (j + 1) * kPanels / ahead.tiles; ++line)
+        _mm_prefetch(ahead.next + 64 * line, _MM_HINT_T0);
+    }
+    const __m512bh* bv = reinterpret_cast<const __m512bh*>(b + p * kCols * 2);
+    const __m512bh b0 = bv[0], b1 = bv[1], b2 = bv[2];
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(rows[r][p]);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, b2);
+    }
+  }
+  if (!out.last) {
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < kPanels; ++j) _mm512_storeu_ps(out.part + (r * kPanels + j) * 16, acc[r][j]);
+    return;
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
+      __m512 v = acc[r][j];
+      if (out.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(out.bias + 16 * j));
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);  // round to nearest even
+      const int64_t n = std::min<int64_t>(16, out.cols - 16 * j);
+      _mm256_mask_storeu_epi16(out.y + r * out.ldy + 16 * j, static_cast<__mmask16>((1u << n) - 1u), h);
+    }
+}
+
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
+
+template <bool PREFETCH>
+TileFn pick_tile(int64_t rows) {
+  switch (rows) {
+    case 1: return &tile<1, PREFETCH>;
+    case 2: return &tile<2, PREFETCH>;
+    case 3: return &tile<3, PREFETCH>;
+    case 4: return &tile<4, PREFETCH>;
+    case 5: return &tile<5, PREFETCH>;
+    case 6: return &tile<6, PREFETCH>;
+    case 7: return &tile<7, PREFETCH>;
+    default: return &tile<8, PREFETCH>;
+  }
+}
+
+void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
+              int64_t k) {
+  const int64_t pairs = k / 2, groups = (n + kCols - 1) / kCols, group_elems = pairs * kCols * 2;
+  const bool prefetch = m <= kPrefetchRows;
+  const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+  const int64_t stretches = (pairs + kPairsPerStretch - 1) / kPairsPerStretch;
+  const int64_t stretch = (pairs + stretches - 1) / stretches;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> part(stretches > 1 ? chunk * kCols : 0);
+    std::vector<float> group_bias(kCols, 0.f);
+    for (int64_t m0 = 0; m0 < m; m0 += chunk) {
+      const int64_t m1 = std::min(m, m0 + chunk), tiles = (m1 - m0 + kRows - 1) / kRows;
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint16_t* b = packed + g * group_elems;
+        const int64_t cols = std::min(kCols, n - g * kCols);
+        if (bias) std::memcpy(group_bias.data(), bias + g * kCols, cols * sizeof(float));
+        const char* next = reinterpret_cast<const char*>(g + 1 < g1 ? b + group_elems : nullptr);
+        for (int64_t p0 = 0; p0 < pairs; p0 += stretch) {
+          const int64_t len = std::min(stretch, pairs - p0);
+          for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t r0 = m0 + t * kRows, rows = std::min(kRows, m1 - r0);
+            const TileOut out{y + r0 * n + g * kCols, n, cols, bias ? group_bias.data() : nullptr,
+                              part.data() + t * kRows * kCols, p0 == 0, p0 + len >= pairs};
+            const bool ask = prefetch && next != nullptr && stretches == 1;
+            const TileFn fn = ask ? pick_tile<true>(rows) : pick_tile<false>(rows);
+            fn(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features) {
+  TORCH_CHECK(linear_bf16_supported(), "linear_bf16 needs a CPU with AVX512_BF16 (kernels built for it)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_bf16 takes bf16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " features; the weight takes ", packed.size(1) * 2);
+  TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kCols, "out_features does not fit the weight");
+  const auto x2 = x.reshape({-1, k}).contiguous();
+  const int64_t m = x2.size(0);
+  auto shape = x.sizes().vec();
+  shape.back() = out_features;
+  auto y = at::empty(shape, x.options());
+  if (m == 0) return y;
+  at::Tensor bias_f32;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == out_features, "bias must have out_features values");
+    bias_f32 = bias->to(at::kFloat).contiguous();
+  }
+#if defined(__AVX512BF16__)
+  multiply(reinterpret_cast<const uint16_t*>(x2.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+           bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m,
+           out_features, k);
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
+  m.def("pack_linear_bf16(Tensor weight) -> Tensor");
+  m.impl("pack_linear_bf16", c10::DispatchKey::CPU, &pack_linear_bf16);
+  m.def("linear_bf16_supported() -> bool");
+  m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
+  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
+}
