@@ -41,7 +41,7 @@ class EngineSettings(Area):
         "In an engine step that also decodes, most prompt tokens per sequence running or waiting (never "
         "fewer than 32, never more than max_decode_step_prefill_tokens): a prompt holds a few streams up "
         "briefly in small chunks, while a full batch prefills its arriving prompts in larger chunks, in "
-        "fewer steps. Empty: 6 on CPUs, no such limit on accelerators.",
+        "fewer steps. Empty: 4 on CPUs, no such limit on accelerators.",
         ge=1,
     )
     kv_cache_memory: int | None = setting(

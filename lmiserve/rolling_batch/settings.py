@@ -18,11 +18,12 @@ prefilled in one step when no stream is decoding."""
 CPU_DECODE_PREFILL_TOKENS = 512
 """On CPUs, most prompt tokens in a step that also decodes (reached from about 85 sequences on,
 under the per-sequence limit below)."""
-CPU_DECODE_PREFILL_TOKENS_PER_SEQ = 6
+CPU_DECODE_PREFILL_TOKENS_PER_SEQ = 4
 """On CPUs, prompt tokens a step that also decodes takes per sequence running or waiting. A prompt
-token costs about as much as a third of a millisecond of a small model's step on two cores, so eight
-streams wait about 15 ms longer for their next token while a 48-token chunk runs beside them, and
-32 streams get 192-token chunks, which prefill the prompts arriving among them in few steps."""
+token costs about a quarter of a millisecond of a small model's step on two cores (its share of
+the matrix products alone), so eight streams wait about 10 ms longer for their next token while
+a 32-token chunk runs beside them, and 32 streams get 128-token chunks, which prefill the prompts
+arriving among them in a step or two."""
 ACCELERATOR_STEP_TOKENS = 4096
 NPU_BLOCK_SIZE = 128
 """The NPU attention kernels read the paged cache in blocks of 128 tokens (a multiple of 16 at least)."""
