@@ -9,8 +9,9 @@ across steps alongside the decodes. A step in which sequences decode takes at mo
 ``prefill_tokens_per_seq`` at most that many per sequence running or waiting (never fewer than
 :data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
-steps. A step without decodes delays no stream and takes the whole budget, so prompts arriving
-together are prefilled together and then decode in step. A request for a LoRA adapter joins only when its adapter has
+steps. A step without decodes delays no stream: it takes the whole budget, or, under the
+per-sequence limit, the next prompt whole and the per-sequence share beyond it, so that prompts
+arriving together start one after the other instead of decoding (and ending) in step. A request for a LoRA adapter joins only when its adapter has
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
@@ -204,13 +205,30 @@ class Scheduler:
         leader = seq.group.leader
         return not leader.finished and leader.num_computed < leader.num_prompt_tokens
 
+    def _share(self) -> int:
+        """Prompt tokens per step under the per-sequence limit."""
+        return max(MIN_DECODE_STEP_PREFILL, self.prefill_tokens_per_seq * (len(self.running) + len(self.waiting)))  # type: ignore[operator]
+
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""
         limit = self.decode_prefill_tokens or self.max_num_batched_tokens
         if self.prefill_tokens_per_seq is not None:
-            share = self.prefill_tokens_per_seq * (len(self.running) + len(self.waiting))
-            limit = min(limit, max(MIN_DECODE_STEP_PREFILL, share))
+            limit = min(limit, self._share())
         return limit
+
+    def idle_step_prefill_budget(self) -> int:
+        """Most prompt tokens a step in which nothing decodes may take now: the whole budget, or,
+        under the per-sequence limit, the next prompt whole and beyond it the per-sequence share.
+        Prompts that arrive together then start one after the other rather than all in one
+        step, so they do not finish together, and the prompts that replace them (a closed loop,
+        a client that sends its next request when one ends) do not arrive together either: each
+        is prefilled in a step or two beside the others' decodes instead of waiting for all of
+        them at once."""
+        if self.prefill_tokens_per_seq is None:
+            return self.max_num_batched_tokens
+        prefilling = [s for s in self.running if s.num_pending > 1]
+        head = prefilling[0].num_pending if prefilling else (self.waiting[0].num_tokens if self.waiting else 0)
+        return min(self.max_num_batched_tokens, max(self._share(), head))
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -237,8 +255,7 @@ class Scheduler:
             budget -= 1
 
         # streams that decode wait for this step: it takes a bounded number of prompt tokens
-        if out.decodes:
-            budget = min(budget, self.decode_step_prefill_budget())
+        budget = min(budget, self.decode_step_prefill_budget() if out.decodes else self.idle_step_prefill_budget())
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:

@@ -194,3 +194,25 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     assert chunks_beside(15, 6, 512) == [96, 96, 96, 12]
     # 40 decoding + 1: 41 x 6 = 246, capped at 100
     assert chunks_beside(40, 6, 100) == [100, 100, 100]
+
+
+def test_prompts_arriving_together_start_one_after_the_other_under_the_per_sequence_limit():
+    """With nothing decoding, the per-sequence limit still holds beyond the next prompt, which is
+    taken whole: eight prompts that arrive together start in turn, not all in the first step."""
+
+    def first_steps(per_seq):
+        sched = Scheduler(
+            BlockManager(512, BS),
+            max_num_seqs=16,
+            max_num_batched_tokens=2048,
+            max_model_len=512,
+            prefill_tokens_per_seq=per_seq,
+        )
+        for i in range(8):
+            sched.add(request(f"r{i}", 50, max_new=40, first_token=100 * i))
+        return [[(i.seq.request_id, i.num_tokens) for i in step(sched).prefills] for _ in range(4)]
+
+    # without the limit, all eight in one step: they decode, end and come back together
+    assert first_steps(None)[0] == [(f"r{i}", 50) for i in range(8)]
+    # with it: r0 whole (more than the 32-token share), then 32 tokens a step beside r0's decode
+    assert first_steps(2) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 32)]]
