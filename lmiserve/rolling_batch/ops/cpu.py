@@ -37,6 +37,7 @@ _SOURCES = [
     for name in (
         "paged_attention.cpp",
         "prefill_attention.cpp",
+        "prefill_attention_bf16.cpp",
         "kv_write.cpp",
         "sampling.cpp",
         "fused.cpp",

@@ -144,6 +144,29 @@ def test_cpu_decode_kernel_bf16_matches_dense(lengths, heads, kv_heads, dim, blo
 
 
 @pytest.mark.parametrize(
+    "totals,chunks,heads,kv_heads,dim,block_size,window",
+    [
+        ([190, 40, 129, 33], [190, 1, 25, 17], 9, 3, 64, 16, 0),  # SmolLM2: 3 queries a row, 4 at a time
+        ([70, 300], [70, 37], 7, 1, 64, 32, 0),  # 7 heads a KV head (remainders of 3), blocks of 32
+        ([100, 64], [100, 64], 8, 2, 128, 16, 30),  # head_dim 128, a window inside a stretch
+        ([20, 5], [3, 5], 2, 2, 64, 16, 0),  # one query head per KV head
+    ],
+)
+def test_cpu_prefill_kernel_bf16_matches_dense(totals, chunks, heads, kv_heads, dim, block_size, window):
+    """The bf16 prefill kernel (keys transposed into pairs of dimensions, scores by vdpbf16ps, an
+    online softmax per query) against dense attention in fp64 over the same bf16 values."""
+    k_cache, v_cache, tables, dense = paged_blocks(totals, kv_heads, dim, block_size)
+    cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(chunks), heads, dim, generator=torch.Generator().manual_seed(2)).bfloat16()
+    lens = torch.tensor(totals, dtype=torch.int32)
+    out = CpuOps().attention_prefill(q, k_cache, v_cache, tables, cu, lens, dim**-0.5, window)
+    for s, (total, n) in enumerate(zip(totals, chunks)):
+        lo = int(cu[s])
+        expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n, window=window)
+        assert torch.allclose(out[lo : lo + n].double(), expected, atol=4e-3, rtol=8e-3), (total, n)
+
+
+@pytest.mark.parametrize(
     "heads,kv_heads,dim,window,dtype",
     [
         (9, 3, 64, 0, torch.bfloat16),  # SmolLM2's shapes

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bf16_vec.h"
 #include "convert.h"
 #include "task_queue.h"
 
@@ -149,15 +150,6 @@ inline __m512 reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
 }
 
-// 32 bf16 values -> their 16 even-indexed and 16 odd-indexed elements as fp32 (one shift, one
-// mask: no cross-lane shuffle). Dot products and sums come out the same in this order; only the
-// output is interleaved back.
-inline void split_bf16(const c10::BFloat16* p, __m512& even, __m512& odd) {
-  const __m512i x = _mm512_loadu_si512(p);
-  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 // One sequence's cache rows for the heads of one task. A stretch of 16 tokens starting at a
 // multiple of 16 lies in one block (block sizes are multiples of 16), its rows slot_stride apart.
 struct Rows {
@@ -259,7 +251,7 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
           __m512 qv[G][2 * DW];
           for (int g = 0; g < G; ++g)
             for (int w = 0; w < DW; ++w)
-              split_bf16(q + b * q_stride_b + (h * G + g) * q_stride_h + 32 * w, qv[g][2 * w], qv[g][2 * w + 1]);
+              lmiserve::split_bf16(q + b * q_stride_b + (h * G + g) * q_stride_h + 32 * w, qv[g][2 * w], qv[g][2 * w + 1]);
           __m512 part[G][16];
           for (int g = 0; g < G; ++g)
             for (int t = 0; t < 16; ++t) part[g][t] = _mm512_setzero_ps();
@@ -267,7 +259,7 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
             prefetch_row(next_rows, s, h - h0);
             const c10::BFloat16* kr = kb + s * slot_stride + (h - h0) * dim;
             __m512 kv[2 * DW];
-            for (int w = 0; w < DW; ++w) split_bf16(kr + 32 * w, kv[2 * w], kv[2 * w + 1]);
+            for (int w = 0; w < DW; ++w) lmiserve::split_bf16(kr + 32 * w, kv[2 * w], kv[2 * w + 1]);
             for (int g = 0; g < G; ++g) {
               __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
               for (int l = 1; l < 2 * DW; ++l) dot = _mm512_fmadd_ps(qv[g][l], kv[l], dot);
@@ -287,10 +279,12 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
         __m512 m = lowest;
         for (int64_t t = 0; t < width; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(r + t));
         const float top = _mm512_reduce_max_ps(m);
-#pragma omp simd
-        for (int64_t t = 0; t < width; ++t) r[t] = std::exp(r[t] - top);
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < width; t += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(r + t));
+        for (int64_t t = 0; t < width; t += 16) {
+          const __m512 e = lmiserve::exp16(_mm512_sub_ps(_mm512_loadu_ps(r + t), _mm512_set1_ps(top)));
+          _mm512_storeu_ps(r + t, e);
+          sum = _mm512_add_ps(sum, e);
+        }
         const float total = _mm512_reduce_add_ps(sum);
         inv[qh] = total > 0.f ? 1.f / total : 0.f;
       }
@@ -311,7 +305,7 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
             prefetch_row(next_rows, s, h - h0);
             const c10::BFloat16* vr = vb + s * slot_stride + (h - h0) * dim;
             __m512 vv[2 * DW];
-            for (int w = 0; w < DW; ++w) split_bf16(vr + 32 * w, vv[2 * w], vv[2 * w + 1]);
+            for (int w = 0; w < DW; ++w) lmiserve::split_bf16(vr + 32 * w, vv[2 * w], vv[2 * w + 1]);
             for (int g = 0; g < G; ++g) {
               const __m512 pg = _mm512_set1_ps(p[g * row + s]);
               for (int l = 0; l < 2 * DW; ++l) a[g][l] = _mm512_fmadd_ps(pg, vv[l], a[g][l]);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "prefill_task.h"
 #include "task_queue.h"
 
 #if defined(__AVX512F__)
@@ -28,12 +29,10 @@
 namespace {
 
 constexpr int64_t kBlock = 16;  // tokens per step of the key loop (any cache block size works)
-constexpr int64_t kRows = 16;   // query rows per task
+constexpr int64_t kRows = lmiserve::kPrefillRows;  // query rows per task
 constexpr float kLowest = -1e30f;  // finite: the kernel is built with -ffast-math
 
-struct Task {
-  int64_t seq, kv_head, row0, rows;
-};
+using Task = lmiserve::PrefillTask;
 
 struct Stretch {
   int64_t t0, width, pos0, window;  // keys t0 .. t0+width-1; query row r sits at pos0 + r
@@ -259,6 +258,15 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
   auto cost = [&](const Task& t) { return (len_p[t.seq] - (cu_p[t.seq + 1] - cu_p[t.seq]) + t.row0 + t.rows) * t.rows; };
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   auto out = at::empty_like(q);
+  if (q.scalar_type() == at::kBFloat16) {
+    const lmiserve::PrefillShape shape{heads,       kv_heads,      dim,           block_size,
+                                       tables.size(1), q.stride(0), q.stride(1), out.stride(0),
+                                       out.stride(1),  static_cast<float>(scale), window};
+    if (lmiserve::prefill_bf16(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
+                               k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
+                               tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
+      return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_prefill", [&] {
     prefill<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                       v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), cu_p, len_p, tasks, heads, kv_heads,
