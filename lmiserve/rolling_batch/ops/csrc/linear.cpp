@@ -94,11 +94,13 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
       acc[r][j] = out.first ? _mm512_setzero_ps() : _mm512_loadu_ps(out.part + (r * kPanels + j) * 16);
   const int32_t* rows[MR];
   for (int r = 0; r < MR; ++r) rows[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
+  // this tile's share of the next group's lines, kPanels * pairs / tiles of them, spread evenly
+  // over its pairs: `owed` counts up by the share each pair and a line goes out per `tiles`
+  const char* line = PREFETCH ? ahead.next + 64 * (ahead.tile * pairs * kPanels / ahead.tiles) : nullptr;
+  int64_t owed = PREFETCH ? (ahead.tile * pairs * kPanels) % ahead.tiles : 0;
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (PREFETCH) {
-      const int64_t j = ahead.tile * pairs + p;
-      for (int64_t line = j * kPanels / ahead.tiles; line < (j + 1) * kPanels / ahead.tiles; ++line)
-        _mm_prefetch(ahead.next + 64 * line, _MM_HINT_T0);
+      for (owed += kPanels; owed >= ahead.tiles; owed -= ahead.tiles, line += 64) _mm_prefetch(line, _MM_HINT_T0);
     }
     const __m512bh* bv = reinterpret_cast<const __m512bh*>(b + p * kCols * 2);
     const __m512bh b0 = bv[0], b1 = bv[1], b2 = bv[2];
