@@ -38,10 +38,11 @@ class EngineSettings(Area):
     decode_step_prefill_tokens_per_sequence: int | None = setting(
         None,
         "option.decode_step_prefill_tokens_per_sequence",
-        "In an engine step that also decodes, most prompt tokens per sequence running or waiting (never "
-        "fewer than 32, never more than max_decode_step_prefill_tokens): a prompt holds a few streams up "
-        "briefly in small chunks, while a full batch prefills its arriving prompts in larger chunks, in "
-        "fewer steps. Empty: 4 on CPUs, no such limit on accelerators.",
+        "In an engine step that also decodes, most prompt tokens per sequence running or waiting (in "
+        "proportion fewer below 16 sequences; never fewer than 16, never more than "
+        "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
+        "full batch prefills its arriving prompts in larger chunks, in fewer steps. Empty: 4 on CPUs, no "
+        "such limit on accelerators.",
         ge=1,
     )
     kv_cache_memory: int | None = setting(

@@ -6,7 +6,8 @@ their prompt, then waiting sequences are admitted in arrival order while the bud
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
 across steps alongside the decodes. A step in which sequences decode takes at most
 ``decode_prefill_tokens`` prompt tokens (their next token waits for the whole step), and with
-``prefill_tokens_per_seq`` at most that many per sequence running or waiting (never fewer than
+``prefill_tokens_per_seq`` at most that many per sequence running or waiting (in proportion
+fewer below :data:`FULL_SHARE_SEQUENCES` sequences, never fewer than
 :data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
 steps. A step without decodes delays no stream: it takes the whole budget, or, under the
@@ -29,9 +30,15 @@ from typing import Any
 from .block_manager import BlockManager
 from .sequence import Group, Sequence, Status
 
-MIN_DECODE_STEP_PREFILL = 32
-"""Fewest prompt tokens a step that decodes may take under the per-sequence limit, so that a
-prompt arriving beside one or two streams is not cut into many tiny chunks."""
+MIN_DECODE_STEP_PREFILL = 16
+"""Fewest prompt tokens a step that decodes may take under the per-sequence limit (one KV block),
+so that a prompt arriving beside one or two streams is not cut into many tiny chunks."""
+FULL_SHARE_SEQUENCES = 16
+"""From this many sequences on, each one running or waiting lets a step take the whole
+per-sequence share of prompt tokens; below it, a share scaled down in proportion. A decode step
+of a few sequences costs about what one of a single sequence does (its matrix products read every
+weight whatever the rows), so it is short, and a prompt chunk sized for a full batch would hold
+those streams up for several times its length: at 8 sequences chunks are half as large."""
 
 
 @dataclass
@@ -207,7 +214,9 @@ class Scheduler:
 
     def _share(self) -> int:
         """Prompt tokens per step under the per-sequence limit."""
-        return max(MIN_DECODE_STEP_PREFILL, self.prefill_tokens_per_seq * (len(self.running) + len(self.waiting)))  # type: ignore[operator]
+        n = len(self.running) + len(self.waiting)
+        share = self.prefill_tokens_per_seq * n * min(n, FULL_SHARE_SEQUENCES) // FULL_SHARE_SEQUENCES  # type: ignore[operator]
+        return max(MIN_DECODE_STEP_PREFILL, share)
 
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""

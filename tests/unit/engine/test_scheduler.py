@@ -163,9 +163,10 @@ def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes
 
 
 def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
-    """Per sequence running or waiting, a decoding step takes a few prompt tokens, never fewer
-    than MIN_DECODE_STEP_PREFILL and never more than decode_prefill_tokens."""
-    from lmiserve.rolling_batch.scheduler import MIN_DECODE_STEP_PREFILL
+    """Per sequence running or waiting, a decoding step takes a few prompt tokens (in proportion
+    fewer below FULL_SHARE_SEQUENCES sequences), never fewer than MIN_DECODE_STEP_PREFILL and
+    never more than decode_prefill_tokens."""
+    from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
         sched = Scheduler(
@@ -187,10 +188,12 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
             chunks.append(sum(i.num_tokens for i in out.prefills))
         return chunks
 
-    assert MIN_DECODE_STEP_PREFILL == 32
-    # 3 decoding + 1 waiting: 4 x 6 = 24, raised to the floor of 32
-    assert chunks_beside(3, 6, 512) == [32] * 9 + [12]
-    # 15 decoding + 1 prefilling: 16 x 6 = 96 per step
+    assert (MIN_DECODE_STEP_PREFILL, FULL_SHARE_SEQUENCES) == (16, 16)
+    # 3 decoding + 1 waiting: 6 x 4 x 4/16 = 6, raised to the floor of 16
+    assert chunks_beside(3, 6, 512) == [16] * 18 + [12]
+    # 11 decoding + 1: 6 x 12 x 12/16 = 54
+    assert chunks_beside(11, 6, 512) == [54] * 5 + [30]
+    # 15 decoding + 1 prefilling: the whole share, 16 x 6 = 96 per step
     assert chunks_beside(15, 6, 512) == [96, 96, 96, 12]
     # 40 decoding + 1: 41 x 6 = 246, capped at 100
     assert chunks_beside(40, 6, 100) == [100, 100, 100]
@@ -214,5 +217,7 @@ def test_prompts_arriving_together_start_one_after_the_other_under_the_per_seque
 
     # without the limit, all eight in one step: they decode, end and come back together
     assert first_steps(None)[0] == [(f"r{i}", 50) for i in range(8)]
-    # with it: r0 whole (more than the 32-token share), then 32 tokens a step beside r0's decode
-    assert first_steps(2) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 32)]]
+    # with it: r0 whole (more than the 8 x 8 x 8/16 = 32-token share), then 32 tokens a step
+    assert first_steps(8) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 32)]]
+    # a smaller share: 16 tokens a step (the floor)
+    assert first_steps(2) == [[("r0", 50)], [("r1", 16)], [("r1", 16)], [("r1", 16)]]
