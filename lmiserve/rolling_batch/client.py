@@ -32,7 +32,7 @@ class RequestStream:
     def __init__(self, request_id: str, sequences: int):
         self.request_id = request_id
         self._pending = set(range(sequences))
-        self._queue: asyncio.Queue[wire.SeqDelta | LmiServeError] = asyncio.Queue()
+        self._queue: asyncio.Queue[wire.SeqDelta | Exception] = asyncio.Queue()
         self.done = False
 
     def put(self, delta: wire.SeqDelta) -> None:
@@ -46,7 +46,9 @@ class RequestStream:
         if not self._pending:
             self.done = True
 
-    def fail(self, error: LmiServeError) -> None:
+    def fail(self, error: Exception) -> None:
+        """End the stream with ``error``, raised to its reader after the deltas already queued
+        (an engine that died, a deadline that passed)."""
         if not self.done:
             self.done = True
             self._queue.put_nowait(error)
@@ -54,7 +56,7 @@ class RequestStream:
     async def __aiter__(self) -> AsyncIterator[wire.SeqDelta]:
         while True:
             item = await self._queue.get()
-            if isinstance(item, LmiServeError):
+            if isinstance(item, Exception):
                 raise item
             yield item
             if self.done and self._queue.empty():

@@ -52,6 +52,10 @@ async def updates(
     applied just before its update is yielded, so the consumer sees every update in turn
     (and so does ``observer``, which keeps the metrics). Closing the iterator (a client that
     went away) aborts whatever is still running."""
+    if len(gens) == 1:  # one generation: its deltas in turn, without a task per delta
+        async for update in _single(model, gens[0], observer):
+            yield update
+        return
     iterators = [g.stream.__aiter__() for g in gens]
     waiting = {asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)}
     failed = False
@@ -83,3 +87,25 @@ async def updates(
         for g in gens:
             if not g.output.finished:
                 model.abort(g.request_id)
+
+
+async def _single(model: EngineModel, g: Generation, observer: Observer | None) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """:func:`updates` of one generation."""
+    failed = False
+    try:
+        async for delta in g.stream:
+            if g.processor.apply(delta):
+                model.abort(g.request_id, delta.index)
+            if observer is not None:
+                observer.on_update(g.output)
+            yield 0, g.output
+            if g.output.finished:
+                break
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if observer is not None:
+            observer.close((g.output,), failed)
+        if not g.output.finished:
+            model.abort(g.request_id)

@@ -218,13 +218,25 @@ async def respond(
     return Reply(body=responder.body(outs), media_type=media_type, headers=timing_headers(outs))
 
 
+def _expire_at(ends: float, gens: list[Generation]) -> asyncio.TimerHandle:
+    """At loop time ``ends``, every generation still running reads :class:`DeadlinePassed` after
+    what it already received: one timer per request, not a timeout per delta."""
+
+    def expire() -> None:
+        for g in gens:
+            if not g.output.finished:
+                g.stream.fail(DeadlinePassed())
+
+    return asyncio.get_running_loop().call_at(ends, expire)
+
+
 async def _streamed(
     model: Any, gens: list[Generation], responder: Responder, seconds: float, observer: Observer | None
 ) -> Reply:
     """The status waits for the first update (for a ``hold_headers`` responder, the first one
     with something to send): an error before it is an error status."""
-    clock = asyncio.get_running_loop()
-    ends = clock.time() + seconds
+    ends = asyncio.get_running_loop().time() + seconds
+    timer = _expire_at(ends, gens)
     outs = [g.output for g in gens]
     stream = updates(model, gens, observer)
     hold = getattr(responder, "hold_headers", False)
@@ -232,26 +244,28 @@ async def _streamed(
     try:
         while True:
             try:
-                index, out = await asyncio.wait_for(stream.__anext__(), ends - clock.time())
+                index, out = await stream.__anext__()
             except StopAsyncIteration:
                 break
             if out.error is not None:  # refused before the first byte
                 await stream.aclose()
+                timer.cancel()
                 return error_reply(responder, output_error(out))
             data = responder.chunk(index, out)
             if data:
                 head.append(data)
             if not hold or data or out.finished:
                 break
-    except TimeoutError:
+    except DeadlinePassed:
         await stream.aclose()
         if getattr(responder, "truncate_on_timeout", False):
             return Reply(media_type=responder.media_type, chunks=truncated_stream(responder, outs))
         return error_reply(responder, expired(outs, seconds))
     except LmiServeError as err:
         await stream.aclose()
+        timer.cancel()
         return error_reply(responder, err)
-    return Reply(media_type=responder.media_type, chunks=_chunks(responder, stream, head, outs, (ends, seconds)))
+    return Reply(media_type=responder.media_type, chunks=_chunks(responder, stream, head, outs, seconds, timer))
 
 
 async def _chunks(
@@ -259,25 +273,14 @@ async def _chunks(
     stream: AsyncIterator[tuple[int, RequestOutput]],
     head: list[bytes],
     outs: list[RequestOutput],
-    ends: tuple[float, float],
+    seconds: float,
+    timer: asyncio.TimerHandle,
 ) -> AsyncIterator[bytes]:
-    """The streamed body; ``ends`` is the deadline (loop time) and its length in seconds."""
-    clock = asyncio.get_running_loop()
+    """The streamed body; ``timer`` ends it after ``seconds`` (see :func:`_expire_at`)."""
     try:
         for data in head:
             yield data
-        while True:
-            try:
-                index, out = await asyncio.wait_for(stream.__anext__(), ends[0] - clock.time())
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                if getattr(responder, "truncate_on_timeout", False):
-                    async for data in truncated_stream(responder, outs):
-                        yield data
-                    return
-                yield responder.error_chunk(expired(outs, ends[1]).detail)
-                return
+        async for index, out in stream:
             if out.error is not None:
                 yield responder.error_chunk(out.error)
                 return
@@ -286,7 +289,14 @@ async def _chunks(
                 yield data
         if tail := responder.end(outs):
             yield tail
+    except DeadlinePassed:
+        if getattr(responder, "truncate_on_timeout", False):
+            async for data in truncated_stream(responder, outs):
+                yield data
+            return
+        yield responder.error_chunk(expired(outs, seconds).detail)
     except LmiServeError as err:
         yield responder.error_chunk(err.detail)
     finally:
+        timer.cancel()
         await stream.aclose()  # type: ignore[attr-defined]
