@@ -98,7 +98,7 @@ class DecoderModel:
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),
             o=self.ops.prepare_linear(take(t, a + "o_proj.weight"), maybe(t, a + "o_proj.bias")),
             post_norm=take(t, p + "post_attention_layernorm.weight"),
-            gate_up=self.ops.prepare_linear(gate_up),
+            gate_up=self.ops.prepare_gate_up(gate_up),
             down=self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight")),
             q_norm=maybe(t, a + "q_norm.weight") if self.spec.qk_norm else None,
             k_norm=maybe(t, a + "k_norm.weight") if self.spec.qk_norm else None,
@@ -144,10 +144,12 @@ class DecoderModel:
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
             x, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
-            gate_up = ops.linear(x, layer.gate_up)
-            if lora is not None:
+            if lora is None:
+                act = ops.gate_up_swiglu(x, layer.gate_up)
+            else:  # the adapters add to gate_up before the activation
+                gate_up = ops.linear(x, layer.gate_up)
                 self._adapt(gate_up, x, i, "gate_up", lora)
-            act = ops.swiglu(gate_up)
+                act = ops.swiglu(gate_up)
             mlp = self._row_linear(act, layer.down)
             if lora is not None:
                 self._adapt(mlp, act, i, "down", lora)

@@ -65,6 +65,9 @@ class BatchInvariantOps:
         y = in_blocks(self.inner.linear, x.reshape(-1, shape[-1]).contiguous(), w)
         return y.view(*shape[:-1], y.shape[-1])
 
+    def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        return self.inner.swiglu(self.linear(x, w))
+
     def _per_row(self, x: torch.Tensor) -> bool:
         return self.inner.name in _PER_ROW_KERNELS and x.dtype in _HALF
 

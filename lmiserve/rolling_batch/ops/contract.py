@@ -110,7 +110,9 @@ class CheckedOps:
         self.limits = limits
         self.name = ops.name
         self._checked: dict[str, tuple[torch.Tensor, ...]] = {}
-        for attr in ("prepare_linear", "linear", "rms_norm", "add_rms_norm", "swiglu", "rotary"):
+        for attr in ("prepare_linear", "linear", "prepare_gate_up", "gate_up_swiglu", "rms_norm", "add_rms_norm"):
+            setattr(self, attr, getattr(ops, attr))
+        for attr in ("swiglu", "rotary"):
             setattr(self, attr, getattr(ops, attr))
         for attr in ("argmax_logsumexp", "top_k_top_p"):
             setattr(self, attr, getattr(ops, attr))

@@ -160,9 +160,24 @@ class CpuOps(ReferenceOps):
             prepared.packing = "onednn"
         return prepared
 
+    def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
+        """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
+        so :meth:`gate_up_swiglu` ends with the SwiGLU and never writes gate_up out."""
+        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and weight.shape[0] % 2 == 0 and own_bf16_linear():
+            packed = torch.ops.lmiserve_cpu.pack_linear_bf16(weight.contiguous(), True)
+            return LinearWeight(weight.contiguous(), None, packed, "lmiserve-gated")
+        return self.prepare_linear(weight)
+
+    def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0] // 2, 2)
+        return self.swiglu(self.linear(x, w))
+
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:
             return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0])
+        if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0], 1)
         if w.packed is not None and x.dtype == torch.bfloat16:
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])

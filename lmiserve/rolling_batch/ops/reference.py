@@ -51,6 +51,15 @@ class ReferenceOps:
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         return F.linear(x, w.weight, w.bias)
 
+    def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
+        """The MLP's gate and up projections as one weight (gate rows, then up rows); a backend
+        may lay it out for :meth:`gate_up_swiglu`. :meth:`linear` of it is still gate_up."""
+        return self.prepare_linear(weight)
+
+    def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        """``swiglu(linear(x, w))`` (a backend may not write gate_up out at all)."""
+        return self.swiglu(self.linear(x, w))
+
     # --- normalisation, activation, rotary ----------------------------------------------
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(y, rstd)``: ``y = weight * (x / rms(x))`` computed in fp32 then cast back, as HF does."""

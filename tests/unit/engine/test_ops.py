@@ -298,6 +298,26 @@ def test_cpu_linear_kernel_bf16_matches_fp64(rows, k, n, bias):
 
 
 @own_linear
+@pytest.mark.parametrize("rows,k,units", [(1, 576, 1536), (9, 64, 50), (70, 2048, 100)])
+def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units):
+    """A gate_up weight packed gated (24 units' gate and up columns a group): linear() still gives
+    gate_up in its own column order, equal to the plain packing's, and gate_up_swiglu() gives the
+    SwiGLU kernel's answer on it, without gate_up written out; 50 units end inside a group."""
+    g = torch.Generator().manual_seed(units)
+    w = torch.randn(2 * units, k, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    ops = CpuOps()
+    plain, gated = ops.prepare_linear(w), ops.prepare_gate_up(w)
+    assert (plain.packing, gated.packing) == ("lmiserve", "lmiserve-gated")
+    gate_up = ops.linear(x, plain)
+    assert torch.equal(ops.linear(x, gated), gate_up)
+    act = ops.gate_up_swiglu(x, gated)
+    assert act.shape == (rows, units) and torch.equal(act, ops.swiglu(gate_up))
+    # and within a bf16 step of torch's silu(gate) * up on the same gate_up
+    assert torch.allclose(act.float(), ReferenceOps().swiglu(gate_up).float(), rtol=2**-7, atol=1e-3)
+
+
+@own_linear
 def test_cpu_linear_kernel_refuses_a_mismatched_input():
     lw = CpuOps().prepare_linear(torch.randn(96, 64).bfloat16())
     with pytest.raises(RuntimeError, match="features"):

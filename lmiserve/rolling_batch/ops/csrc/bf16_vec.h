@@ -41,6 +41,21 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+#if defined(__AVX512BF16__)
+// Each lane rounded to bf16 (to nearest even), kept as fp32.
+inline __m512 round_bf16(__m512 x) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// SwiGLU of bf16 gate and up values (in fp32 lanes), before the final rounding: silu(gate)
+// rounded to bf16, times up, as the reference rounds (F.silu(gate) * up in bf16).
+inline __m512 swiglu16(__m512 gate, __m512 up) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+  return _mm512_mul_ps(round_bf16(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e))), up);
+}
+#endif
+
 // Transposes 16 rows of 16 32-bit values in place: r[i] lane j <-> r[j] lane i.
 inline void transpose16(__m512i* r) {
   __m512i t[16];

@@ -13,6 +13,11 @@
 // weight stays in the caches across tiles and the requests would only push it out, so they stop.
 // Rows are taken in chunks whose x fits in L2 beside a group; K is cut in stretches past 768 pairs.
 //
+// A gate_up weight (gate rows, then as many up rows) may be packed gated: each group holds 24
+// gate columns and the 24 up columns of the same units, so a tile ends with silu(gate) * up of
+// its 24 units (the SwiGLU of the MLP, rounded as the activation kernel rounds) without writing
+// gate_up out; or with gate and up in their own places, for a caller that adds to them first.
+//
 // Each row's sums are formed in the same order whatever the number of rows, so a row's result
 // does not depend on the rest of the batch.
 
@@ -26,6 +31,8 @@
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+
+#include "bf16_vec.h"
 #endif
 
 namespace {
@@ -36,19 +43,35 @@ constexpr int64_t kRows = 8;              // rows per tile
 constexpr int64_t kPrefetchRows = 64;     // up to this many rows the next group is requested ahead
 constexpr int64_t kPairsPerStretch = 768;  // pairs of k per stretch: a group's stretch is <= 147 KiB
 constexpr int64_t kChunkBytes = 384 * 1024;  // x rows per chunk: at most this many bytes of x
+constexpr int64_t kUnits = kCols / 2;        // gated packing: gate and up columns of 24 units a group
 
-at::Tensor pack_linear_bf16(const at::Tensor& weight) {
+// What a product writes: y = x W^T, or for a weight packed gated, gate and up in their places
+// (y = x W^T in the weight's own column order) or silu(gate) * up.
+enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2 };
+
+// The weight row of group g's column c (-1: padding).
+int64_t weight_row(int64_t g, int64_t c, int64_t n, bool gated) {
+  if (!gated) return g * kCols + c < n ? g * kCols + c : -1;
+  const int64_t units = n / 2, unit = g * kUnits + c % kUnits;
+  return unit < units ? unit + (c < kUnits ? 0 : units) : -1;
+}
+
+at::Tensor pack_linear_bf16(const at::Tensor& weight, bool gated) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_linear_bf16 takes a bf16 (N, K) weight");
   TORCH_CHECK(weight.size(1) % 2 == 0, "pack_linear_bf16 needs an even K");
+  TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "a gated weight has as many up rows as gate rows");
   const auto w = weight.contiguous();
-  const int64_t n = w.size(0), k = w.size(1), pairs = k / 2, groups = (n + kCols - 1) / kCols;
+  const int64_t n = w.size(0), k = w.size(1), pairs = k / 2;
+  const int64_t groups = gated ? (n / 2 + kUnits - 1) / kUnits : (n + kCols - 1) / kCols;
   auto packed = at::zeros({groups, pairs, kCols, 2}, w.options());
   const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
   uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr());
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t c = 0; c < kCols && g * kCols + c < n; ++c) {
-        const uint16_t* row = src + (g * kCols + c) * k;
+      for (int64_t c = 0; c < kCols; ++c) {
+        const int64_t wr = weight_row(g, c, n, gated);
+        if (wr < 0) continue;
+        const uint16_t* row = src + wr * k;
         uint16_t* out = dst + g * pairs * kCols * 2 + c * 2;
         for (int64_t p = 0; p < pairs; ++p) {
           out[p * kCols * 2] = row[2 * p];
@@ -72,12 +95,38 @@ bool linear_bf16_supported() {
 // Where a tile's sums go: the first stretch of K starts them at zero (or at `part`), the last
 // rounds them to bf16 in y (adding the bias), the others leave them in `part`.
 struct TileOut {
-  uint16_t* y;
-  int64_t ldy, cols;
+  uint16_t* y;        // the group's first output column (kGateUp: its first gate column)
+  int64_t ldy, cols;  // cols: the group's output columns (gated: its units)
   const float* bias;  // kCols values for this group, or nullptr
   float* part;        // kRows * kCols partial sums between stretches
   bool first, last;
+  Output output = kPlain;
+  int64_t units = 0;  // gated: where the up columns start in y (kGateUp)
 };
+
+// 16 fp32 lanes rounded to bf16 into y[0 .. n), n <= 16
+inline void store16(uint16_t* y, __m512 v, int64_t n) {
+  if (n <= 0) return;
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  _mm256_mask_storeu_epi16(y, static_cast<__mmask16>((1u << std::min<int64_t>(n, 16)) - 1u), h);
+}
+
+// A gated tile's row: acc[0] = gate units 0-15, acc[1] = gate 16-23 then up 0-7, acc[2] = up 8-23.
+inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
+  const __m512 gate_lo = acc[0], gate_hi = acc[1];
+  const __m512 up_lo = _mm512_permutex2var_ps(
+      acc[1], _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23), acc[2]);
+  const __m512 up_hi = _mm512_shuffle_f32x4(acc[2], acc[2], _MM_SHUFFLE(3, 2, 3, 2));
+  if (out.output == kGateUp) {
+    store16(y, gate_lo, out.cols);
+    store16(y + 16, gate_hi, out.cols - 16);
+    store16(y + out.units, up_lo, out.cols);
+    store16(y + out.units + 16, up_hi, out.cols - 16);
+  } else {  // gate and up as the product rounds them, then the activation's arithmetic
+    store16(y, lmiserve::swiglu16(lmiserve::round_bf16(gate_lo), lmiserve::round_bf16(up_lo)), out.cols);
+    store16(y + 16, lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi)), out.cols - 16);
+  }
+}
 
 // Requests for the next group's cache lines spread over a group's tiles: tile `tile` of `tiles`
 // asks, at pair p, for the lines numbered (tile * pairs + p) * kPanels / tiles onwards.
@@ -116,6 +165,10 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
       for (int j = 0; j < kPanels; ++j) _mm512_storeu_ps(out.part + (r * kPanels + j) * 16, acc[r][j]);
     return;
   }
+  if (out.output != kPlain) {
+    for (int r = 0; r < MR; ++r) store_gated(acc[r], out.y + r * out.ldy, out);
+    return;
+  }
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
       __m512 v = acc[r][j];
@@ -142,9 +195,13 @@ TileFn pick_tile(int64_t rows) {
   }
 }
 
+// y (m, n) = x W^T for a plain packing; for a gated one, n is the output width: 2 x units
+// (kGateUp) or units (kSwiglu).
 void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
-              int64_t k) {
-  const int64_t pairs = k / 2, groups = (n + kCols - 1) / kCols, group_elems = pairs * kCols * 2;
+              int64_t k, Output output) {
+  const int64_t units = output == kGateUp ? n / 2 : n;  // gated outputs only
+  const int64_t group_cols = output == kPlain ? kCols : kUnits;
+  const int64_t pairs = k / 2, groups = (units + group_cols - 1) / group_cols, group_elems = pairs * kCols * 2;
   const bool prefetch = m <= kPrefetchRows;
   const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
   const int64_t stretches = (pairs + kPairsPerStretch - 1) / kPairsPerStretch;
@@ -156,15 +213,15 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
       const int64_t m1 = std::min(m, m0 + chunk), tiles = (m1 - m0 + kRows - 1) / kRows;
       for (int64_t g = g0; g < g1; ++g) {
         const uint16_t* b = packed + g * group_elems;
-        const int64_t cols = std::min(kCols, n - g * kCols);
+        const int64_t cols = std::min(group_cols, units - g * group_cols);  // units = n when plain
         if (bias) std::memcpy(group_bias.data(), bias + g * kCols, cols * sizeof(float));
         const char* next = reinterpret_cast<const char*>(g + 1 < g1 ? b + group_elems : nullptr);
         for (int64_t p0 = 0; p0 < pairs; p0 += stretch) {
           const int64_t len = std::min(stretch, pairs - p0);
           for (int64_t t = 0; t < tiles; ++t) {
             const int64_t r0 = m0 + t * kRows, rows = std::min(kRows, m1 - r0);
-            const TileOut out{y + r0 * n + g * kCols, n, cols, bias ? group_bias.data() : nullptr,
-                              part.data() + t * kRows * kCols, p0 == 0, p0 + len >= pairs};
+            const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
+                              part.data() + t * kRows * kCols, p0 == 0, p0 + len >= pairs, output, units};
             const bool ask = prefetch && next != nullptr && stretches == 1;
             const TileFn fn = ask ? pick_tile<true>(rows) : pick_tile<false>(rows);
             fn(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
@@ -176,14 +233,20 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
 }
 #endif
 
+// output: 0 y = x W^T; for a weight packed gated, 1 gate_up in the weight's column order, 2 its
+// SwiGLU (out_features: the units, half the weight's rows).
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                       int64_t out_features) {
+                       int64_t out_features, int64_t output) {
   TORCH_CHECK(linear_bf16_supported(), "linear_bf16 needs a CPU with AVX512_BF16 (kernels built for it)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_bf16 takes bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " features; the weight takes ", packed.size(1) * 2);
-  TORCH_CHECK(out_features > 0 && out_features <= packed.size(0) * kCols, "out_features does not fit the weight");
+  TORCH_CHECK(output >= kPlain && output <= kSwiglu, "output is 0 (plain), 1 (gate and up) or 2 (SwiGLU)");
+  const int64_t capacity = packed.size(0) * (output == kPlain ? kCols : output == kGateUp ? kCols : kUnits);
+  TORCH_CHECK(out_features > 0 && out_features <= capacity && (output != kGateUp || out_features % 2 == 0),
+              "out_features does not fit the weight");
+  TORCH_CHECK(output == kPlain || !(bias.has_value() && bias->defined()), "a gated product takes no bias");
   const auto x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   auto shape = x.sizes().vec();
@@ -198,7 +261,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
 #if defined(__AVX512BF16__)
   multiply(reinterpret_cast<const uint16_t*>(x2.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
            bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m,
-           out_features, k);
+           out_features, k, static_cast<Output>(output));
 #endif
   return y;
 }
@@ -206,10 +269,10 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("pack_linear_bf16(Tensor weight) -> Tensor");
+  m.def("pack_linear_bf16(Tensor weight, bool gated=False) -> Tensor");
   m.impl("pack_linear_bf16", c10::DispatchKey::CPU, &pack_linear_bf16);
   m.def("linear_bf16_supported() -> bool");
   m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
-  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0) -> Tensor");
   m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
 }
