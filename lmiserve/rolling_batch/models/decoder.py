@@ -129,16 +129,15 @@ class DecoderModel:
             qkv = ops.linear(x, layer.qkv)
             if lora is not None:
                 self._adapt(qkv, x, i, "qkv", lora)
-            # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
-            q, k, v = (t.contiguous() for t in qkv.split(self._split, dim=-1))
-            q = q.view(tokens, spec.num_heads, spec.head_dim)
-            k = k.view(tokens, spec.num_kv_heads, spec.head_dim)
-            v = v.view(tokens, spec.num_kv_heads, spec.head_dim)
-            if layer.q_norm is not None:
-                q, _ = ops.rms_norm(q, layer.q_norm, eps)
-                k, _ = ops.rms_norm(k, layer.k_norm, eps)
-            q, k = ops.rotary(q, k, cos, sin)
-            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            if layer.q_norm is None:
+                q = ops.rotate_and_store(qkv, spec.num_heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
+            else:  # q and k normalised per head before the rotation (Qwen3)
+                # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
+                q, k, v = (t.contiguous() for t in qkv.split(self._split, dim=-1))
+                q, _ = ops.rms_norm(q.view(tokens, spec.num_heads, spec.head_dim), layer.q_norm, eps)
+                k, _ = ops.rms_norm(k.view(tokens, spec.num_kv_heads, spec.head_dim), layer.k_norm, eps)
+                q, k = ops.rotary(q, k, cos, sin)
+                ops.write_kv(k, v.view(tokens, spec.num_kv_heads, spec.head_dim), k_cache, v_cache, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta, tokens, nd).view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:

@@ -201,6 +201,21 @@ class CpuOps(ReferenceOps):
             return
         super().write_kv(k, v, k_cache, v_cache, slot_mapping)
 
+    def rotate_and_store(self, qkv, heads, cos, sin, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
+        """Half precision: one C++ pass (queries rotated out, keys rotated and values copied
+        into their slots), no split copies."""
+        if (
+            self.kernels
+            and qkv.dtype in _HALF
+            and qkv.is_contiguous()
+            and cos.dtype == qkv.dtype
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and slot_mapping.dtype == torch.int64
+        ):
+            return torch.ops.lmiserve_cpu.rotate_store_(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads)
+        return super().rotate_and_store(qkv, heads, cos, sin, k_cache, v_cache, slot_mapping)
+
     def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
         if not self.kernels:
             return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)

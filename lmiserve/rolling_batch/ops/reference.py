@@ -90,6 +90,26 @@ class ReferenceOps:
         sin = sin.unsqueeze(1)
         return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
 
+    def rotate_and_store(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """From the fused projection ``qkv`` ``(T, (heads + 2 kv_heads) D)``: the rotated queries
+        ``(T, heads, D)`` (contiguous), with the rotated keys and the values stored at their slots
+        (half rotation layout)."""
+        tokens, kv_heads, dim = qkv.shape[0], k_cache.shape[2], k_cache.shape[3]
+        # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
+        q, k, v = (t.contiguous() for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1))
+        q, k = self.rotary(q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), cos, sin)
+        self.write_kv(k, v.view(tokens, kv_heads, dim), k_cache, v_cache, slot_mapping)
+        return q
+
     # --- KV cache ---------------------------------------------------------------------
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor

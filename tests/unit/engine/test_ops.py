@@ -215,6 +215,53 @@ def test_write_kv_uses_slot_formula_and_skips_minus_one(ops, dtype):
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 2  # the third token was not stored
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_and_store_rotates_queries_and_keys_and_stores_keys_and_values(dtype):
+    """From the fused projection: the queries rotated out, the keys rotated and the values stored
+    at their slots (slot -1: not stored); the CPU's one-pass kernel gives the bits of its own
+    split, rotary and write_kv ops."""
+    heads, kv_heads, dim, tokens = 6, 2, 16, 5
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    angles = torch.randn(tokens, dim // 2, generator=g)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    slots = torch.tensor([3, 17, -1, 0, 40])
+    results = []
+    cpu = CpuOps()
+    fused = cpu.rotate_and_store
+    unfused = lambda *args: ReferenceOps.rotate_and_store(cpu, *args)  # noqa: E731
+    for run in (ReferenceOps().rotate_and_store, unfused, fused):
+        k_cache = torch.zeros(4, BS, kv_heads, dim, dtype=dtype)
+        v_cache = torch.zeros(4, BS, kv_heads, dim, dtype=dtype)
+        q = run(qkv, heads, cos, sin, k_cache, v_cache, slots)
+        results.append((q, k_cache, v_cache))
+        assert q.shape == (tokens, heads, dim) and q.is_contiguous()
+        q_ref, k_ref = ReferenceOps().rotary(
+            qkv[:, : heads * dim].reshape(tokens, heads, dim),
+            qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(tokens, kv_heads, dim),
+            cos,
+            sin,
+        )
+        assert torch.allclose(q.float(), q_ref.float(), rtol=2**-6, atol=1e-2)
+        flat_k, flat_v = k_cache.view(-1, kv_heads, dim), v_cache.view(-1, kv_heads, dim)
+        for t, slot in enumerate(slots.tolist()):
+            if slot >= 0:
+                assert torch.allclose(flat_k[slot].float(), k_ref[t].float(), rtol=2**-6, atol=1e-2)
+                assert torch.equal(flat_v[slot], qkv[t, (heads + kv_heads) * dim :].view(kv_heads, dim))
+        assert int((flat_k != 0).any(-1).any(-1).sum()) == 4  # the token with slot -1 was not stored
+    for a, b in zip(results[1], results[2]):
+        assert torch.equal(a, b)
+
+
+def test_rotate_and_store_contract_refuses_a_projection_of_the_wrong_width():
+    from lmiserve.rolling_batch.ops.contract import CheckedOps, ContractError
+
+    k_cache, v_cache = torch.zeros(4, BS, 2, 16), torch.zeros(4, BS, 2, 16)
+    cos = sin = torch.ones(3, 16)
+    with pytest.raises(ContractError, match="qkv must be"):
+        CheckedOps(CpuOps()).rotate_and_store(torch.zeros(3, 7 * 16), 4, cos, sin, k_cache, v_cache, torch.arange(3))
+
+
 def test_cpu_write_kv_refuses_a_slot_outside_the_cache():
     k_cache = torch.zeros(2, BS, 2, 8, dtype=torch.bfloat16)
     k = torch.ones(1, 2, 8, dtype=torch.bfloat16)

@@ -12,6 +12,7 @@
 
 #include "bf16_vec.h"
 #include "convert.h"
+#include "rotary.h"
 
 namespace {
 
@@ -88,12 +89,7 @@ void rotate(T* x, const T* cos, const T* sin, int64_t tokens, int64_t heads, int
       const T* s = sin + t * dim;
       for (int64_t h = 0; h < heads; ++h) {
         T* v = x + t * token_stride + h * head_stride;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = f32(v[i]), b = f32(v[i + half]);
-          v[i] = from_f32<T>(a * f32(c[i]) - b * f32(s[i]));
-          v[i + half] = from_f32<T>(b * f32(c[i + half]) + a * f32(s[i + half]));
-        }
+        lmiserve::rotate_half(v, v, c, s, half);
       }
     }
   });
