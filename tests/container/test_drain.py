@@ -48,15 +48,29 @@ def _wait_running(client: httpx.Client, model: str, count: int, timeout: float =
         time.sleep(0.02)
 
 
-def _wait_refused(url: str, timeout: float = 10) -> httpx.Response:
-    """The first /ping answered 503 once the drain has begun."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ping = httpx.get(url + "/ping", timeout=5)
-        if ping.status_code == 503:
-            return ping
-        time.sleep(0.02)
-    raise AssertionError("/ping still answers 200 after SIGTERM")
+class Refusals(threading.Thread):
+    """Polls ``/ping`` from before SIGTERM is sent; at the first 503 it posts one late request, so
+    both land inside the drain however briefly the machine lets this process run."""
+
+    def __init__(self, url: str, timeout: float = 60):
+        super().__init__(daemon=True)
+        self.url, self.timeout = url, timeout
+        self.ping: httpx.Response | None = None
+        self.late: httpx.Response | None = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        try:
+            while time.monotonic() < deadline:
+                ping = httpx.get(self.url + "/ping", timeout=5)
+                if ping.status_code == 503:
+                    self.ping = ping
+                    self.late = httpx.post(self.url + "/invocations", json={"inputs": "late"}, timeout=10)
+                    return
+                time.sleep(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
 
 
 class Call(threading.Thread):
@@ -90,14 +104,17 @@ class Call(threading.Thread):
             self.first.set()
 
 
-def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path, tiny_llama_dir):
+def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path):
+    from tests.tiny_models import build_model
+
+    long_context = build_model(tmp_path / "tiny-llama-4k", "llama", max_position_embeddings=4096)
     model_dir = tmp_path / "opt-ml-model"
     model_dir.mkdir()
     (model_dir / "serving.properties").write_text(
-        f"model_name=tiny\noption.model_id={tiny_llama_dir}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
-        "option.max_model_len=512\n"
+        f"model_name=tiny\noption.model_id={long_context}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
+        "option.max_model_len=4096\n"
     )
-    tokens = 240  # hundreds of engine steps after SIGTERM, which comes within a few ms of the first token
+    tokens = 1000  # a thousand engine steps after SIGTERM, which comes within a few ms of the first token
     params = {"max_new_tokens": tokens, "ignore_eos_token": True, "details": True}
     # a drain longer than the requests can take on a busy machine: it ends when they do
     with ContainerServe(model_dir, tmp_path, SERVING_DRAIN_TIMEOUT="600") as serve:
@@ -111,11 +128,13 @@ def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path, tiny_llama
             assert streamed.first.wait(60) and streamed.error is None
             _wait_running(client, "tiny", 2)
 
-        serve.sigterm()
-        refused = _wait_refused(serve.url)
-        assert refused.json()["code"] == 503 and "shutting down" in refused.json()["error"]
-        late = httpx.post(serve.url + "/invocations", json={"inputs": "late"}, timeout=10)
-        assert late.status_code == 503 and late.headers["connection"] == "close"
+            refusals = Refusals(serve.url)
+            refusals.start()
+            serve.sigterm()
+            refusals.join(90)
+        assert refusals.error is None and refusals.ping is not None, "/ping never answered 503 after SIGTERM"
+        assert refusals.ping.json()["code"] == 503 and "shutting down" in refusals.ping.json()["error"]
+        assert refusals.late.status_code == 503 and refusals.late.headers["connection"] == "close"
 
         for call in (plain, streamed):
             call.join(300)
@@ -159,8 +178,11 @@ def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_hand
             _wait_running(client, "slow", 2)
 
         # the workers get SIGTERM too, and keep working until the server stops them
+        refusals = Refusals(serve.url)
+        refusals.start()
         serve.sigterm_group()
-        assert _wait_refused(serve.url).status_code == 503
+        refusals.join(90)
+        assert refusals.ping is not None and refusals.late.status_code == 503, refusals.error
         for call in (plain, streamed):
             call.join(60)
             assert not call.is_alive() and call.error is None and call.status == 200
