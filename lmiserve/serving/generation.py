@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from ..errors import LmiServeError
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest, RequestOutput
+from ..wire import SeqDelta
 from .engine_model import EngineModel
 
 
@@ -69,10 +70,7 @@ async def updates(
                 except StopAsyncIteration:
                     continue
                 g = gens[index]
-                if g.processor.apply(delta):
-                    model.abort(g.request_id, delta.index)
-                if observer is not None:
-                    observer.on_update(g.output)
+                _apply(model, g, delta, observer)
                 yield index, g.output
                 if not g.output.finished:
                     waiting[asyncio.ensure_future(iterators[index].__anext__())] = index
@@ -82,11 +80,7 @@ async def updates(
     finally:
         for task in waiting:
             task.cancel()
-        if observer is not None:
-            observer.close((g.output for g in gens), failed)
-        for g in gens:
-            if not g.output.finished:
-                model.abort(g.request_id)
+        _close(model, gens, observer, failed)
 
 
 async def _single(model: EngineModel, g: Generation, observer: Observer | None) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -94,10 +88,7 @@ async def _single(model: EngineModel, g: Generation, observer: Observer | None) 
     failed = False
     try:
         async for delta in g.stream:
-            if g.processor.apply(delta):
-                model.abort(g.request_id, delta.index)
-            if observer is not None:
-                observer.on_update(g.output)
+            _apply(model, g, delta, observer)
             yield 0, g.output
             if g.output.finished:
                 break
@@ -105,7 +96,21 @@ async def _single(model: EngineModel, g: Generation, observer: Observer | None) 
         failed = True
         raise
     finally:
-        if observer is not None:
-            observer.close((g.output,), failed)
+        _close(model, [g], observer, failed)
+
+
+def _apply(model: EngineModel, g: Generation, delta: SeqDelta, observer: Observer | None) -> None:
+    """One delta into its generation's output (a stop string found ends that sequence in the engine)."""
+    if g.processor.apply(delta):
+        model.abort(g.request_id, delta.index)
+    if observer is not None:
+        observer.on_update(g.output)
+
+
+def _close(model: EngineModel, gens: list[Generation], observer: Observer | None, failed: bool) -> None:
+    """The end of :func:`updates`: the metrics closed, and whatever is still running aborted."""
+    if observer is not None:
+        observer.close((g.output for g in gens), failed)
+    for g in gens:
         if not g.output.finished:
             model.abort(g.request_id)

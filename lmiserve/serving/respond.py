@@ -241,6 +241,7 @@ async def _streamed(
     stream = updates(model, gens, observer)
     hold = getattr(responder, "hold_headers", False)
     head: list[bytes] = []
+    chunks = None  # the body, which then owns the timer
     try:
         while True:
             try:
@@ -249,13 +250,14 @@ async def _streamed(
                 break
             if out.error is not None:  # refused before the first byte
                 await stream.aclose()
-                timer.cancel()
                 return error_reply(responder, output_error(out))
             data = responder.chunk(index, out)
             if data:
                 head.append(data)
             if not hold or data or out.finished:
                 break
+        chunks = _chunks(responder, stream, head, outs, seconds, timer)
+        return Reply(media_type=responder.media_type, chunks=chunks)
     except DeadlinePassed:
         await stream.aclose()
         if getattr(responder, "truncate_on_timeout", False):
@@ -263,9 +265,10 @@ async def _streamed(
         return error_reply(responder, expired(outs, seconds))
     except LmiServeError as err:
         await stream.aclose()
-        timer.cancel()
         return error_reply(responder, err)
-    return Reply(media_type=responder.media_type, chunks=_chunks(responder, stream, head, outs, seconds, timer))
+    finally:
+        if chunks is None:
+            timer.cancel()
 
 
 async def _chunks(
