@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.metadata import LoraStep, PagedAttentionInputs
-from ..ops.reference import LinearWeight, ReferenceOps
+from ..ops.reference import LinearWeight, ReferenceOps, split_qkv
 from .spec import ModelSpec
 from .weights import maybe, take
 
@@ -80,8 +80,6 @@ class DecoderModel:
         if lm_head:
             self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.head_dim**-0.5
-        h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self._split = [h * d, kv * d, kv * d]
         self.lora: Any = None
         """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""
 
@@ -132,12 +130,11 @@ class DecoderModel:
             if layer.q_norm is None:
                 q = ops.rotate_and_store(qkv, spec.num_heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
             else:  # q and k normalised per head before the rotation (Qwen3)
-                # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
-                q, k, v = (t.contiguous() for t in qkv.split(self._split, dim=-1))
-                q, _ = ops.rms_norm(q.view(tokens, spec.num_heads, spec.head_dim), layer.q_norm, eps)
-                k, _ = ops.rms_norm(k.view(tokens, spec.num_kv_heads, spec.head_dim), layer.k_norm, eps)
+                q, k, v = split_qkv(qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+                q, _ = ops.rms_norm(q, layer.q_norm, eps)
+                k, _ = ops.rms_norm(k, layer.k_norm, eps)
                 q, k = ops.rotary(q, k, cos, sin)
-                ops.write_kv(k, v.view(tokens, spec.num_kv_heads, spec.head_dim), k_cache, v_cache, meta.slot_mapping)
+                ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta, tokens, nd).view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:

@@ -110,11 +110,8 @@ class CheckedOps:
         self.limits = limits
         self.name = ops.name
         self._checked: dict[str, tuple[torch.Tensor, ...]] = {}
-        for attr in ("prepare_linear", "linear", "prepare_gate_up", "gate_up_swiglu", "rms_norm", "add_rms_norm"):
-            setattr(self, attr, getattr(ops, attr))
-        for attr in ("swiglu", "rotary"):
-            setattr(self, attr, getattr(ops, attr))
-        for attr in ("argmax_logsumexp", "top_k_top_p"):
+        unchecked = ("prepare_linear", "linear", "prepare_gate_up", "gate_up_swiglu", "rms_norm", "add_rms_norm")
+        for attr in (*unchecked, "swiglu", "rotary", "argmax_logsumexp", "top_k_top_p"):
             setattr(self, attr, getattr(ops, attr))
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]

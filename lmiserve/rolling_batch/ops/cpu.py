@@ -139,6 +139,11 @@ def own_bf16_linear() -> bool:
     return bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
 
 
+def _own_kernel_takes(weight: torch.Tensor) -> bool:
+    """Whether the C++ linear kernel runs this weight: bf16, pairs of input dimensions."""
+    return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and own_bf16_linear()
+
+
 @functools.cache
 def _part_cols(parts: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(parts, dtype=torch.int64)
@@ -152,7 +157,7 @@ class CpuOps(ReferenceOps):
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
         prepared = super().prepare_linear(weight, bias)
-        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and own_bf16_linear():
+        if _own_kernel_takes(weight):
             prepared.packed = torch.ops.lmiserve_cpu.pack_linear_bf16(prepared.weight)
             prepared.packing = "lmiserve"
         elif _can_pack(weight):
@@ -163,7 +168,7 @@ class CpuOps(ReferenceOps):
     def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
         so :meth:`gate_up_swiglu` ends with the SwiGLU and never writes gate_up out."""
-        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and weight.shape[0] % 2 == 0 and own_bf16_linear():
+        if weight.shape[0] % 2 == 0 and _own_kernel_takes(weight):
             packed = torch.ops.lmiserve_cpu.pack_linear_bf16(weight.contiguous(), True)
             return LinearWeight(weight.contiguous(), None, packed, "lmiserve-gated")
         return self.prepare_linear(weight)
@@ -171,7 +176,7 @@ class CpuOps(ReferenceOps):
     def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
             return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0] // 2, 2)
-        return self.swiglu(self.linear(x, w))
+        return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:

@@ -38,6 +38,15 @@ def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Ten
     return block_table.long()[positions // block_size] * block_size + positions % block_size
 
 
+def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused projection ``(T, (heads + 2 kv_heads) dim)`` as queries ``(T, heads, dim)``, keys
+    and values ``(T, kv_heads, dim)``, each contiguous: the ops contract (and the NPU kernels) take
+    no strided inputs."""
+    tokens = qkv.shape[0]
+    q, k, v = (t.contiguous() for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1))
+    return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
+
+
 class ReferenceOps:
     name = "reference"
     unified_attention = False
@@ -103,11 +112,9 @@ class ReferenceOps:
         """From the fused projection ``qkv`` ``(T, (heads + 2 kv_heads) D)``: the rotated queries
         ``(T, heads, D)`` (contiguous), with the rotated keys and the values stored at their slots
         (half rotation layout)."""
-        tokens, kv_heads, dim = qkv.shape[0], k_cache.shape[2], k_cache.shape[3]
-        # contiguous pieces: the ops contract (and the NPU kernels) take no strided inputs
-        q, k, v = (t.contiguous() for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1))
-        q, k = self.rotary(q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), cos, sin)
-        self.write_kv(k, v.view(tokens, kv_heads, dim), k_cache, v_cache, slot_mapping)
+        q, k, v = split_qkv(qkv, heads, k_cache.shape[2], k_cache.shape[3])
+        q, k = self.rotary(q, k, cos, sin)
+        self.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return q
 
     # --- KV cache ---------------------------------------------------------------------
