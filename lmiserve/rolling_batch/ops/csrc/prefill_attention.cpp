@@ -152,11 +152,9 @@ void attend_avx512(const Stretch& st, int64_t count, const float* qf, const floa
 template <typename scalar_t>
 void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
              const int32_t* block_tables, const int32_t* cu_q_lens, const int32_t* seq_lens,
-             const std::vector<Task>& tasks, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
-             int64_t max_blocks, int64_t q_stride_t, int64_t q_stride_h, int64_t out_stride_t,
-             int64_t out_stride_h, float scale, int64_t window) {
-  const int64_t group = heads / kv_heads;
-  const int64_t slot_stride = kv_heads * dim;
+             const std::vector<Task>& tasks, const lmiserve::PrefillShape& sh) {
+  const int64_t dim = sh.dim, group = sh.heads / sh.kv_heads, block_size = sh.block_size;
+  const int64_t slot_stride = sh.kv_heads * dim;
   const int64_t queries = kRows * group;
 
   lmiserve::for_each_task(static_cast<int64_t>(tasks.size()), [&](const auto& next) {
@@ -164,27 +162,22 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
     std::vector<float> kt(dim * kBlock), vf(kBlock * dim);
     for (int64_t i; (i = next()) >= 0;) {
       const Task& task = tasks[i];
-      const int64_t len = seq_lens[task.seq];
-      const int64_t n = cu_q_lens[task.seq + 1] - cu_q_lens[task.seq];
-      const int64_t row_lo = cu_q_lens[task.seq] + task.row0;  // first row of q in this task
-      const int64_t pos0 = len - n + task.row0;                // its position in the sequence
+      const lmiserve::TaskRows span = lmiserve::task_rows(task, cu_q_lens, seq_lens, block_tables, sh.max_blocks, sh.window);
+      const int64_t row_lo = span.row_lo, pos0 = span.pos0, len = span.len;
+      const int32_t* table = span.table;
       const int64_t count = task.rows * group;
-      const int32_t* table = block_tables + task.seq * max_blocks;
       // query (r, g) is row r, head kv_head * group + g
       for (int64_t r = 0; r < task.rows; ++r) {
         for (int64_t g = 0; g < group; ++g) {
           const int64_t qi = r * group + g;
-          const scalar_t* src = q + (row_lo + r) * q_stride_t + (task.kv_head * group + g) * q_stride_h;
+          const scalar_t* src = q + (row_lo + r) * sh.q_stride_t + (task.kv_head * group + g) * sh.q_stride_h;
           for (int64_t d = 0; d < dim; ++d) qf[qi * dim + d] = lmiserve::to_f32(src[d]);
           run_max[qi] = kLowest;
           run_sum[qi] = 0.f;
         }
       }
       std::fill(acc.begin(), acc.begin() + count * dim, 0.f);
-      const int64_t last = pos0 + task.rows - 1;  // the last key any row of the tile sees
-      const int64_t first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
-
-      for (int64_t t0 = (first / kBlock) * kBlock; t0 <= last; t0 += kBlock) {
+      for (int64_t t0 = (span.first_key / kBlock) * kBlock; t0 <= span.last_key; t0 += kBlock) {
         const int64_t width = std::min<int64_t>(kBlock, len - t0);
         // this stretch of keys and values as fp32: keys transposed (dim, 16), values (16, dim)
         for (int64_t s = 0; s < kBlock; ++s) {
@@ -204,7 +197,7 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
             }
           }
         }
-        const Stretch stretch{t0, width, pos0, window, scale, dim, group};
+        const Stretch stretch{t0, width, pos0, sh.window, sh.scale, dim, group};
 #if defined(__AVX512F__)
         if (dim == 64 || dim == 128) {
           (dim == 64 ? attend_avx512<4> : attend_avx512<8>)(stretch, count, qf.data(), kt.data(), vf.data(),
@@ -217,7 +210,7 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
       for (int64_t r = 0; r < task.rows; ++r) {
         for (int64_t g = 0; g < group; ++g) {
           const int64_t qi = r * group + g;
-          scalar_t* dst = out + (row_lo + r) * out_stride_t + (task.kv_head * group + g) * out_stride_h;
+          scalar_t* dst = out + (row_lo + r) * sh.out_stride_t + (task.kv_head * group + g) * sh.out_stride_h;
           const float inv = run_sum[qi] > 0.f ? 1.f / run_sum[qi] : 0.f;
           const float* av = acc.data() + qi * dim;
           for (int64_t d = 0; d < dim; ++d) dst[d] = lmiserve::from_f32<scalar_t>(av[d] * inv);
@@ -254,14 +247,17 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t r = 0; r < n; r += kRows) tasks.push_back({s, h, r, std::min(kRows, n - r)});
   }
-  // the costliest first (keys read x rows), so that the last tasks taken are short ones
-  auto cost = [&](const Task& t) { return (len_p[t.seq] - (cu_p[t.seq + 1] - cu_p[t.seq]) + t.row0 + t.rows) * t.rows; };
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   auto out = at::empty_like(q);
+  const lmiserve::PrefillShape shape{heads,       kv_heads,      dim,           block_size,
+                                     tables.size(1), q.stride(0), q.stride(1), out.stride(0),
+                                     out.stride(1),  static_cast<float>(scale), window};
+  // the costliest first (keys read x rows), so that the last tasks taken are short ones
+  auto cost = [&](const Task& t) {
+    return (lmiserve::task_rows(t, cu_p, len_p, tables.data_ptr<int32_t>(), shape.max_blocks, window).last_key + 1) *
+           t.rows;
+  };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   if (q.scalar_type() == at::kBFloat16) {
-    const lmiserve::PrefillShape shape{heads,       kv_heads,      dim,           block_size,
-                                       tables.size(1), q.stride(0), q.stride(1), out.stride(0),
-                                       out.stride(1),  static_cast<float>(scale), window};
     if (lmiserve::prefill_bf16(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
                                k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
                                tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
@@ -269,9 +265,7 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_prefill", [&] {
     prefill<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                      v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), cu_p, len_p, tasks, heads, kv_heads,
-                      dim, block_size, tables.size(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-                      static_cast<float>(scale), window);
+                      v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape);
   });
   return out;
 }

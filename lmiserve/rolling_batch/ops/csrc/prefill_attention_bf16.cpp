@@ -110,12 +110,10 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
     std::vector<__m512> vf(16 * widths);
     for (int64_t i; (i = next()) >= 0;) {
       const PrefillTask& task = tasks[i];
-      const int64_t len = seq_lens[task.seq];
-      const int64_t n = cu_q_lens[task.seq + 1] - cu_q_lens[task.seq];
-      const int64_t row_lo = cu_q_lens[task.seq] + task.row0;  // first row of q in this task
-      const int64_t pos0 = len - n + task.row0;                // its position in the sequence
-      const int64_t count = task.rows * G;                     // query (r, g) is r * G + g
-      const int32_t* table = block_tables + task.seq * sh.max_blocks;
+      const TaskRows span = task_rows(task, cu_q_lens, seq_lens, block_tables, sh.max_blocks, sh.window);
+      const int64_t row_lo = span.row_lo, pos0 = span.pos0, len = span.len;
+      const int32_t* table = span.table;
+      const int64_t count = task.rows * G;  // query (r, g) is r * G + g
       const int32_t* qrow[kPrefillRows * G];
       for (int64_t qi = 0; qi < count; ++qi) {
         qrow[qi] = reinterpret_cast<const int32_t*>(q + (row_lo + qi / G) * sh.q_stride_t +
@@ -124,10 +122,7 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
         run_sum[qi] = 0.f;
       }
       std::fill(acc.begin(), acc.begin() + count * dim, 0.f);
-      const int64_t last = pos0 + task.rows - 1;  // the last key any row of the task sees
-      const int64_t first = sh.window > 0 ? std::max<int64_t>(0, pos0 - sh.window + 1) : 0;
-
-      for (int64_t t0 = (first / 16) * 16; t0 <= last; t0 += 16) {
+      for (int64_t t0 = (span.first_key / 16) * 16; t0 <= span.last_key; t0 += 16) {
         const int width = static_cast<int>(std::min<int64_t>(16, len - t0));
         const int64_t slot0 = static_cast<int64_t>(table[t0 / sh.block_size]) * sh.block_size + t0 % sh.block_size;
         const c10::BFloat16* kb = k_cache + slot0 * slot_stride + task.kv_head * dim;

@@ -16,6 +16,22 @@ struct PrefillTask {
 
 constexpr int64_t kPrefillRows = 16;  // query rows per task
 
+// Where a task's queries sit: its first row of q (and of out), that row's position in the
+// sequence, the sequence's length (keys in the cache) and its block table; the first and last
+// key any of its rows sees.
+struct TaskRows {
+  int64_t row_lo, pos0, len, first_key, last_key;
+  const int32_t* table;
+};
+
+inline TaskRows task_rows(const PrefillTask& task, const int32_t* cu_q_lens, const int32_t* seq_lens,
+                          const int32_t* block_tables, int64_t max_blocks, int64_t window) {
+  const int64_t len = seq_lens[task.seq];
+  const int64_t pos0 = len - (cu_q_lens[task.seq + 1] - cu_q_lens[task.seq]) + task.row0;
+  const int64_t first = window > 0 ? (pos0 - window + 1 > 0 ? pos0 - window + 1 : 0) : 0;
+  return {cu_q_lens[task.seq] + task.row0, pos0, len, first, pos0 + task.rows - 1, block_tables + task.seq * max_blocks};
+}
+
 // The shapes of one call: q (T, H, D), caches (blocks, block_size, KVH, D), out like q.
 struct PrefillShape {
   int64_t heads, kv_heads, dim, block_size, max_blocks;
