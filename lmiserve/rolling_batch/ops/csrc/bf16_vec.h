@@ -1,4 +1,4 @@
-// AVX-512 helpers shared by the attention kernels for bf16 caches.
+// AVX-512 helpers shared by the kernels that read and write bf16.
 
 #pragma once
 
@@ -9,6 +9,21 @@
 
 
 namespace lmiserve {
+
+// 16 bf16 lanes (as 16-bit integers) widened to fp32: a bf16 is the top half of its float.
+inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+// 16 bf16 values from p as fp32.
+inline __m512 bf16x16(const c10::BFloat16* p) {
+  return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The first n (< 16) bf16 values from p as fp32, the other lanes 0.
+inline __m512 bf16x16(const c10::BFloat16* p, int64_t n) {
+  return widen_bf16(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), p));
+}
+#endif
 
 // 32 bf16 values -> their 16 even-indexed and 16 odd-indexed elements as fp32 (one shift, one
 // mask: no cross-lane shuffle). Dot products and sums come out the same in this order; only an
@@ -44,8 +59,7 @@ inline __m512 exp16(__m512 x) {
 #if defined(__AVX512BF16__)
 // Each lane rounded to bf16 (to nearest even), kept as fp32.
 inline __m512 round_bf16(__m512 x) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return widen_bf16((__m256i)_mm512_cvtneps_pbh(x));
 }
 
 // SwiGLU of bf16 gate and up values (in fp32 lanes), before the final rounding: silu(gate)

@@ -118,18 +118,12 @@ void swiglu_rows(const T* in, T* out, int64_t rows, int64_t inner) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the arithmetic of linear.cpp's fused SwiGLU
         int64_t i = 0;
         for (; i + 16 <= inner; i += 16) {
-          __m512 gv, uv;
-          gv = _mm512_castsi512_ps(_mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i))), 16));
-          uv = _mm512_castsi512_ps(_mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + i))), 16));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(lmiserve::swiglu16(gv, uv)));
+          const __m512 act = lmiserve::swiglu16(lmiserve::bf16x16(g + i), lmiserve::bf16x16(u + i));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(act));
         }
         if (i < inner) {
-          const __mmask16 m = static_cast<__mmask16>((1u << (inner - i)) - 1u);
-          const __m512 gv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, g + i)), 16));
-          const __m512 uv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, u + i)), 16));
-          _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(lmiserve::swiglu16(gv, uv)));
+          const __m512 act = lmiserve::swiglu16(lmiserve::bf16x16(g + i, inner - i), lmiserve::bf16x16(u + i, inner - i));
+          _mm256_mask_storeu_epi16(dst + i, static_cast<__mmask16>((1u << (inner - i)) - 1u), (__m256i)_mm512_cvtneps_pbh(act));
         }
         continue;
       }

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_vec.h"
 #include "convert.h"
 
 #if defined(__AVX512F__)
@@ -26,11 +27,6 @@
 namespace {
 
 #if defined(__AVX512F__)
-inline __m512 bf16x16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 // dot(a, x) over n bf16 values, in fp32 (bf16 pairs multiplied directly with AVX512_BF16)
 inline float dot_bf16(const c10::BFloat16* a, const c10::BFloat16* x, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -42,8 +38,8 @@ inline float dot_bf16(const c10::BFloat16* a, const c10::BFloat16* x, int64_t n)
   }
 #endif
   for (; k + 32 <= n; k += 32) {
-    acc0 = _mm512_fmadd_ps(bf16x16(a + k), bf16x16(x + k), acc0);
-    acc1 = _mm512_fmadd_ps(bf16x16(a + k + 16), bf16x16(x + k + 16), acc1);
+    acc0 = _mm512_fmadd_ps(lmiserve::bf16x16(a + k), lmiserve::bf16x16(x + k), acc0);
+    acc1 = _mm512_fmadd_ps(lmiserve::bf16x16(a + k + 16), lmiserve::bf16x16(x + k + 16), acc1);
   }
   float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   for (; k < n; ++k) sum += lmiserve::to_f32(a[k]) * lmiserve::to_f32(x[k]);
@@ -57,8 +53,8 @@ inline void axpy2_bf16(float* y, const c10::BFloat16* b0, const c10::BFloat16* b
   int64_t o = c0;
   for (; o + 16 <= c1; o += 16) {
     __m512 acc = _mm512_loadu_ps(y + o);
-    acc = _mm512_fmadd_ps(v0, bf16x16(b0 + o), acc);
-    acc = _mm512_fmadd_ps(v1, bf16x16(b1 + o), acc);
+    acc = _mm512_fmadd_ps(v0, lmiserve::bf16x16(b0 + o), acc);
+    acc = _mm512_fmadd_ps(v1, lmiserve::bf16x16(b1 + o), acc);
     _mm512_storeu_ps(y + o, acc);
   }
   for (; o < c1; ++o) y[o] += u0 * lmiserve::to_f32(b0[o]) + u1 * lmiserve::to_f32(b1[o]);
