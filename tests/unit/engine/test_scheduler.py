@@ -162,6 +162,18 @@ def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes
     run(sched)
 
 
+def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> Scheduler:
+    """A scheduler with a CPU's 2,048-token step budget, under a per-sequence prompt share."""
+    return Scheduler(
+        BlockManager(512, BS),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=2048,
+        max_model_len=512,
+        decode_prefill_tokens=cap,
+        prefill_tokens_per_seq=per_seq,
+    )
+
+
 def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
     """Per sequence running or waiting, a decoding step takes a few prompt tokens (in proportion
     fewer below FULL_SHARE_SEQUENCES sequences), never fewer than MIN_DECODE_STEP_PREFILL and
@@ -169,14 +181,7 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
-        sched = Scheduler(
-            BlockManager(512, BS),
-            max_num_seqs=64,
-            max_num_batched_tokens=2048,
-            max_model_len=512,
-            decode_prefill_tokens=cap,
-            prefill_tokens_per_seq=per_seq,
-        )
+        sched = cpu_like(64, per_seq, cap)
         for i in range(decoding):
             sched.add(request(f"d{i}", 4, max_new=100, first_token=1000 + 10 * i))
         step(sched)  # all prefilled together (nothing decoded yet), now decoding
@@ -204,13 +209,7 @@ def test_prompts_arriving_together_start_one_after_the_other_under_the_per_seque
     taken whole: eight prompts that arrive together start in turn, not all in the first step."""
 
     def first_steps(per_seq):
-        sched = Scheduler(
-            BlockManager(512, BS),
-            max_num_seqs=16,
-            max_num_batched_tokens=2048,
-            max_model_len=512,
-            prefill_tokens_per_seq=per_seq,
-        )
+        sched = cpu_like(16, per_seq)
         for i in range(8):
             sched.add(request(f"r{i}", 50, max_new=40, first_token=100 * i))
         return [[(i.seq.request_id, i.num_tokens) for i in step(sched).prefills] for _ in range(4)]
