@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .models.decoder import AttentionMetadata, DecoderModel
+from .models.decoder import DecoderModel
 from .ops.contract import ContractError, check_seq_lens
-from .ops.metadata import PagedAttentionInputs
+from .ops.metadata import AttentionMetadata, PagedAttentionInputs
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")
@@ -144,7 +144,6 @@ class DecodeGraphs:
     def _forward_fn(self, b: int) -> Callable[[], torch.Tensor]:
         meta = AttentionMetadata(
             slot_mapping=self.longs[2, :b],
-            num_decodes=b,
             paged=PagedAttentionInputs(
                 block_tables=self.tables[:b],
                 cu_q_lens=self.cu[: b + 1],
@@ -152,6 +151,7 @@ class DecodeGraphs:
                 max_q_len=1,
                 host_cu_q_lens=list(range(b + 1)),
                 host_seq_lens=[1] * b,
+                num_decodes=b,
             ),
         )
         ids, positions = self.longs[0, :b], self.longs[1, :b]

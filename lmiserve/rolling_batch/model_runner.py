@@ -1,40 +1,26 @@
-"""Turning a scheduled step into tensors, running the model, and returning the logits to sample from."""
+"""Running a scheduled step: its inputs as tensors, the model over every scheduled token (eagerly
+or from a captured graph), logits for the rows that need them, and the sampled tokens."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .graphs import DecodeGraphs, GraphBackend
-from .models.decoder import AttentionMetadata, DecoderModel
+from .models.decoder import DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
 from .models.weights import load_state_dict
 from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
-from .scheduler import ScheduledSeq, SchedulerOutput
+from .sampler import LogitRows, Sampler, StepResult
+from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
 from .step_inputs import build_step_arrays, step_tensors
 
 log = logging.getLogger("lmiserve.engine")
-
-
-@dataclass
-class StepLogits:
-    """Logits of one step: first one row per sequence that samples (in ``sampled`` order),
-    then, for sequences that asked for prompt log-probabilities, their prompt rows."""
-
-    logits: torch.Tensor
-    sampled: list[ScheduledSeq]
-    prompt_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """seq_id -> (first row, count): rows predicting the chunk's next prompt tokens."""
-
-    @property
-    def sample_logits(self) -> torch.Tensor:
-        return self.logits[: len(self.sampled)]
 
 
 class ModelRunner:
@@ -75,6 +61,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         """Captured decode steps (CUDA graphs), once :meth:`capture_graphs` has run."""
         self.max_model_len = max_model_len
+        self.sampler: Sampler | None = None
+        """Set where this process samples (rank 0): with the guided decoder, once it is loaded."""
+        self.eos_token_ids: tuple[int, ...] = ()
 
     @property
     def block_bytes(self) -> int:
@@ -103,11 +92,6 @@ class ModelRunner:
         graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, width, self.device, backend)
         graphs.capture()
         self.graphs = graphs
-
-    # --- inputs ---------------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        arrays = build_step_arrays(out, self.block_size)
-        return step_tensors(arrays, self.device, self.ops.unified_attention)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -138,44 +122,28 @@ class ModelRunner:
             raise TensorParallelError(channel.broken) from exc
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepLogits:
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Run the step and sample the next token of every sequence that reached its end."""
+        hidden = self._forward(out)
+        rows = LogitRows.of(out.decodes, out.prefills)
+        if not rows.hidden_rows:
+            return StepResult()
+        if rows.hidden_rows == list(range(len(rows.hidden_rows))):
+            selected = hidden[: len(rows.hidden_rows)]
+        else:
+            selected = hidden.index_select(0, torch.tensor(rows.hidden_rows, dtype=torch.long, device=self.device))
+        assert self.sampler is not None
+        return self.sampler.step(self.model.logits(selected), rows, out.prefills, self.eos_token_ids)
+
+    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
+        """Hidden states of every token of the step."""
         if self.channel is not None:
-            hidden = self._forward_parallel(out, self.channel)
-        else:
-            if out.copies:
-                self.copy_blocks(out.copies)
-                out.copies = []  # a retried step must not copy again
-            arrays = build_step_arrays(out, self.block_size)
-            if self.graphs is not None and self.graphs.fits(arrays):
-                hidden = self.graphs.run(arrays)
-            else:
-                input_ids, positions, meta = step_tensors(arrays, self.device, self.ops.unified_attention)
-                hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
-        sampled: list[ScheduledSeq] = []
-        sample_rows: list[int] = []
-        prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)
-        for i, item in enumerate(out.decodes):
-            if item.samples:
-                sampled.append(item)
-                sample_rows.append(i)
-        offset = len(out.decodes)
-        for item in out.prefills:
-            seq = item.seq
-            if seq.params.prompt_logprobs is not None and item.start < seq.num_prompt_tokens:
-                prompt_spans.append((seq.seq_id, offset, min(item.num_tokens, seq.num_prompt_tokens - item.start)))
-            if item.samples:
-                sampled.append(item)
-                sample_rows.append(offset + item.num_tokens - 1)
-            offset += item.num_tokens
-        rows = list(sample_rows)
-        prompt_rows: dict[int, tuple[int, int]] = {}
-        for seq_id, first, count in prompt_spans:
-            prompt_rows[seq_id] = (len(rows), count)
-            rows.extend(range(first, first + count))
-        if not rows:
-            return StepLogits(hidden.new_empty((0, 0)).float(), sampled, prompt_rows)
-        if rows == list(range(len(rows))):
-            selected = hidden[: len(rows)]
-        else:
-            selected = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
-        return StepLogits(self.model.logits(selected), sampled, prompt_rows)
+            return self._forward_parallel(out, self.channel)
+        if out.copies:
+            self.copy_blocks(out.copies)
+            out.copies = []  # a retried step must not copy again
+        arrays = build_step_arrays(out, self.block_size)
+        if self.graphs is not None and self.graphs.fits(arrays):
+            return self.graphs.run(arrays)
+        input_ids, positions, meta = step_tensors(arrays, self.device)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches)

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .ops.metadata import PagedAttentionInputs
+
 LENGTHS = (1, 15, 16, 17, 127, 128, 129)
 GQA = ((8, 2), (32, 8))
 CHUNKS = ((17, 17), (129, 1), (40, 25), (16, 16))  # (sequence length, new query rows)
@@ -143,16 +145,17 @@ def check_ops(report: Report, device: str, npu: Any, ref: Any) -> None:
             k, v, table = _paged(list(LENGTHS), kv_heads, dim, torch.float16, g)
             q = torch.randn(len(LENGTHS), heads, dim, generator=g).half()
             lens = torch.tensor(LENGTHS, dtype=torch.int32)
-            want = ref.attention_decode(q.float(), k.float(), v.float(), table, lens, dim**-0.5)
-            got = npu.attention_decode(*on(q, k, v, table, lens), dim**-0.5)
+            cu = torch.arange(len(LENGTHS) + 1, dtype=torch.int32)
+            want = ref.attention(q.float(), k.float(), v.float(), PagedAttentionInputs.of(table, cu, lens), dim**-0.5)
+            got = npu.attention(*on(q, k, v), PagedAttentionInputs.of(*on(table, cu, lens)), dim**-0.5)
             _close(report, f"attention decode GQA {heads}/{kv_heads} d{dim} lengths {list(LENGTHS)}", got, want)
             totals, rows = [t for t, _ in CHUNKS], [n for _, n in CHUNKS]
             k, v, table = _paged(totals, kv_heads, dim, torch.float16, g)
             q = torch.randn(sum(rows), heads, dim, generator=g).half()
             cu = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()], dtype=torch.int32)
             lens = torch.tensor(totals, dtype=torch.int32)
-            want = ref.attention_prefill(q.float(), k.float(), v.float(), table, cu, lens, dim**-0.5)
-            got = npu.attention_prefill(*on(q, k, v, table, cu, lens), dim**-0.5)
+            want = ref.attention(q.float(), k.float(), v.float(), PagedAttentionInputs.of(table, cu, lens), dim**-0.5)
+            got = npu.attention(*on(q, k, v), PagedAttentionInputs.of(*on(table, cu, lens)), dim**-0.5)
             _close(report, f"attention chunked prefill GQA {heads}/{kv_heads} d{dim}", got, want)
 
     # norms, activation, rotary: fp32

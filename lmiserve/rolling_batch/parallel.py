@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..child import EXIT_GRACE_S, exit_description, reap_blocking, start
-from .models.decoder import AttentionMetadata
+from .ops.metadata import AttentionMetadata
 from .step_inputs import StepArrays, step_tensors
 
 log = logging.getLogger("lmiserve.engine")
@@ -136,10 +136,8 @@ class StepChannel:
     step tensors from the same arrays, as a single process does.
     """
 
-    def __init__(self, device: str, unified: bool = False):
+    def __init__(self, device: str):
         self.device = device
-        self.unified = unified
-        """Whether this group's ops take the whole step in one attention call."""
         self._header = torch.zeros(_HEADER, dtype=torch.long, device=device)
         self.broken: str | None = None
         """Set on rank 0 when a step failed once sent: the ranks are out of step from then on."""
@@ -188,7 +186,7 @@ class StepChannel:
         return self._inputs(arrays, part[6], ncopies)
 
     def _inputs(self, arrays: StepArrays, copies: np.ndarray, ncopies: int) -> StepInputs:
-        ids, positions, meta = step_tensors(arrays, self.device, self.unified)
+        ids, positions, meta = step_tensors(arrays, self.device)
         block_copies = None
         if ncopies:
             both = torch.from_numpy(np.ascontiguousarray(copies)).to(self.device)
@@ -280,9 +278,9 @@ class WorkerRanks:
         self.check()
         join_group(self.store, 0, self.world, self.device)
 
-    def ready(self, unified: bool) -> StepChannel:
-        """The ranks wait for steps from now on (``unified``: the ops' kind of attention call)."""
-        self.channel = StepChannel(self.device, unified)
+    def ready(self) -> StepChannel:
+        """The ranks wait for steps from now on."""
+        self.channel = StepChannel(self.device)
         return self.channel
 
     def close(self, grace: float = 2 * EXIT_GRACE_S) -> None:

@@ -9,7 +9,7 @@ Log-probabilities are those of the model's distribution (before temperature and 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,7 +20,8 @@ from ..generation.sampling import (
     apply_typical_p,
     sample_rows,
 )
-from .sequence import Sequence
+from .scheduler import ScheduledSeq
+from .sequence import Group, Sequence
 
 
 @dataclass
@@ -29,6 +30,53 @@ class SampleResult:
     logprobs: list[float]
     top: list[list[tuple[int, float]]] | None
     """Per row, the ``k`` most likely tokens with log-probabilities (when any row asked)."""
+
+
+@dataclass
+class LogitRows:
+    """Which rows of a step's hidden states get logits: first one per sequence that samples
+    (in ``sampled`` order), then the prompt rows of sequences that asked for prompt log-probabilities."""
+
+    sampled: list[ScheduledSeq] = field(default_factory=list)
+    hidden_rows: list[int] = field(default_factory=list)
+    prompt_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """seq_id -> (first logits row, count): rows predicting the chunk's next prompt tokens."""
+
+    @classmethod
+    def of(cls, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]) -> LogitRows:
+        rows = cls()
+        prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)
+        for i, item in enumerate(decodes):
+            if item.samples:
+                rows.sampled.append(item)
+                rows.hidden_rows.append(i)
+        offset = len(decodes)
+        for item in prefills:
+            seq = item.seq
+            if seq.params.prompt_logprobs is not None and item.start < seq.num_prompt_tokens:
+                prompt_spans.append((seq.seq_id, offset, min(item.num_tokens, seq.num_prompt_tokens - item.start)))
+            if item.samples:
+                rows.sampled.append(item)
+                rows.hidden_rows.append(offset + item.num_tokens - 1)
+            offset += item.num_tokens
+        for seq_id, first, count in prompt_spans:
+            rows.prompt_rows[seq_id] = (len(rows.hidden_rows), count)
+            rows.hidden_rows.extend(range(first, first + count))
+        return rows
+
+
+@dataclass
+class StepResult:
+    """What a step produced, worked out before anything outside the device changes (so a failed
+    step can be run again): the sampled tokens, the beams' log-probabilities, prompt log-probabilities."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    """The sequences that got a token (beam searches aside), in the order of ``samples``."""
+    samples: SampleResult | None = None
+    beams: dict[Group, torch.Tensor] = field(default_factory=dict)
+    """Per beam-search request: log-probabilities of its running beams' next tokens, a row each."""
+    prompt_logprobs: dict[Sequence, tuple[list, list]] = field(default_factory=dict)
+    """Per sequence that asked: this step's prompt log-probabilities and top alternatives."""
 
 
 def _penalized(seqs: Seq[Sequence]) -> list[int]:
@@ -89,6 +137,47 @@ class Sampler:
                 banned = list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else list(eos))
                 if banned:
                     logits[i, banned] = float("-inf")
+
+    def step(self, logits: torch.Tensor, rows: LogitRows, prefills: list[ScheduledSeq], eos: Seq[int]) -> StepResult:
+        """The step's tokens from its logits (rows as ``rows`` chose them)."""
+        result = StepResult(prompt_logprobs=self._prompt_logprobs(logits, rows, prefills))
+        sample_logits = logits[: len(rows.sampled)]
+        index = {item.seq.seq_id: i for i, item in enumerate(rows.sampled)}
+        keep: list[int] = []
+        for i, item in enumerate(rows.sampled):
+            group = item.seq.group
+            if group.beam is None:
+                result.seqs.append(item.seq)
+                keep.append(i)
+            elif group not in result.beams:
+                beams = torch.tensor([index[s.seq_id] for s in group.beam.running], device=logits.device)
+                result.beams[group] = torch.log_softmax(sample_logits.index_select(0, beams).float(), dim=-1)
+        if result.seqs:
+            if len(keep) < len(rows.sampled):
+                sample_logits = sample_logits.index_select(0, torch.tensor(keep, device=logits.device))
+            result.samples = self.sample(sample_logits, result.seqs, eos)
+        return result
+
+    def _prompt_logprobs(
+        self, logits: torch.Tensor, rows: LogitRows, prefills: list[ScheduledSeq]
+    ) -> dict[Sequence, tuple[list, list]]:
+        """This step's prompt log-probabilities (and top alternatives) per sequence that asked."""
+        found: dict[Sequence, tuple[list, list]] = {}
+        for item in prefills:
+            seq = item.seq
+            if seq.seq_id not in rows.prompt_rows:
+                continue
+            first, count = rows.prompt_rows[seq.seq_id]
+            targets, picked = [], []
+            for r in range(count):
+                pos = item.start + r
+                if pos + 1 < seq.num_prompt_tokens:
+                    targets.append(seq.token_ids[pos + 1])
+                    picked.append(first + r)
+            if targets:
+                values, top = self.prompt_logprobs(logits[picked], targets, seq.params.prompt_logprobs or 0)
+                found[seq] = (values, top or [])
+        return found
 
     def sample(self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()) -> SampleResult:
         """One token per row of ``logits`` (row i belongs to ``seqs[i]``)."""

@@ -5,8 +5,8 @@ Every step has a token budget (``max_num_batched_tokens``). Running sequences th
 their prompt, then waiting sequences are admitted in arrival order while the budget, the
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
 across steps alongside the decodes. A step in which sequences decode takes at most
-``decode_prefill_tokens`` prompt tokens (their next token waits for the whole step), and with
-``prefill_tokens_per_seq`` at most that many per sequence running or waiting (in proportion
+``max_decode_step_prefill_tokens`` prompt tokens (their next token waits for the whole step), and
+with ``decode_step_prefill_tokens_per_sequence`` at most that many per sequence running or waiting (in proportion
 fewer below :data:`FULL_SHARE_SEQUENCES` sequences, never fewer than
 :data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
@@ -72,6 +72,11 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return len(self.decodes) + sum(s.num_tokens for s in self.prefills)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens computed in this step (a chunk that ends a prompt may run past it)."""
+        return sum(min(i.num_tokens, max(0, i.seq.num_prompt_tokens - i.start)) for i in self.prefills)
+
     @classmethod
     def of(cls, items: list[ScheduledSeq]) -> SchedulerOutput:
         return cls(decodes=[i for i in items if i.decode], prefills=[i for i in items if not i.decode])
@@ -80,33 +85,35 @@ class SchedulerOutput:
         return bool(self.decodes or self.prefills)
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The limits of a step (the engine's configuration names the settings behind them)."""
+
+    max_num_seqs: int
+    """Most sequences running at once."""
+    max_num_batched_tokens: int
+    """Most tokens in a step (raised to ``max_num_seqs``: every running sequence decodes in every step)."""
+    max_model_len: int
+    max_prefill_seqs: int | None = None
+    """Most sequences prefilled in one step (None: the token budget decides)."""
+    max_decode_step_prefill_tokens: int | None = None
+    """Most prompt tokens a step takes while sequences decode in it (None: the budget's), so that
+    running streams wait at most that long for their next token."""
+    decode_step_prefill_tokens_per_sequence: int | None = None
+    """In such a step, also at most this many prompt tokens per sequence running or waiting
+    (None: no such limit)."""
+
+
 class Scheduler:
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        max_prefill_seqs: int | None = None,
-        adapters: Any = None,
-        decode_prefill_tokens: int | None = None,
-        prefill_tokens_per_seq: int | None = None,
-    ):
-        """``max_prefill_seqs``: most sequences prefilled in one step (empty: the token budget decides);
-        ``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on;
-        ``decode_prefill_tokens``: most prompt tokens a step takes while sequences decode in it (empty:
-        the budget's), so that running streams wait at most that long for their next token;
-        ``prefill_tokens_per_seq``: in such a step, also at most this many prompt tokens per
-        sequence running or waiting (empty: no such limit)."""
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, adapters: Any = None):
+        """``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on."""
+        self.config = config
         self.blocks = block_manager
         self.adapters = adapters
-        self.decode_prefill_tokens = decode_prefill_tokens
-        self.prefill_tokens_per_seq = prefill_tokens_per_seq
-        self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
-        self.max_num_seqs = max_num_seqs
-        # every running sequence must be able to decode in every step
-        self.max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
-        self.max_model_len = max_model_len
+        self.max_prefill_seqs = config.max_prefill_seqs or config.max_num_seqs
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+        self.max_model_len = config.max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -134,12 +141,6 @@ class Scheduler:
                 pass
         self.blocks.free(seq)
         self._release_slot(seq.group)
-
-    def abort(self, request_id: str) -> list[Sequence]:
-        found = [s for s in [*self.running, *self.waiting] if s.request_id == request_id]
-        for seq in found:
-            self.finish(seq, "abort")
-        return found
 
     # --- one step ------------------------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -215,13 +216,14 @@ class Scheduler:
     def _share(self) -> int:
         """Prompt tokens per step under the per-sequence limit."""
         n = len(self.running) + len(self.waiting)
-        share = self.prefill_tokens_per_seq * n * min(n, FULL_SHARE_SEQUENCES) // FULL_SHARE_SEQUENCES  # type: ignore[operator]
+        per_seq = self.config.decode_step_prefill_tokens_per_sequence or 0
+        share = per_seq * n * min(n, FULL_SHARE_SEQUENCES) // FULL_SHARE_SEQUENCES
         return max(MIN_DECODE_STEP_PREFILL, share)
 
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""
-        limit = self.decode_prefill_tokens or self.max_num_batched_tokens
-        if self.prefill_tokens_per_seq is not None:
+        limit = self.config.max_decode_step_prefill_tokens or self.max_num_batched_tokens
+        if self.config.decode_step_prefill_tokens_per_sequence is not None:
             limit = min(limit, self._share())
         return limit
 
@@ -233,7 +235,7 @@ class Scheduler:
         a client that sends its next request when one ends) do not arrive together either: each
         is prefilled in a step or two beside the others' decodes instead of waiting for all of
         them at once."""
-        if self.prefill_tokens_per_seq is None:
+        if self.config.decode_step_prefill_tokens_per_sequence is None:
             return self.max_num_batched_tokens
         prefilling = [s for s in self.running if s.num_pending > 1]
         head = prefilling[0].num_pending if prefilling else (self.waiting[0].num_tokens if self.waiting else 0)

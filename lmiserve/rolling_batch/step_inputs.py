@@ -14,8 +14,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from .models.decoder import AttentionMetadata
-from .ops.metadata import LoraStep, PagedAttentionInputs
+from .ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .scheduler import SchedulerOutput
 
 
@@ -113,46 +112,22 @@ def lora_runs(arrays: StepArrays) -> list[tuple[int, int, int]]:
     return runs
 
 
-def step_tensors(
-    arrays: StepArrays, device: str | torch.device, unified: bool
-) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Input ids, positions and attention metadata on ``device``.
-
-    ``unified``: the ops take the whole step in one attention call (:class:`PagedAttentionInputs`);
-    otherwise decodes and prompt chunks get metadata of their own."""
-    t, s, nd = arrays.num_tokens, arrays.num_seqs, arrays.num_decodes
-    tables = arrays.block_tables
-    pieces = [tables.ravel(), arrays.cu_q_lens, arrays.seq_lens]
-    if not unified:
-        pieces.append(arrays.cu_q_lens[nd:] - nd)
+def step_tensors(arrays: StepArrays, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Input ids, positions and attention metadata on ``device``, in two copies."""
+    t, s, w = arrays.num_tokens, arrays.num_seqs, arrays.block_tables.shape[1]
     longs = _to_device(np.concatenate([arrays.input_ids, arrays.positions, arrays.slots]), device)
-    ints = _to_device(np.concatenate(pieces), device)
-    w = tables.shape[1]
-    table_t = ints[: s * w].view(s, w)
-    cu_t = ints[s * w : s * w + s + 1]
-    lens_t = ints[s * w + s + 1 : s * w + 2 * s + 1]
-    meta = AttentionMetadata(slot_mapping=longs[2 * t :], num_decodes=nd)
+    ints = _to_device(np.concatenate([arrays.block_tables.ravel(), arrays.cu_q_lens, arrays.seq_lens]), device)
+    paged = PagedAttentionInputs(
+        block_tables=ints[: s * w].view(s, w),
+        cu_q_lens=ints[s * w : s * w + s + 1],
+        seq_lens=ints[s * w + s + 1 :],
+        max_q_len=arrays.max_q_len,
+        host_cu_q_lens=arrays.cu_q_lens.tolist(),
+        host_seq_lens=arrays.seq_lens.tolist(),
+        num_decodes=arrays.num_decodes,
+    )
     runs = lora_runs(arrays)
-    if runs:
-        meta.lora = LoraStep(runs, device)
-    if unified:
-        meta.paged = PagedAttentionInputs(
-            block_tables=table_t,
-            cu_q_lens=cu_t,
-            seq_lens=lens_t,
-            max_q_len=arrays.max_q_len,
-            host_cu_q_lens=arrays.cu_q_lens.tolist(),
-            host_seq_lens=arrays.seq_lens.tolist(),
-        )
-    else:
-        if nd:
-            meta.decode_block_tables = table_t[:nd]
-            meta.decode_seq_lens = lens_t[:nd]
-        if s > nd:
-            meta.prefill_block_tables = table_t[nd:]
-            meta.prefill_cu_q_lens = ints[s * w + 2 * s + 1 :]
-            meta.prefill_seq_lens = lens_t[nd:]
-    return longs[:t], longs[t : 2 * t], meta
+    return longs[:t], longs[t : 2 * t], AttentionMetadata(longs[2 * t :], paged, LoraStep(runs, device) if runs else None)
 
 
 def _to_device(array: np.ndarray, device: str | torch.device) -> torch.Tensor:

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.spec.num_kv_heads,
             runner.k_cache.shape[1],
         )
-        steps = serve(runner, StepChannel(device, runner.ops.unified_attention))
+        steps = serve(runner, StepChannel(device))
     except BaseException:  # noqa: BLE001 - rank 0 sees this rank exit and stops the engine
         log.exception("tensor-parallel rank %d failed", args.rank)
         return 1

@@ -1,4 +1,4 @@
-"""The engine's part in serving adapters: a part of :class:`~..engine.Engine`, kept apart.
+"""The engine's part in serving adapters.
 
 It sets up the book and the device slots when ``enable_lora`` is on, carries out the management
 commands between steps, resolves a request's adapter when it arrives, and fills the slots the
@@ -18,64 +18,61 @@ from .pool import LoraPool
 
 if TYPE_CHECKING:
     from ..engine_config import EngineConfig
-    from ..model_runner import ModelRunner
+    from ..models.decoder import DecoderModel
     from ..models.spec import ModelSpec
     from ..sequence import Group
 
 
 class EngineAdapters:
-    """Mixed into the engine, whose configuration, model spec and runner it uses."""
+    """The adapters of one engine: ``book`` is None when LoRA is off."""
 
-    config: EngineConfig
-    spec: ModelSpec
-    runner: ModelRunner
-    adapters: AdapterBook | None = None
-
-    def _setup_lora(self, dtype: torch.dtype) -> None:
-        """The book and the device slots, before the KV cache takes what memory is left."""
-        cfg = self.config
-        if not cfg.enable_lora:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model: DecoderModel, dtype: torch.dtype):
+        """The book and the model's device slots, before the KV cache takes what memory is left."""
+        self.config = config
+        self.model = model
+        self.book: AdapterBook | None = None
+        if not config.enable_lora:
             return
-        if cfg.tensor_parallel_degree > 1:
+        if config.tensor_parallel_degree > 1:
             raise ValueError("LoRA adapters (option.enable_lora) are not supported with tensor parallelism")
-        spec, rank = self.spec, cfg.max_lora_rank
+        rank = config.max_lora_rank
 
         def load(src: str) -> Any:
             return read_adapter(src, spec, rank, dtype)
 
-        self.adapters = AdapterBook(cfg.max_loras, cfg.max_cpu_loras or cfg.max_loras, load)
-        self.runner.model.lora = LoraPool(spec, cfg.max_loras, rank, dtype, cfg.device)
+        self.book = AdapterBook(config.max_loras, config.max_cpu_loras or config.max_loras, load)
+        model.lora = LoraPool(spec, config.max_loras, rank, dtype, config.device)
 
-    def lora_info(self) -> dict[str, str | int]:
-        if self.adapters is None:
+    def info(self) -> dict[str, str | int]:
+        if self.book is None:
             return {"lora": "off"}
         cfg = self.config
         return {
             "lora": "on",
             "max_loras": cfg.max_loras,
             "max_lora_rank": cfg.max_lora_rank,
-            "max_cpu_loras": self.adapters.max_cpu_loras,
-            "lora_slot_bytes": self.runner.model.lora.nbytes,
+            "max_cpu_loras": self.book.max_cpu_loras,
+            "lora_slot_bytes": self.model.lora.nbytes,
         }
 
-    def adapter_stats(self) -> dict[str, int]:
-        if self.adapters is None:
+    def stats(self) -> dict[str, int]:
+        if self.book is None:
             return {}
-        book = self.adapters.describe()
+        book = self.book.describe()
         return {"adapters_loaded": book["loaded"], "adapter_loads": book["loads"]}
 
     # --- management ---------------------------------------------------------------------
     def adapter_command(self, cmd: wire.AdapterCommand) -> wire.AdapterResult:
         """Carry out a register, update or unregister command; the result says how it went."""
-        if self.adapters is None:
+        if self.book is None:
             return wire.AdapterResult(op_id=cmd.op_id, status=400, error="LoRA is not enabled.")
         try:
             if cmd.action == "register":
-                self.adapters.register(cmd.name, cmd.src, cmd.preload is not False, bool(cmd.pin))
+                self.book.register(cmd.name, cmd.src, cmd.preload is not False, bool(cmd.pin))
             elif cmd.action == "update":
-                self.adapters.update(cmd.name, cmd.preload, cmd.pin)
+                self.book.update(cmd.name, cmd.preload, cmd.pin)
             elif cmd.action == "unregister":
-                self.adapters.unregister(cmd.name)
+                self.book.unregister(cmd.name)
             else:
                 return wire.AdapterResult(op_id=cmd.op_id, status=400, error=f"unknown action {cmd.action!r}")
         except AdapterError as exc:
@@ -83,21 +80,21 @@ class EngineAdapters:
         return wire.AdapterResult(op_id=cmd.op_id)
 
     # --- requests -----------------------------------------------------------------------
-    def _use_adapter(self, name: str) -> Adapter:
+    def use(self, name: str) -> Adapter:
         """A new request's adapter, loaded; ValueError (a refusal) when there is none by that name."""
-        if self.adapters is None:
+        if self.book is None:
             raise ValueError(f"the request names adapter {name!r}, but LoRA is not enabled (option.enable_lora)")
         try:
-            return self.adapters.use(name)
+            return self.book.use(name)
         except AdapterError as exc:
             raise ValueError(exc.message) from None
 
-    def _adapter_done(self, group: Group) -> None:
-        if group.adapter is not None and self.adapters is not None:
-            self.adapters.done(group.adapter)
+    def done(self, group: Group) -> None:
+        if group.adapter is not None and self.book is not None:
+            self.book.done(group.adapter)
 
-    def _fill_slots(self) -> None:
+    def fill_slots(self) -> None:
         """Copy to the device the adapters the scheduler just gave a slot."""
-        if self.adapters is not None:
-            for slot, weights in self.adapters.take_pending():
-                self.runner.model.lora.load(slot, weights)
+        if self.book is not None:
+            for slot, weights in self.book.take_pending():
+                self.model.lora.load(slot, weights)

@@ -14,29 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..ops.metadata import LoraStep, PagedAttentionInputs
-from ..ops.reference import LinearWeight, ReferenceOps, split_qkv
+from ..ops.interface import Ops
+from ..ops.metadata import AttentionMetadata, LoraStep
+from ..ops.reference import LinearWeight, split_qkv
 from .spec import ModelSpec
 from .weights import maybe, take
-
-
-@dataclass
-class AttentionMetadata:
-    """Where each token of a step goes and what it attends to. Decode tokens come first.
-
-    Ops with one attention call for the whole step get ``paged``; the others get the decodes'
-    and the prompt chunks' metadata apart."""
-
-    slot_mapping: torch.Tensor
-    num_decodes: int
-    paged: PagedAttentionInputs | None = None
-    decode_block_tables: torch.Tensor | None = None
-    decode_seq_lens: torch.Tensor | None = None
-    prefill_block_tables: torch.Tensor | None = None
-    prefill_cu_q_lens: torch.Tensor | None = None
-    prefill_seq_lens: torch.Tensor | None = None
-    lora: LoraStep | None = None
-    """The step's runs of tokens per adapter slot, when some request uses an adapter."""
 
 
 @dataclass
@@ -56,7 +38,7 @@ class DecoderModel:
         self,
         spec: ModelSpec,
         tensors: dict[str, torch.Tensor],
-        ops: ReferenceOps,
+        ops: Ops,
         cos: torch.Tensor,
         sin: torch.Tensor,
         all_reduce: Callable[[torch.Tensor], object] | None = None,
@@ -116,7 +98,6 @@ class DecoderModel:
         sin = self.sin[positions].to(self.dtype)
         h = F.embedding(input_ids, self.embed)
         tokens = h.shape[0]
-        nd = meta.num_decodes
         residual = h
         x, _ = ops.rms_norm(h, self.layers[0].input_norm, eps)
         last = len(self.layers) - 1
@@ -135,7 +116,7 @@ class DecoderModel:
                 k, _ = ops.rms_norm(k, layer.k_norm, eps)
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = self._attention(q, k_cache, v_cache, meta, tokens, nd).view(tokens, -1)
+            attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
@@ -161,31 +142,6 @@ class DecoderModel:
         if runs is not None:
             a, b = self.lora.layers[layer][group]
             self.ops.lora_add(y, x, a, b, runs, self.lora.parts[group])
-
-    def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata, tokens: int, nd: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        ops, window = self.ops, self.spec.sliding_window
-        if meta.paged is not None:
-            return ops.attention(q, k_cache, v_cache, meta.paged, self.scale, window)
-        if nd == tokens:
-            return ops.attention_decode(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, window
-            )
-        attn = torch.empty_like(q)
-        if nd:
-            attn[:nd] = ops.attention_decode(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, window
-            )
-        attn[nd:] = ops.attention_prefill(
-            q[nd:],
-            k_cache,
-            v_cache,
-            meta.prefill_block_tables,
-            meta.prefill_cu_q_lens,
-            meta.prefill_seq_lens,
-            self.scale,
-            window,
-        )
-        return attn
 
     def _linear_all_reduce(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         y = self.ops.linear(x, w)

@@ -4,21 +4,33 @@
 CPUs; ``cuda`` runs Triton kernels on CUDA GPUs (and, under ``TRITON_INTERPRET=1``, on the CPU
 for tests); ``npu`` runs Ascend's fused kernels through torch_npu (imported only when chosen).
 Models call only these ops (plus plain tensor indexing), so a device is supported by
-implementing them. Every implementation sits behind the same contract check
-(:mod:`.contract`).
+implementing them. :class:`.interface.Ops` is the interface every implementation and wrapper
+provides; every implementation sits behind the same contract check (:mod:`.contract`).
 """
 
 from __future__ import annotations
 
 from .contract import CheckedOps, ContractError, limits_for
+from .interface import Ops
+from .metadata import AttentionMetadata, PagedAttentionInputs
 from .reference import LinearWeight, ReferenceOps
 
-__all__ = ["CheckedOps", "ContractError", "LinearWeight", "ReferenceOps", "create_ops", "select_ops"]
+__all__ = [
+    "AttentionMetadata",
+    "CheckedOps",
+    "ContractError",
+    "LinearWeight",
+    "Ops",
+    "PagedAttentionInputs",
+    "ReferenceOps",
+    "create_ops",
+    "select_ops",
+]
 
 OPS_NAMES = ("auto", "reference", "cpu", "cuda", "npu")
 
 
-def create_ops(device: str, name: str = "auto") -> ReferenceOps:
+def create_ops(device: str, name: str = "auto") -> Ops:
     """The implementation for ``device``: ``auto`` picks the tuned one."""
     if name not in OPS_NAMES:
         raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .interface import Ops, OpsWrapper
 from .metadata import PagedAttentionInputs
 from .reference import LinearWeight
 
@@ -47,17 +48,12 @@ def in_blocks(fn, x: torch.Tensor, *args):  # type: ignore[no-untyped-def]
     return torch.cat(outs)[:rows]
 
 
-class BatchInvariantOps:
+class BatchInvariantOps(OpsWrapper):
     """Wraps an ops implementation; everything not overridden here is the implementation's own."""
 
-    def __init__(self, inner):  # type: ignore[no-untyped-def]
-        self.inner = inner
-        self.name = inner.name
-        self.unified_attention = inner.unified_attention
+    def __init__(self, inner: Ops):
+        super().__init__(inner)
         self._expanded: tuple[object, object] | None = None
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.inner, name)
 
     # --- rows ---------------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
@@ -83,7 +79,7 @@ class BatchInvariantOps:
         return in_blocks(self.inner.rms_norm, h, weight, eps)[0], h
 
     def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.inner.name == "cpu" and getattr(self.inner, "kernels", False):
+        if self.inner.name == "cpu" and self.kernels:
             return self.inner.argmax_logsumexp(logits)  # one row per task in the C++ kernel
         return in_blocks(self.inner.argmax_logsumexp, logits)
 
@@ -94,41 +90,30 @@ class BatchInvariantOps:
             y[first:end] += in_blocks(torch.mm, u, b[slot])
 
     # --- attention: every query token on its own ----------------------------------------------
-    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        tables, lens = self._as_decodes(block_tables, cu_q_lens, seq_lens)
-        return self.inner.attention_decode(q, k_cache, v_cache, tables, lens, scale, window)
-
     def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
         if paged.max_q_len <= 1:
             return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
-        tables, lens = self._as_decodes(paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens)
-        tokens = q.shape[0]
-        decodes = PagedAttentionInputs(
-            block_tables=tables,
-            cu_q_lens=torch.arange(tokens + 1, dtype=torch.int32, device=q.device),
-            seq_lens=lens,
-            max_q_len=1,
-            host_cu_q_lens=list(range(tokens + 1)),
-            host_seq_lens=lens.tolist(),
-        )
-        return self.inner.attention(q, k_cache, v_cache, decodes, scale, window)
+        return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window)
 
-    def _as_decodes(self, block_tables: torch.Tensor, cu, lens):  # type: ignore[no-untyped-def]
-        """One row per query token: its sequence's block table and its own length (position + 1).
-        Worked out once per step (every layer gets the same tables); ``cu``/``lens`` are host lists
-        or tensors."""
+    def _as_decodes(self, paged: PagedAttentionInputs) -> PagedAttentionInputs:
+        """One decode per query token: its sequence's block table and its own length (position
+        + 1). Worked out once per step (every layer gets the same inputs)."""
         cached = self._expanded
-        if cached is not None and cached[0] is block_tables:
-            return cached[1]
-        cu = cu if isinstance(cu, list) else cu.tolist()
-        lens = lens if isinstance(lens, list) else lens.tolist()
+        if cached is not None and cached[0] is paged.block_tables:
+            return cached[1]  # type: ignore[return-value]
+        cu, lens = paged.host_cu_q_lens, paged.host_seq_lens
         counts = [b - a for a, b in zip(cu, cu[1:])]
         owner = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         own_lens = [n - m + 1 + j for n, m in zip(lens, counts) for j in range(m)]
-        dev = block_tables.device
-        result = (
-            block_tables.index_select(0, owner.to(dev)).contiguous(),
-            torch.tensor(own_lens, dtype=torch.int32, device=dev),
+        dev, tokens = paged.block_tables.device, len(own_lens)
+        decodes = PagedAttentionInputs(
+            block_tables=paged.block_tables.index_select(0, owner.to(dev)).contiguous(),
+            cu_q_lens=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(own_lens, dtype=torch.int32, device=dev),
+            max_q_len=1,
+            host_cu_q_lens=list(range(tokens + 1)),
+            host_seq_lens=own_lens,
+            num_decodes=tokens,
         )
-        self._expanded = (block_tables, result)
-        return result
+        self._expanded = (paged.block_tables, decodes)
+        return decodes

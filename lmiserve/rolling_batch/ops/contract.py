@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .interface import Ops, OpsWrapper
+
 
 class ContractError(ValueError):
     """Inputs that an ops implementation must not be given."""
@@ -101,21 +103,14 @@ def check_cumulative(cu_q_lens: list[int], seq_lens: list[int], tokens: int) -> 
             raise ContractError(f"sequence {s} has {b - a} query tokens but only {seq_lens[s]} tokens in all")
 
 
-class CheckedOps:
-    """An ops implementation behind the contract. Methods that do not touch the paged cache
-    are the implementation's own (no overhead); the others check their inputs first."""
+class CheckedOps(OpsWrapper):
+    """An ops implementation behind the contract. Ops that do not touch the paged cache are
+    the implementation's own (no overhead); the others check their inputs first."""
 
-    def __init__(self, ops, limits: Limits = DEFAULT_LIMITS):  # type: ignore[no-untyped-def]
-        self.inner = ops
+    def __init__(self, ops: Ops, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(ops)
         self.limits = limits
-        self.name = ops.name
         self._checked: dict[str, tuple[torch.Tensor, ...]] = {}
-        unchecked = ("prepare_linear", "linear", "prepare_gate_up", "gate_up_swiglu", "rms_norm", "add_rms_norm")
-        for attr in (*unchecked, "swiglu", "rotary", "argmax_logsumexp", "top_k_top_p"):
-            setattr(self, attr, getattr(ops, attr))
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.inner, name)
 
     def _seen(self, kind: str, *tensors: torch.Tensor) -> bool:
         """True when these very tensors passed last time (every layer of a step gets the same
@@ -149,27 +144,6 @@ class CheckedOps:
         if q.dim() != 3 or q.shape[2] != k_cache.shape[3]:
             raise ContractError(f"the query must be (tokens, heads, head_dim), got {tuple(q.shape)}")
         check_model(q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], self.limits)
-
-    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        self._attention_inputs(q, k_cache, v_cache)
-        if not self._seen("decode", block_tables, seq_lens):
-            lens = seq_lens.tolist()
-            if len(lens) != q.shape[0]:
-                raise ContractError(f"{q.shape[0]} decode queries but {len(lens)} sequence lengths")
-            check_seq_lens(lens)
-            check_block_table(block_tables, lens, k_cache.shape[1])
-            self._checked["decode"] = (block_tables, seq_lens)
-        return self.inner.attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-
-    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        self._attention_inputs(q, k_cache, v_cache)
-        if not self._seen("prefill", block_tables, cu_q_lens, seq_lens):
-            lens = seq_lens.tolist()
-            check_seq_lens(lens)
-            check_cumulative(cu_q_lens.tolist(), lens, q.shape[0])
-            check_block_table(block_tables, lens, k_cache.shape[1])
-            self._checked["prefill"] = (block_tables, cu_q_lens, seq_lens)
-        return self.inner.attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window)
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
         """Shapes that agree; runs in order, inside the step's rows, each naming a slot of the pool
@@ -205,5 +179,8 @@ class CheckedOps:
                 (b - a for a, b in zip(paged.host_cu_q_lens, paged.host_cu_q_lens[1:])), default=0
             ):
                 raise ContractError(f"max_q_len {paged.max_q_len} is not the longest run of query rows")
+            nd, cu = paged.num_decodes, paged.host_cu_q_lens
+            if not 0 <= nd <= len(lens) or any(cu[i + 1] - cu[i] != 1 for i in range(nd)):
+                raise ContractError(f"the first {nd} sequences must be decodes of one query row each")
             self._checked["paged"] = (paged.block_tables,)
         return self.inner.attention(q, k_cache, v_cache, paged, scale, window)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ...devices import cpu_flags
+from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
 from .reference import LinearWeight, ReferenceOps
 
 log = logging.getLogger("lmiserve.ops")
@@ -223,11 +224,6 @@ class CpuOps(ReferenceOps):
             return torch.ops.lmiserve_cpu.rotate_store_(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads)
         return super().rotate_and_store(qkv, heads, cos, sin, k_cache, v_cache, slot_mapping)
 
-    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        if not self.kernels:
-            return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-        return torch.ops.lmiserve_cpu.paged_attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-
     # fused element-wise ops for half-precision activations (fp32 keeps the reference ops,
     # whose rounding matches transformers step for step)
     def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
@@ -268,9 +264,34 @@ class CpuOps(ReferenceOps):
             return super().argmax_logsumexp(logits)
         return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
 
-    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+        """Decodes and prompt chunks each in a kernel of their own."""
+        decodes, prompts = paged.parts()
+        if not prompts.num_seqs:
+            return self._decode(q, k_cache, v_cache, decodes, scale, window)
+        if not decodes.num_seqs:
+            return self._prefill(q, k_cache, v_cache, prompts, scale, window)
+        nd = decodes.num_seqs
+        out = torch.empty_like(q)
+        out[:nd] = self._decode(q[:nd], k_cache, v_cache, decodes, scale, window)
+        out[nd:] = self._prefill(q[nd:], k_cache, v_cache, prompts, scale, window)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, rows: DecodeRows, scale, window):  # type: ignore[no-untyped-def]
+        """One query row per sequence: the C++ kernel reading the paged cache in place."""
+        if not self.kernels:
+            out = torch.empty_like(q)
+            for b, length in enumerate(rows.seq_lens.tolist()):
+                out[b] = self._attend(q[b : b + 1], k_cache, v_cache, rows.block_tables[b], length, scale, window)[0]
+            return out
+        return torch.ops.lmiserve_cpu.paged_attention_decode(
+            q, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale, window
+        )
+
+    def _prefill(self, q, k_cache, v_cache, rows: PromptRows, scale, window):  # type: ignore[no-untyped-def]
         """Half precision: the C++ kernel, reading the paged cache in place (about twice torch's
-        fused attention at 190-token prompts). fp32 keeps torch's, whose sums match transformers'."""
+        fused attention). fp32 keeps torch's, whose sums match transformers'."""
+        block_tables, cu_q_lens, seq_lens = rows.block_tables, rows.cu_q_lens, rows.seq_lens
         if self.kernels and q.dtype in _HALF and q.stride(-1) == 1:
             return torch.ops.lmiserve_cpu.paged_attention_prefill(
                 q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window

@@ -25,7 +25,6 @@ _HALF = (torch.float16, torch.bfloat16)
 
 class CudaOps(ReferenceOps):
     name = "cuda"
-    unified_attention = True
 
     def __init__(self) -> None:
         from . import triton_kernels
@@ -38,17 +37,6 @@ class CudaOps(ReferenceOps):
     def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
         return self.kernels.paged_attention(
             q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, paged.max_q_len, scale, window
-        )
-
-    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-        return self.kernels.paged_attention(q, k_cache, v_cache, block_tables, cu, seq_lens, 1, scale, window)
-
-    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        bounds = cu_q_lens.tolist()
-        longest = max((b - a for a, b in zip(bounds, bounds[1:])), default=0)
-        return self.kernels.paged_attention(
-            q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, longest, scale, window
         )
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]

@@ -1,8 +1,9 @@
-"""What the attention ops are told about a step: where each sequence's tokens are."""
+"""What the ops are told about a step: where each token's key and value go, where each
+sequence's query rows are, and which adapter each row uses."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,7 +14,8 @@ class PagedAttentionInputs:
 
     Sequence ``s`` owns query rows ``cu_q_lens[s]:cu_q_lens[s+1]``, the last of its
     ``seq_lens[s]`` tokens, whose blocks are row ``s`` of ``block_tables``. The host copies
-    size kernel launches and feed the contract check without reading the device.
+    size kernel launches and feed the contract check without reading the device. Ops that run
+    decodes and prompt chunks in kernels of their own take them apart with :meth:`parts`.
     """
 
     block_tables: torch.Tensor
@@ -25,10 +27,65 @@ class PagedAttentionInputs:
     max_q_len: int
     host_cu_q_lens: list[int]
     host_seq_lens: list[int]
+    num_decodes: int = 0
+    """The leading sequences that decode (one query row each)."""
+    _parts: tuple[DecodeRows, PromptRows] | None = field(default=None, repr=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.host_seq_lens)
+
+    @classmethod
+    def of(
+        cls, block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor, num_decodes: int | None = None
+    ) -> PagedAttentionInputs:
+        """From device tensors alone (tests, tools): the host copies are read from them once;
+        unless said otherwise, the leading sequences with one query row count as decodes."""
+        cu, lens = cu_q_lens.tolist(), seq_lens.tolist()
+        runs = [b - a for a, b in zip(cu, cu[1:])]
+        if num_decodes is None:
+            num_decodes = next((i for i, n in enumerate(runs) if n != 1), len(runs))
+        return cls(block_tables, cu_q_lens, seq_lens, max(runs, default=0), cu, lens, num_decodes)
+
+    def parts(self) -> tuple[DecodeRows, PromptRows]:
+        """The decodes (rows ``0:num_decodes``) and the prompt chunks (the rows after them), each
+        with its own tables and lengths; worked out once per step (every layer asks)."""
+        if self._parts is None:
+            nd = self.num_decodes
+            decodes = DecodeRows(nd, self.block_tables[:nd], self.seq_lens[:nd])
+            cu = self.cu_q_lens[nd:] - nd if nd else self.cu_q_lens
+            prompts = PromptRows(self.num_seqs - nd, self.block_tables[nd:], cu, self.seq_lens[nd:])
+            self._parts = (decodes, prompts)
+        return self._parts
+
+
+@dataclass
+class DecodeRows:
+    """The decodes of a step: query row ``s`` is the last token of sequence ``s``."""
+
+    num_seqs: int
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+@dataclass
+class PromptRows:
+    """The prompt chunks of a step, their query rows counted from the first chunk's."""
+
+    num_seqs: int
+    block_tables: torch.Tensor
+    cu_q_lens: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a step goes and what it attends to (decode tokens come first)."""
+
+    slot_mapping: torch.Tensor
+    paged: PagedAttentionInputs
+    lora: LoraStep | None = None
+    """The step's runs of tokens per adapter slot, when some request uses an adapter."""
 
 
 @dataclass

@@ -16,12 +16,10 @@ operator documentation):
   (``actual_seq_lengths_kv``), the int32 block table, and ``sparse_mode=3``
   (causal, aligned to the bottom right, so a chunk continuing a cached prefix sees all of it)
   with the kernel's 2048 x 2048 mask in which True means masked.
-- Decode: the same kernel in the BSH layout, one query token per sequence.
-  The kernel takes fp16 and bf16 only: an fp32 model's attention runs the reference ops
-  (plain torch, on the NPU).
-- The engine's step (:meth:`NpuOps.attention`): decodes and prompt chunks together in one TND
-  call per layer (a decode is a sequence of one query token), its lengths taken from the
-  step's host copies, so the device is never read for them.
+- Decodes: the same call (:meth:`NpuOps.attention`): decodes and prompt chunks together in one
+  TND call per layer (a decode is a sequence of one query token), its lengths taken from the
+  step's host copies, so the device is never read for them. The kernel takes fp16 and bf16
+  only: an fp32 model's attention runs the reference ops (plain torch, on the NPU).
 - RMSNorm ``npu_rms_norm`` (it returns ``(y, rstd)`` like our interface), SwiGLU ``npu_swiglu``,
   rotary ``npu_apply_rotary_pos_emb`` (TND, half layout, head sizes 64 and 128) else
   ``npu_rotary_mul``, top-k/top-p ``npu_top_k_top_p`` (k between 1 and 1024).
@@ -42,7 +40,6 @@ ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 
 class NpuOps(ReferenceOps):
     name = "npu"
-    unified_attention = True
 
     def __init__(self) -> None:
         import torch_npu
@@ -50,7 +47,6 @@ class NpuOps(ReferenceOps):
         self.npu = torch_npu
         self._masks: dict[torch.device, torch.Tensor] = {}
         self._slots: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._lengths: dict[str, tuple[tuple[torch.Tensor, ...], tuple[list[int], ...]]] = {}
 
     # --- normalisation, activation, rotary ----------------------------------------------
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,39 +115,12 @@ class NpuOps(ReferenceOps):
             self._masks[device] = mask
         return mask
 
-    def _host_lengths(self, kind: str, *tensors: torch.Tensor) -> tuple[list[int], ...]:
-        """The kernel takes lengths as host integers: read them once per step, not per layer."""
-        cached = self._lengths.get(kind)
-        if cached is not None and all(a is b for a, b in zip(cached[0], tensors)):
-            return cached[1]
-        values = tuple(t.tolist() for t in tensors)
-        self._lengths[kind] = (tensors, values)
-        return values
-
-    def attention_decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        if window > 0:
-            raise NotImplementedError("sliding-window attention is not available on NPUs")
-        if q.dtype not in ATTENTION_DTYPES:
-            return super().attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
-        batch, heads, dim = q.shape
-        (lens,) = self._host_lengths("decode", seq_lens)
-        out = self._fused(q.reshape(batch, 1, heads * dim), k_cache, v_cache, heads, block_tables, lens, scale, "BSH")
-        return out.view(batch, heads, dim)
-
     def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
         if q.dtype not in ATTENTION_DTYPES:
             return super().attention(q, k_cache, v_cache, paged, scale)
         return self._tnd(q, k_cache, v_cache, paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens, scale)
-
-    def attention_prefill(self, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window=0):  # type: ignore[no-untyped-def]
-        if window > 0:
-            raise NotImplementedError("sliding-window attention is not available on NPUs")
-        if q.dtype not in ATTENTION_DTYPES:
-            return super().attention_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
-        cu, lens = self._host_lengths("prefill", cu_q_lens, seq_lens)
-        return self._tnd(q, k_cache, v_cache, block_tables, cu, lens, scale)
 
     def _tnd(self, q, k_cache, v_cache, block_tables, cu, lens, scale):  # type: ignore[no-untyped-def]
         """Query rows of many sequences (TND), causal and aligned to each sequence's end."""

@@ -9,28 +9,12 @@ Query heads are grouped contiguously over KV heads: head ``h`` reads KV head
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
+from .interface import LinearWeight, Ops
 from .metadata import LoraStep, PagedAttentionInputs
-
-
-@dataclass
-class LinearWeight:
-    """A weight prepared for :meth:`ReferenceOps.linear` (backends may pack it)."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None = None
-    packed: torch.Tensor | None = None
-    packing: str = ""
-    """Whose layout ``packed`` is in (a backend's name for it); "" when nothing is packed."""
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
 
 
 def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -47,11 +31,10 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[t
     return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
 
 
-class ReferenceOps:
+class ReferenceOps(Ops):
+    """The :class:`~.interface.Ops` in plain torch; the device implementations fall back to it."""
+
     name = "reference"
-    unified_attention = False
-    """True: the model makes one :meth:`attention` call per layer for the whole step; False:
-    one :meth:`attention_decode` for the decodes and one :meth:`attention_prefill` for the rest."""
 
     # --- linear layers -----------------------------------------------------------------
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
@@ -159,37 +142,6 @@ class ReferenceOps:
         probs = torch.softmax(scores, dim=-1)
         return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
-    def attention_decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
-        scale: float,
-        window: int = 0,
-    ) -> torch.Tensor:
-        """One query token per sequence: q ``(B, H, D)``; ``seq_lens`` count that token."""
-        out = torch.empty_like(q)
-        for b, length in enumerate(seq_lens.tolist()):
-            out[b] = self._attend(q[b : b + 1], k_cache, v_cache, block_tables[b], length, scale, window)[0]
-        return out
-
-    def attention_prefill(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        cu_q_lens: torch.Tensor,
-        seq_lens: torch.Tensor,
-        scale: float,
-        window: int = 0,
-    ) -> torch.Tensor:
-        """Prompt chunks: q ``(T, H, D)`` with sequence ``s`` at rows ``cu_q_lens[s]:cu_q_lens[s+1]``,
-        continuing a cached prefix so that the sequence holds ``seq_lens[s]`` tokens in all."""
-        return self._each(q, k_cache, v_cache, block_tables, cu_q_lens.tolist(), seq_lens.tolist(), scale, window)
-
     def attention(
         self,
         q: torch.Tensor,
@@ -201,15 +153,11 @@ class ReferenceOps:
     ) -> torch.Tensor:
         """Every sequence of the step at once: q ``(T, H, D)``, sequence ``s`` at rows
         ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens."""
-        tables = paged.block_tables
-        return self._each(q, k_cache, v_cache, tables, paged.host_cu_q_lens, paged.host_seq_lens, scale, window)
-
-    def _each(self, q, k_cache, v_cache, block_tables, bounds, lengths, scale, window):  # type: ignore[no-untyped-def]
-        """Each sequence's rows ``bounds[s]:bounds[s+1]`` of ``q`` attended on their own."""
         out = torch.empty_like(q)
-        for s, length in enumerate(lengths):
+        bounds, tables = paged.host_cu_q_lens, paged.block_tables
+        for s, length in enumerate(paged.host_seq_lens):
             lo, hi = bounds[s], bounds[s + 1]
-            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, block_tables[s], length, scale, window)
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, tables[s], length, scale, window)
         return out
 
     # --- LoRA ---------------------------------------------------------------------------

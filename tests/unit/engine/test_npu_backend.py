@@ -14,6 +14,7 @@ import torch
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.wire import SamplingParams
 
+from .attention_calls import decode, prefill
 from .engine_helpers import hf_greedy, make_engine, run
 from .test_ops import LENGTHS, dense_attention, paged
 
@@ -41,12 +42,14 @@ def test_decode_matches_dense(npu_ops, fake_npu, heads, kv_heads):
     dim = 32
     k_cache, v_cache, tables, dense = paged(LENGTHS, kv_heads, dim, num_blocks=128, dtype=torch.float16)
     q = torch.randn(len(LENGTHS), heads, dim).half()
-    out = npu_ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor(LENGTHS, dtype=torch.int32), dim**-0.5)
+    out = decode(npu_ops, q, k_cache, v_cache, tables, torch.tensor(LENGTHS, dtype=torch.int32), dim**-0.5)
     for s, n in enumerate(LENGTHS):
         expected = dense_attention(q[s : s + 1], *dense[s], causal_offset=n - 1)
         assert torch.allclose(out[s : s + 1].double(), expected, atol=1e-2), n
     (call,) = calls(fake_npu, "npu_fused_infer_attention_score")
-    assert call["input_layout"] == "BSH" and call["query_shape"] == (len(LENGTHS), 1, heads * dim)
+    # one query row per sequence, in the layout of the engine's steps (TND)
+    assert call["input_layout"] == "TND" and call["query_shape"] == (len(LENGTHS), heads, dim)
+    assert call["actual_seq_lengths"] == list(range(1, len(LENGTHS) + 1))
     assert call["actual_seq_lengths_kv"] == LENGTHS and call["block_table_dtype"] == torch.int32
     assert call["key_shape"] == (128, 16, kv_heads * dim) and call["num_key_value_heads"] == kv_heads
 
@@ -57,7 +60,7 @@ def test_chunked_prefill_over_a_cached_prefix(npu_ops, fake_npu):
     k_cache, v_cache, tables, dense = paged(totals, kv_heads, dim, num_blocks=64, dtype=torch.bfloat16)
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(sum(chunks), heads, dim).bfloat16()
-    out = npu_ops.attention_prefill(q, k_cache, v_cache, tables, cu, torch.tensor(totals, dtype=torch.int32), dim**-0.5)
+    out = prefill(npu_ops, q, k_cache, v_cache, tables, cu, torch.tensor(totals, dtype=torch.int32), dim**-0.5)
     for s, (total, n) in enumerate(zip(totals, chunks)):
         lo = int(cu[s])
         expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n)
@@ -121,7 +124,7 @@ def test_fp32_attention_runs_the_reference_ops(npu_ops, fake_npu):
     """The fused attention kernel takes fp16/bf16 only; an fp32 model attends with plain torch."""
     k_cache, v_cache, tables, dense = paged([5, 17], 2, 32, num_blocks=8)
     q = torch.randn(2, 4, 32)
-    out = npu_ops.attention_decode(q, k_cache, v_cache, tables, torch.tensor([5, 17], dtype=torch.int32), 32**-0.5)
+    out = decode(npu_ops, q, k_cache, v_cache, tables, torch.tensor([5, 17], dtype=torch.int32), 32**-0.5)
     for s, n in enumerate([5, 17]):
         assert torch.allclose(out[s : s + 1].double(), dense_attention(q[s : s + 1], *dense[s], n - 1), atol=1e-5)
     assert not calls(fake_npu, "npu_fused_infer_attention_score")

@@ -6,6 +6,7 @@ import torch
 from lmiserve.rolling_batch.ops import CheckedOps, ContractError, ReferenceOps, select_ops
 from lmiserve.rolling_batch.ops.contract import DEFAULT_LIMITS, NPU_LIMITS, check_model
 
+from .attention_calls import decode, prefill
 from .test_ops import dense_attention, paged
 
 
@@ -21,7 +22,7 @@ def decode_inputs(lengths=(5, 20), heads=4, kv_heads=2, dim=16):
 
 def test_valid_inputs_pass_and_give_the_inner_result():
     q, kc, vc, tables, lens, dense = decode_inputs()
-    out = checked().attention_decode(q, kc, vc, tables, lens, 0.25)
+    out = decode(checked(), q, kc, vc, tables, lens, 0.25)
     expected = dense_attention(q[1:2], *dense[1], causal_offset=19)
     assert torch.allclose(out[1:2].double(), expected, atol=1e-5)
 
@@ -54,18 +55,18 @@ def test_model_limits_accept_npu_shapes():
 def test_block_table_must_be_int32_with_enough_rows_and_columns():
     q, kc, vc, tables, lens, _ = decode_inputs()
     with pytest.raises(ContractError, match="int32"):
-        checked().attention_decode(q, kc, vc, tables.long(), lens, 0.25)
+        decode(checked(), q, kc, vc, tables.long(), lens, 0.25)
     with pytest.raises(ContractError, match="one row per sequence"):
-        checked().attention_decode(q, kc, vc, tables[:1], lens, 0.25)
+        decode(checked(), q, kc, vc, tables[:1], lens, 0.25)
     with pytest.raises(ContractError, match="longest sequence needs 2 blocks"):
-        checked().attention_decode(q, kc, vc, tables[:, :1].contiguous(), lens, 0.25)
+        decode(checked(), q, kc, vc, tables[:, :1].contiguous(), lens, 0.25)
 
 
 def test_inputs_must_be_contiguous():
     q, kc, vc, tables, lens, _ = decode_inputs()
     strided = torch.randn(2, 16, 4).transpose(1, 2)  # (2, 4, 16), not contiguous
     with pytest.raises(ContractError, match="query must be contiguous"):
-        checked().attention_decode(strided, kc, vc, tables, lens, 0.25)
+        decode(checked(), strided, kc, vc, tables, lens, 0.25)
     k = torch.randn(3, 16, 2).transpose(1, 2)
     with pytest.raises(ContractError, match="key must be contiguous"):
         checked().write_kv(k, torch.randn(3, 2, 16), kc, vc, torch.tensor([0, 1, 2]))
@@ -74,7 +75,7 @@ def test_inputs_must_be_contiguous():
 def test_cache_block_size_is_checked_per_device():
     q, kc, vc, tables, lens, _ = decode_inputs()
     with pytest.raises(ContractError, match="multiple of 128"):
-        checked(NPU_LIMITS).attention_decode(q, kc, vc, tables, lens, 0.25)
+        decode(checked(NPU_LIMITS), q, kc, vc, tables, lens, 0.25)
 
 
 @pytest.mark.parametrize(
@@ -91,13 +92,13 @@ def test_cumulative_lengths(cu, fragment):
     q = torch.randn(12, 4, 16)
     seq_lens = torch.tensor([6, 30], dtype=torch.int32)
     with pytest.raises(ContractError, match=fragment):
-        checked().attention_prefill(q, k_cache, v_cache, tables, torch.tensor(cu, dtype=torch.int32), seq_lens, 0.25)
+        prefill(checked(), q, k_cache, v_cache, tables, torch.tensor(cu, dtype=torch.int32), seq_lens, 0.25)
 
 
 def test_a_step_is_checked_once_and_a_new_step_again():
     q, kc, vc, tables, lens, _ = decode_inputs()
     ops = checked()
-    ops.attention_decode(q, kc, vc, tables, lens, 0.25)
-    ops.attention_decode(q, kc, vc, tables, lens, 0.25)  # same step tensors: passed before
+    decode(ops, q, kc, vc, tables, lens, 0.25)
+    decode(ops, q, kc, vc, tables, lens, 0.25)  # same step tensors: passed before
     with pytest.raises(ContractError):
-        ops.attention_decode(q, kc, vc, tables.long(), lens, 0.25)  # a new step's table is checked
+        decode(ops, q, kc, vc, tables.long(), lens, 0.25)  # a new step's table is checked

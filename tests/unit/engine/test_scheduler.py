@@ -1,11 +1,15 @@
 """The scheduler with a fake model: each step appends token 1 to every sequence that samples."""
 
 from lmiserve.rolling_batch.block_manager import BlockManager
-from lmiserve.rolling_batch.scheduler import Scheduler
+from lmiserve.rolling_batch.scheduler import Scheduler, SchedulerConfig
 from lmiserve.rolling_batch.sequence import Group, Sequence, Status
 from lmiserve.wire import SamplingParams
 
 BS = 4
+
+
+def scheduler(blocks: BlockManager, **limits) -> Scheduler:
+    return Scheduler(SchedulerConfig(**limits), blocks)
 
 
 def request(rid, prompt_len, max_new=4, best_of=1, first_token=0):
@@ -37,7 +41,7 @@ def run(sched: Scheduler, max_steps=500):
 
 
 def test_long_prompt_is_prefilled_in_chunks_beside_running_decodes():
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=8, max_model_len=256)
+    sched = scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=8, max_model_len=256)
     short = request("short", 3, max_new=10)
     sched.add(short)
     step(sched)  # short prefilled, now decoding
@@ -55,7 +59,7 @@ def test_long_prompt_is_prefilled_in_chunks_beside_running_decodes():
 
 def test_preempted_sequence_is_recomputed_and_finishes():
     # room for 6 blocks of 4 tokens: two sequences cannot both grow to 16 tokens
-    sched = Scheduler(BlockManager(6, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = scheduler(BlockManager(6, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
     a, b = request("a", 6, max_new=10), request("b", 6, max_new=10, first_token=50)
     sched.add(a)
     sched.add(b)
@@ -69,7 +73,7 @@ def test_preempted_sequence_is_recomputed_and_finishes():
 
 
 def test_waiting_request_waits_for_blocks_instead_of_failing():
-    sched = Scheduler(BlockManager(4, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16)
+    sched = scheduler(BlockManager(4, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16)
     a, b = request("a", 12, max_new=2), request("b", 12, max_new=2, first_token=40)
     sched.add(a)
     sched.add(b)
@@ -81,7 +85,7 @@ def test_waiting_request_waits_for_blocks_instead_of_failing():
 
 
 def test_running_limit():
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    sched = scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
     groups = [request(f"r{i}", 3, max_new=3, first_token=10 * i) for i in range(5)]
     for g in groups:
         sched.add(g)
@@ -92,19 +96,20 @@ def test_running_limit():
 
 
 def test_abort_frees_blocks_by_the_next_step():
-    sched = Scheduler(BlockManager(16, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = scheduler(BlockManager(16, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
     g = request("gone", 9, max_new=50)
     sched.add(g)
     step(sched)
     assert sched.blocks.num_used_blocks == 3
-    sched.abort("gone")
+    for seq in g.sequences:
+        sched.finish(seq, "abort")
     assert sched.blocks.num_free_blocks == 16
     assert g.leader.finish_reason == "abort"
     assert not sched.schedule()
 
 
 def test_siblings_wait_for_the_leader_then_hit_the_prefix_cache():
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
     g = request("n", 10, max_new=3, best_of=3)
     sched.add(g)
     first = step(sched)
@@ -118,7 +123,7 @@ def test_siblings_wait_for_the_leader_then_hit_the_prefix_cache():
 
 
 def test_prefix_cache_hits_across_requests():
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
     first = request("a", 13, max_new=1)
     sched.add(first)
     run(sched)
@@ -130,7 +135,7 @@ def test_prefix_cache_hits_across_requests():
 
 
 def test_max_prefill_seqs_limits_the_prompts_of_one_step():
-    sched = Scheduler(
+    sched = scheduler(
         BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, max_prefill_seqs=2
     )
     groups = [request(f"r{i}", 3, max_new=2, first_token=10 * i) for i in range(5)]
@@ -145,8 +150,12 @@ def test_max_prefill_seqs_limits_the_prompts_of_one_step():
 def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes_the_budget():
     """Prompts arriving together are prefilled in one step and then decode in step; a prompt that
     arrives while others decode is taken in small chunks, so their streams are not held up."""
-    sched = Scheduler(
-        BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, decode_prefill_tokens=6
+    sched = scheduler(
+        BlockManager(64, BS),
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        max_decode_step_prefill_tokens=6,
     )
     for rid in "ab":
         sched.add(request(rid, 20, max_new=8))
@@ -164,13 +173,13 @@ def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes
 
 def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> Scheduler:
     """A scheduler with a CPU's 2,048-token step budget, under a per-sequence prompt share."""
-    return Scheduler(
+    return scheduler(
         BlockManager(512, BS),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=2048,
         max_model_len=512,
-        decode_prefill_tokens=cap,
-        prefill_tokens_per_seq=per_seq,
+        max_decode_step_prefill_tokens=cap,
+        decode_step_prefill_tokens_per_sequence=per_seq,
     )
 
 

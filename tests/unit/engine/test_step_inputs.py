@@ -70,7 +70,7 @@ def test_tensors_for_one_call_and_for_decode_and_prefill_calls(seed):
     out = _random_step(seed)
     arrays = build_step_arrays(out, BS)
     nd = len(out.decodes)
-    ids, pos, meta = step_tensors(arrays, "cpu", unified=True)
+    ids, pos, meta = step_tensors(arrays, "cpu")
     assert ids.dtype == pos.dtype == meta.slot_mapping.dtype == torch.long
     assert meta.slot_mapping.tolist() == arrays.slots.tolist()
     paged = meta.paged
@@ -78,14 +78,14 @@ def test_tensors_for_one_call_and_for_decode_and_prefill_calls(seed):
     assert paged.cu_q_lens.tolist() == paged.host_cu_q_lens == arrays.cu_q_lens.tolist()
     assert paged.seq_lens.tolist() == paged.host_seq_lens == arrays.seq_lens.tolist()
     assert paged.max_q_len == arrays.max_q_len
-    _, _, split = step_tensors(arrays, "cpu", unified=False)
-    assert split.paged is None and split.num_decodes == nd
+    decodes, prompts = paged.parts()
+    assert paged.num_decodes == decodes.num_seqs == nd
     if nd:
-        assert split.decode_block_tables.tolist() == arrays.block_tables[:nd].tolist()
-        assert split.decode_seq_lens.tolist() == arrays.seq_lens[:nd].tolist()
+        assert decodes.block_tables.tolist() == arrays.block_tables[:nd].tolist()
+        assert decodes.seq_lens.tolist() == arrays.seq_lens[:nd].tolist()
     if out.prefills:
-        assert split.prefill_block_tables.tolist() == arrays.block_tables[nd:].tolist()
-        assert split.prefill_cu_q_lens.tolist() == (arrays.cu_q_lens[nd:] - nd).tolist()
-        assert split.prefill_seq_lens.tolist() == arrays.seq_lens[nd:].tolist()
+        assert prompts.block_tables.tolist() == arrays.block_tables[nd:].tolist()
+        assert prompts.cu_q_lens.tolist() == (arrays.cu_q_lens[nd:] - nd).tolist()
+        assert prompts.seq_lens.tolist() == arrays.seq_lens[nd:].tolist()
     else:
-        assert split.prefill_block_tables is None
+        assert prompts.num_seqs == 0

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import torch
 
-from lmiserve.rolling_batch.models.decoder import AttentionMetadata, DecoderModel
+from lmiserve.rolling_batch.models.decoder import DecoderModel
 from lmiserve.rolling_batch.models.rope import rope_tables
 from lmiserve.rolling_batch.models.spec import ModelSpec, read_config, spec_from_config
 from lmiserve.rolling_batch.models.weights import load_state_dict
 from lmiserve.rolling_batch.ops import select_ops
+from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentionInputs
 from lmiserve.rolling_batch.sharding import Shard, local_spec, shard_pieces, shard_state_dict
 
 BLOCK = 16
@@ -74,22 +75,21 @@ def step(decodes: list[tuple[list[int], int, int]], prefills: list[tuple[list[in
 
     for table, pos, token in decodes:
         add(table, pos, token)
-    cu = [0]
+    cu = list(range(len(decodes) + 1))
     for table, tokens, start in prefills:
         for i, token in enumerate(tokens):
             add(table, start + i, token)
         cu.append(cu[-1] + len(tokens))
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decodes=len(decodes))
     width = NUM_BLOCKS
-    if decodes:
-        meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t, _, _ in decodes], dtype=torch.int32)
-        meta.decode_seq_lens = torch.tensor([pos + 1 for _, pos, _ in decodes], dtype=torch.int32)
-    if prefills:
-        meta.prefill_block_tables = torch.tensor(
-            [t + [0] * (width - len(t)) for t, _, _ in prefills], dtype=torch.int32
-        )
-        meta.prefill_cu_q_lens = torch.tensor(cu, dtype=torch.int32)
-        meta.prefill_seq_lens = torch.tensor([start + len(tokens) for _, tokens, start in prefills], dtype=torch.int32)
+    tables = [t + [0] * (width - len(t)) for t, _, _ in decodes + prefills]
+    lens = [pos + 1 for _, pos, _ in decodes] + [start + len(tokens) for _, tokens, start in prefills]
+    paged = PagedAttentionInputs.of(
+        torch.tensor(tables, dtype=torch.int32),
+        torch.tensor(cu, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+        num_decodes=len(decodes),
+    )
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), paged=paged)
     return torch.tensor(ids), torch.tensor(positions), meta
 
 

@@ -7,6 +7,8 @@ from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.ops.triton_kernels import paged_attention
 from tests.unit.engine.test_ops import BS, dense_attention, paged
 
+from ..attention_calls import decode, prefill
+
 LENGTHS = [1, 15, 16, 17, 127, 128, 129]
 
 
@@ -68,7 +70,7 @@ def test_half_precision_close_to_the_reference(dtype):
     cu = torch.tensor([0, 1, 34, 44], dtype=torch.int32)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     got = _run(q, k_cache, v_cache, tables, [1, 33, 10], lengths)  # scale 64 ** -0.5 = 0.125
-    want = ReferenceOps().attention_prefill(q, k_cache, v_cache, tables, cu, seq_lens, 0.125)
+    want = prefill(ReferenceOps(), q, k_cache, v_cache, tables, cu, seq_lens, 0.125)
     assert got.dtype == dtype
     assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
@@ -92,8 +94,6 @@ def test_block_size_128():
     tables = torch.tensor([[5, 0, 0], [3, 0, 0], [7, 0, 0], [1, 2, 0], [9, 10, 11]], dtype=torch.int32)
     q = torch.randn(len(lengths), 8, 32)
     out = _run(q, k_cache, v_cache, tables, [1] * len(lengths), lengths)
-    want = ReferenceOps().attention_decode(
-        q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), 32**-0.5
-    )
+    want = decode(ReferenceOps(), q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), 32**-0.5)
     assert torch.allclose(out, want, atol=1e-5)
     assert BS == 16  # the shared helper's block size, used above

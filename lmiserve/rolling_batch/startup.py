@@ -1,0 +1,157 @@
+"""Starting an engine: the model's weights, the other tensor-parallel ranks, the adapters' slots,
+the KV cache in the memory left, the decode graphs, and the line that says what runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..devices import torch_dtype
+from . import graphs
+from .engine_config import EngineConfig
+from .guided import GuidedDecoder
+from .kv_memory import GIB, kv_cache_blocks
+from .lora.engine_adapters import EngineAdapters
+from .model_runner import ModelRunner
+from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
+from .parallel import WorkerRanks, agree_min, check_devices
+from .sampler import Sampler
+from .shard_check import check_shardable
+from .sharding import Shard
+
+log = logging.getLogger("lmiserve.engine")
+
+
+@dataclass
+class Loaded:
+    """What an engine runs on, once started."""
+
+    spec: ModelSpec
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    runner: ModelRunner
+    lora: EngineAdapters
+    guided: GuidedDecoder
+    num_blocks: int
+    block_bytes: int
+    ranks: WorkerRanks | None
+
+    def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
+
+
+def start(config: EngineConfig, on_rank_failure: Callable[[str], None] | None = None) -> Loaded:
+    """Load everything the engine needs; the other ranks are stopped again if anything fails."""
+    spec = spec_from_config(read_config(config.model_dir))
+    max_model_len = config.max_model_len or spec.max_position_embeddings
+    ranks = None
+    tp = config.tensor_parallel_degree
+    if tp > 1:
+        check_shardable(spec, tp)
+        check_devices(config.device, tp)
+        for_ranks = dataclasses.asdict(dataclasses.replace(config, max_model_len=max_model_len))
+        ranks = WorkerRanks(for_ranks, tp, config.device, on_rank_failure)
+    try:
+        return _load(config, spec, max_model_len, ranks)
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
+
+
+def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: WorkerRanks | None) -> Loaded:
+    """This process's weights and KV cache. With tensor parallelism the other ranks load their
+    shards meanwhile; the cache gets the number of blocks that fits on every rank."""
+    dtype, tp = torch_dtype(config.dtype), config.tensor_parallel_degree
+    runner = ModelRunner(
+        config.model_dir,
+        spec,
+        dtype,
+        config.device,
+        max_model_len,
+        config.block_size,
+        config.ops,
+        shard=Shard(0, tp) if tp > 1 else None,
+        deterministic=config.deterministic,
+    )
+    lora = EngineAdapters(config, spec, runner.model, dtype)
+    block_bytes = runner.block_bytes
+    num_blocks = kv_cache_blocks(config, max_model_len, block_bytes, config.device)
+    if ranks is not None:
+        ranks.join()
+        num_blocks = agree_min(num_blocks, config.device)
+    if num_blocks * config.block_size < max_model_len:
+        raise ValueError(
+            f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than max_model_len "
+            f"({max_model_len}); raise option.kv_cache_memory or lower option.max_model_len"
+        )
+    runner.allocate_cache(num_blocks)
+    if ranks is not None:
+        runner.channel = ranks.ready()
+    elif not config.enforce_eager:
+        backend = graphs.backend_for(config.device)
+        if backend is not None:
+            runner.capture_graphs(config.max_num_seqs, backend)
+    eos = eos_token_ids(config.model_dir, spec.eos_token_ids)
+    guided = GuidedDecoder(config.model_dir, spec.vocab_size, eos)
+    runner.sampler = Sampler(config.device, runner.ops, guided)
+    runner.eos_token_ids = eos
+    return Loaded(spec, max_model_len, eos, runner, lora, guided, num_blocks, block_bytes, ranks)
+
+
+def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: float) -> dict[str, Any]:
+    """What runs, for ``GET /models`` and the start-up log line (which this writes)."""
+    spec, runner, cfg = loaded.spec, loaded.runner, config
+    capacity = loaded.num_blocks * cfg.block_size
+    info: dict[str, Any] = {
+        "architecture": spec.architecture,
+        "dtype": cfg.dtype,
+        "device": cfg.device,
+        "ops": runner.ops.name,
+        "max_model_len": loaded.max_model_len,
+        "block_size": cfg.block_size,
+        "kv_blocks": loaded.num_blocks,
+        "kv_tokens": capacity,
+        "kv_bytes": loaded.num_blocks * loaded.block_bytes,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": step_tokens,
+        "decode_prefill_tokens": cfg.decode_prefill_tokens or step_tokens,
+        "decode_prefill_tokens_per_seq": cfg.decode_prefill_tokens_per_seq or "off",
+        "tensor_parallel_degree": cfg.tensor_parallel_degree,
+        "deterministic": "on" if cfg.deterministic else "off",
+        "decode_graphs": ",".join(map(str, runner.graphs.buckets)) if runner.graphs else "off",
+        **loaded.lora.info(),
+    }
+    if loaded.ranks is not None:
+        info["rank_pids"] = loaded.ranks.pids
+    log.info(
+        "engine ready in %.1f s: %s, %s on %s (%s ops); KV cache %d blocks x %d = %d tokens (%.2f GiB), "
+        "%.1f sequences of max_model_len %d",
+        time.monotonic() - started,
+        spec.architecture,
+        cfg.dtype,
+        cfg.device,
+        runner.ops.name,
+        loaded.num_blocks,
+        cfg.block_size,
+        capacity,
+        info["kv_bytes"] / GIB,
+        capacity / loaded.max_model_len,
+        loaded.max_model_len,
+    )
+    if loaded.ranks is not None:
+        log.info(
+            "tensor parallel degree %d: each rank holds %d of %d query heads and %d of %d KV heads; "
+            "the KV cache above is per rank",
+            cfg.tensor_parallel_degree,
+            runner.spec.num_heads,
+            spec.num_heads,
+            runner.spec.num_kv_heads,
+            spec.num_kv_heads,
+        )
+    return info
