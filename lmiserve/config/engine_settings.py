@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import field_validator, model_validator
 
+from .device_defaults import by_device
 from .fields import Area, parse_size, setting
 
 
@@ -21,8 +22,8 @@ class EngineSettings(Area):
         None,
         "option.max_rolling_batch_prefill_tokens",
         "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
-        "empty: 2048 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
-        "option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
+        f"empty: {by_device('max_rolling_batch_prefill_tokens')}. Smaller keeps streams smooth, larger admits "
+        "prompts faster. option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
         key_aliases=("option.max_prefill_tokens",),
         ge=1,
     )
@@ -31,8 +32,8 @@ class EngineSettings(Area):
         "option.max_decode_step_prefill_tokens",
         "Most prompt tokens in an engine step that also decodes running sequences: every running stream "
         "waits for the whole step, so this bounds the time between two of its tokens. A step with no "
-        "sequence decoding takes up to max_rolling_batch_prefill_tokens. Empty: 512 on CPUs, the whole "
-        "budget on accelerators.",
+        "sequence decoding takes up to max_rolling_batch_prefill_tokens. "
+        f"Empty: {by_device('max_decode_step_prefill_tokens')}.",
         ge=1,
     )
     decode_step_prefill_tokens_per_sequence: int | None = setting(
@@ -41,8 +42,8 @@ class EngineSettings(Area):
         "In an engine step that also decodes, most prompt tokens per sequence running or waiting (in "
         "proportion fewer below 16 sequences; never fewer than 16, never more than "
         "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
-        "full batch prefills its arriving prompts in larger chunks, in fewer steps. Empty: 4 on CPUs, no "
-        "such limit on accelerators.",
+        "full batch prefills its arriving prompts in larger chunks, in fewer steps. "
+        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}.",
         ge=1,
     )
     kv_cache_memory: int | None = setting(
@@ -62,8 +63,8 @@ class EngineSettings(Area):
     block_size: int | None = setting(
         None,
         "option.block_size",
-        "Tokens per KV-cache block; empty: 128 on NPUs (their attention kernels' granule), 16 elsewhere. "
-        "option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
+        f"Tokens per KV-cache block; empty: {by_device('block_size')}, the granule of the NPU attention "
+        "kernels. option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
         key_aliases=("option.cache_block_size",),
         ge=1,
         le=1024,
