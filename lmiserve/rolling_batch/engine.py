@@ -73,8 +73,8 @@ class Engine(BeamSteps, EngineAdapters):
             self.max_model_len,
             config.max_prefill_seqs,
             self.adapters,
-            config.decode_prefill_tokens,
-            config.decode_prefill_tokens_per_seq,
+            config.max_decode_step_prefill_tokens,
+            config.decode_step_prefill_tokens_per_sequence,
         )
         self.sampler = Sampler(config.device, self.runner.ops, self.guided)
         self.groups: dict[str, Group] = {}
@@ -95,8 +95,8 @@ class Engine(BeamSteps, EngineAdapters):
             "kv_bytes": self.num_blocks * block_bytes,
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
-            "decode_prefill_tokens": config.decode_prefill_tokens or self.scheduler.max_num_batched_tokens,
-            "decode_prefill_tokens_per_seq": config.decode_prefill_tokens_per_seq or "off",
+            "decode_prefill_tokens": config.max_decode_step_prefill_tokens or self.scheduler.max_num_batched_tokens,
+            "decode_prefill_tokens_per_seq": config.decode_step_prefill_tokens_per_sequence or "off",
             "tensor_parallel_degree": tp,
             "deterministic": "on" if config.deterministic else "off",
             "decode_graphs": ",".join(map(str, self.runner.graphs.buckets)) if self.runner.graphs else "off",
