@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from .engine_settings import EngineSettings
-from .fields import Area, setting
+from .fields import Area, optional_setting, setting
 from .server_settings import ServerSettings
 
 __all__ = ["AREAS", "EngineSettings", "ModelSettings", "ServerSettings"]
@@ -80,8 +80,7 @@ _SPELLINGS: dict[str, Callable[[str], object]] = {
 class ModelSettings(Area):
     """The served model: what to load, how to run it and how requests reach it."""
 
-    model_name: str | None = setting(
-        None,
+    model_name: str | None = optional_setting(
         "model_name",
         "Name of the model in URLs (/predictions/{name}); defaults to the model directory's name.",
         cli="--model-name",
@@ -91,16 +90,14 @@ class ModelSettings(Area):
     engine: Literal["Python", "MPI"] = setting(
         "Python", "engine", "How worker processes are launched; MPI is accepted and behaves as Python."
     )
-    model_id: str | None = setting(
-        None,
+    model_id: str | None = optional_setting(
         "option.model_id",
         "The model to load: a local Hugging Face directory, a .gguf file, a Hugging Face id already in "
         "the local cache, or pkg://PACKAGE/PATH for weights shipped in an installed Python package. "
         "Empty: the model directory itself, else the embedded SmolLM2-135M-Instruct.",
         env_aliases=("HF_MODEL_ID",),
     )
-    entry_point: str | None = setting(
-        None,
+    entry_point: str | None = optional_setting(
         "option.entryPoint",
         "Handler module: a .py file (relative to the model directory) or a dotted module name. "
         "Empty: model.py in the model directory if present, else the built-in handler.",
@@ -167,8 +164,7 @@ class ModelSettings(Area):
     enable_streaming: bool = setting(
         False, "option.enable_streaming", "Stream every response, even when the request does not ask for it."
     )
-    max_model_len: int | None = setting(
-        None,
+    max_model_len: int | None = optional_setting(
         "option.max_model_len",
         "Longest sequence (prompt plus generated tokens); empty: the model's own limit. "
         "option.max_seq_len (MindIE's maxSeqLen) is the same key.",
@@ -211,8 +207,7 @@ class ModelSettings(Area):
         key_aliases=("option.predict_timeout",),
         ge=1,
     )
-    required_memory_mb: int | None = setting(
-        None,
+    required_memory_mb: int | None = optional_setting(
         "required_memory_mb",
         "Multi-model mode: the memory, in MiB, this model takes once loaded (weights, KV cache, workers). "
         "Empty: estimated as 1.2 x the size of its weight files.",
@@ -239,11 +234,6 @@ class ModelSettings(Area):
         if isinstance(v, int) and v < 1:
             raise ValueError("not a degree")
         return v
-
-    @field_validator("max_model_len", "model_id", "entry_point", "model_name", "required_memory_mb", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
 
     @model_validator(mode="after")
     def _workers(self) -> ModelSettings:
