@@ -34,8 +34,8 @@ class DeviceDefaults:
         none="no such limit",
     )
     block_size: int = _default(
-        "Tokens per KV-cache block. The NPU attention kernels read the paged cache in blocks of 128 tokens "
-        "(a multiple of 16 at least)."
+        "Tokens per KV-cache block, a multiple of 16; on NPUs the granule in which their attention kernels "
+        "read the paged cache."
     )
 
 
