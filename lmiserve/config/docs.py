@@ -1,14 +1,22 @@
-"""The README's configuration tables, generated from the setting declarations."""
+"""The README's configuration tables, generated from the setting declarations and the device defaults.
+
+``python -m lmiserve.config.docs --update README.md`` rewrites them between their marker comments.
+"""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from .device_defaults import DEVICE_DEFAULTS, DEVICE_NAMES, DeviceDefaults, in_words
 from .fields import describe_allowed
-from .loader import SPECS
+from .loader import SPECS, SPECS_BY_FIELD
 
 START = "<!-- config-table:start -->"
 END = "<!-- config-table:end -->"
 ALIAS_START = "<!-- env-aliases:start -->"
 ALIAS_END = "<!-- env-aliases:end -->"
+DEVICE_START = "<!-- device-defaults:start -->"
+DEVICE_END = "<!-- device-defaults:end -->"
 
 
 def _default(value: object) -> str:
@@ -45,6 +53,18 @@ def alias_table() -> str:
     return "\n".join(rows)
 
 
+def device_defaults_table() -> str:
+    """What the engine settings left empty mean on each kind of device (:mod:`.device_defaults`)."""
+    rows = [
+        "| setting | " + " | ".join(DEVICE_NAMES.values()) + " | what for |",
+        "|---|" + "---|" * len(DEVICE_NAMES) + "---|",
+    ]
+    for f in fields(DeviceDefaults):
+        values = " | ".join(in_words(DEVICE_DEFAULTS[kind], f.name) for kind in DEVICE_NAMES)
+        rows.append(f"| `{SPECS_BY_FIELD['engine', f.name].key}` | {values} | {f.metadata['why']} |")
+    return "\n".join(rows)
+
+
 def _replace(text: str, start: str, end: str, table: str) -> str:
     if start not in text:
         return text
@@ -56,6 +76,7 @@ def _replace(text: str, start: str, end: str, table: str) -> str:
 def update(text: str) -> str:
     """``text`` with the tables between the markers replaced by the current ones."""
     text = _replace(text, START, END, markdown_table())
+    text = _replace(text, DEVICE_START, DEVICE_END, device_defaults_table())
     return _replace(text, ALIAS_START, ALIAS_END, alias_table())
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import field_validator, model_validator
 
-from .fields import Area, parse_size, setting
+from .device_defaults import by_device
+from .fields import Area, optional_setting, parse_size, setting
 
 
 class EngineSettings(Area):
@@ -17,36 +18,32 @@ class EngineSettings(Area):
         env_aliases=("MAX_BATCH_SIZE",),
         ge=1,
     )
-    max_rolling_batch_prefill_tokens: int | None = setting(
-        None,
+    max_rolling_batch_prefill_tokens: int | None = optional_setting(
         "option.max_rolling_batch_prefill_tokens",
         "Token budget of one engine step (prompt chunks plus one token per decoding sequence); "
-        "empty: 2048 on CPUs, 4096 on accelerators. Smaller keeps streams smooth, larger admits prompts faster. "
-        "option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
+        f"empty: {by_device('max_rolling_batch_prefill_tokens')}. Smaller keeps streams smooth, larger admits "
+        "prompts faster. option.max_prefill_tokens (MindIE's maxPrefillTokens) is the same key.",
         key_aliases=("option.max_prefill_tokens",),
         ge=1,
     )
-    max_decode_step_prefill_tokens: int | None = setting(
-        None,
+    max_decode_step_prefill_tokens: int | None = optional_setting(
         "option.max_decode_step_prefill_tokens",
         "Most prompt tokens in an engine step that also decodes running sequences: every running stream "
         "waits for the whole step, so this bounds the time between two of its tokens. A step with no "
-        "sequence decoding takes up to max_rolling_batch_prefill_tokens. Empty: 512 on CPUs, the whole "
-        "budget on accelerators.",
+        "sequence decoding takes up to max_rolling_batch_prefill_tokens. "
+        f"Empty: {by_device('max_decode_step_prefill_tokens')}.",
         ge=1,
     )
-    decode_step_prefill_tokens_per_sequence: int | None = setting(
-        None,
+    decode_step_prefill_tokens_per_sequence: int | None = optional_setting(
         "option.decode_step_prefill_tokens_per_sequence",
         "In an engine step that also decodes, most prompt tokens per sequence running or waiting (in "
         "proportion fewer below 16 sequences; never fewer than 16, never more than "
         "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
-        "full batch prefills its arriving prompts in larger chunks, in fewer steps. Empty: 4 on CPUs, no "
-        "such limit on accelerators.",
+        "full batch prefills its arriving prompts in larger chunks, in fewer steps. "
+        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}.",
         ge=1,
     )
-    kv_cache_memory: int | None = setting(
-        None,
+    kv_cache_memory: int | None = optional_setting(
         "option.kv_cache_memory",
         "Memory for the paged KV cache (bytes, or 2GiB / 512MiB); empty: on CPUs the smaller of 2 GiB and "
         "a quarter of the available memory, on GPUs what gpu_memory_utilization leaves after the weights.",
@@ -59,32 +56,28 @@ class EngineSettings(Area):
         gt=0,
         le=1,
     )
-    block_size: int | None = setting(
-        None,
+    block_size: int | None = optional_setting(
         "option.block_size",
-        "Tokens per KV-cache block; empty: 128 on NPUs (their attention kernels' granule), 16 elsewhere. "
-        "option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
+        f"Tokens per KV-cache block; empty: {by_device('block_size')}, the granule of the NPU attention "
+        "kernels. option.cache_block_size (MindIE's cacheBlockSize) is the same key.",
         key_aliases=("option.cache_block_size",),
         ge=1,
         le=1024,
     )
-    max_input_token_len: int | None = setting(
-        None,
+    max_input_token_len: int | None = optional_setting(
         "option.max_input_token_len",
         "Longest prompt, in tokens, a request may bring (MindIE's maxInputTokenLen); longer prompts are "
         "refused with a validation error. Empty: only max_model_len limits prompts.",
         ge=1,
     )
-    max_iter_times: int | None = setting(
-        None,
+    max_iter_times: int | None = optional_setting(
         "option.max_iter_times",
         "Most tokens one request may generate (MindIE's maxIterTimes): a larger max_new_tokens is lowered "
         "to it. Empty: no cap beyond max_model_len; a MindIE request (/ or /v1/completions) that names "
         "no max_new_tokens / max_tokens then gets MindIE's default, 512.",
         ge=1,
     )
-    max_new_tokens_limit: int | None = setting(
-        None,
+    max_new_tokens_limit: int | None = optional_setting(
         "option.max_new_tokens_limit",
         "Largest max_new_tokens (max_tokens) a request may ask for; larger values are refused with a "
         "validation error. Empty: the context length (max_model_len).",
@@ -119,15 +112,13 @@ class EngineSettings(Area):
         "MindIE's limit for a single stop string on /v1/completions.",
         ge=1,
     )
-    max_prefill_batch_size: int | None = setting(
-        None,
+    max_prefill_batch_size: int | None = optional_setting(
         "option.max_prefill_batch_size",
         "Most prompts one engine step prefills (MindIE's maxPrefillBatchSize); empty: as many as the "
         "step's token budget admits.",
         ge=1,
     )
-    npu_device_ids: str | None = setting(
-        None,
+    npu_device_ids: str | None = optional_setting(
         "option.npu_device_ids",
         "The Ascend NPUs this server may use, as a comma-separated list of device ids (MindIE's npuDeviceIds); "
         "the engine sees them as npu:0, npu:1, ... through ASCEND_RT_VISIBLE_DEVICES. Empty: all of them.",
@@ -173,8 +164,7 @@ class EngineSettings(Area):
         ge=1,
         le=512,
     )
-    max_cpu_loras: int | None = setting(
-        None,
+    max_cpu_loras: int | None = optional_setting(
         "option.max_cpu_loras",
         "Adapters whose weights are kept loaded in host memory; beyond it the least recently used unpinned "
         "adapter is unloaded, and read from its directory again when a request needs it. At least "
@@ -188,24 +178,6 @@ class EngineSettings(Area):
         "reported unhealthy on /ping, its requests end with an error and it is restarted. 0: never.",
         ge=0,
     )
-
-    @field_validator(
-        "kv_cache_memory",
-        "max_rolling_batch_prefill_tokens",
-        "max_decode_step_prefill_tokens",
-        "decode_step_prefill_tokens_per_sequence",
-        "block_size",
-        "max_input_token_len",
-        "max_iter_times",
-        "max_new_tokens_limit",
-        "max_prefill_batch_size",
-        "npu_device_ids",
-        "max_cpu_loras",
-        mode="before",
-    )
-    @classmethod
-    def _empty(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

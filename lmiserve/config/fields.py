@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
 MIB = 1024 * 1024
@@ -56,6 +56,18 @@ class Area(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=False, frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v: object, info: ValidationInfo) -> object:
+        """Blank text leaves an :func:`optional_setting` unset (None)."""
+        if isinstance(v, str) and not v.strip() and _extra(cls.model_fields[str(info.field_name)]).get("optional"):
+            return None
+        return v
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
 
 def setting(
     default: Any,
@@ -75,6 +87,13 @@ def setting(
     aliases = tuple(a if isinstance(a, EnvAlias) else EnvAlias(a) for a in env_aliases)
     extra = {"key": key, "env_aliases": aliases, "key_aliases": key_aliases, "cli": cli, "allowed": allowed}
     return Field(default, description=doc, json_schema_extra=extra, **constraints)  # type: ignore[arg-type]
+
+
+def optional_setting(key: str, doc: str, **kwargs: Any) -> Any:
+    """Declare a setting that is unset (None) unless given a value; blank text leaves it unset."""
+    info = setting(None, key, doc, **kwargs)
+    info.json_schema_extra["optional"] = True
+    return info
 
 
 def env_name(key: str) -> str:
@@ -136,7 +155,7 @@ def _describe_type(tp: Any) -> list[str]:
 
 def describe_allowed(info: FieldInfo) -> str:
     """Human description of what a field accepts, from its type and bounds."""
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    extra = _extra(info)
     if extra.get("allowed"):
         return str(extra["allowed"])
     parts = _describe_type(info.annotation)

@@ -87,6 +87,8 @@ def _to_text(value: Any) -> str:
 
 SPECS: list[KeySpec] = [spec for area, model in AREAS.items() for spec in key_specs(area, model)]
 SPECS_BY_KEY: dict[str, KeySpec] = {spec.key: spec for spec in SPECS}
+SPECS_BY_FIELD: dict[tuple[str, str], KeySpec] = {(spec.area, spec.field_name): spec for spec in SPECS}
+"""By area and field name: ``("engine", "block_size")`` -> ``option.block_size``."""
 _BY_NORMALIZED: dict[str, KeySpec] = {}
 for _spec in SPECS:
     _BY_NORMALIZED[normalize_key(_spec.key)] = _spec
@@ -166,7 +168,7 @@ def _validation_message(err: ValidationError, area: str, merged: dict[str, tuple
     loc = first.get("loc") or ()
     field_name = str(loc[0]) if loc else ""
     model = AREAS[area]
-    spec = next((s for s in SPECS if s.area == area and s.field_name == field_name), None)
+    spec = SPECS_BY_FIELD.get((area, field_name))
     if spec is None:
         msg = str(first.get("msg", "invalid settings"))
         return msg.removeprefix("Value error, ")

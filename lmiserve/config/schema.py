@@ -1,7 +1,8 @@
-"""The settings lmiserve understands, one pydantic model per area.
+"""The settings lmiserve understands, one pydantic model per area (:data:`AREAS`): the server's
+(:mod:`.server_settings`), the model's (here) and the engine's (:mod:`.engine_settings`).
 
-Each field is declared once with :func:`setting`; keys, environment variables, CLI flags,
-``config show`` and the README's configuration table all come from here.
+Each field is declared once with :func:`~.fields.setting`; keys, environment variables, CLI flags,
+``config show`` and the README's configuration table all come from these declarations.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from .engine_settings import EngineSettings
-from .fields import MIB, Area, EnvAlias, setting
+from .fields import Area, optional_setting, setting
+from .server_settings import ServerSettings
+
+__all__ = ["AREAS", "EngineSettings", "ModelSettings", "ServerSettings"]
 
 _DTYPES = {
     "auto": "auto",
@@ -73,122 +77,10 @@ _SPELLINGS: dict[str, Callable[[str], object]] = {
 """The model's text settings read case-blind (and checked), by field."""
 
 
-_Area = Area
-
-
-class ServerSettings(_Area):
-    """The HTTP front end."""
-
-    host: str = setting("0.0.0.0", "host", "Address the HTTP server binds to.", cli="--host")
-    port: int = setting(
-        8080,
-        "port",
-        "TCP port of the HTTP server.",
-        env_aliases=("SAGEMAKER_BIND_TO_PORT",),
-        cli="--port",
-        ge=1,
-        le=65535,
-    )
-    grpc_port: int = setting(
-        8081,
-        "grpc_port",
-        "TCP port of the KServe V2 gRPC service (inference.GRPCInferenceService), on the same host; 0 turns "
-        "it off. When the default port is taken the server starts without gRPC; a port you set must be free.",
-        cli="--grpc-port",
-        ge=0,
-        le=65535,
-    )
-    max_request_size: int = setting(
-        64 * MIB,
-        "max_request_size",
-        "Largest request body accepted, in bytes; larger bodies get 413.",
-        env_aliases=(EnvAlias("SAGEMAKER_MAX_PAYLOAD_IN_MB", MIB),),
-        ge=1,
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = setting(
-        "info", "log_level", "Log verbosity of the server and its workers.", cli="--log-level"
-    )
-    drain_timeout: int = setting(
-        20,
-        "drain_timeout",
-        "Seconds the requests in flight get to finish after SIGTERM, while new requests are refused with 503; "
-        "then the models stop and the server exits with status 0. SageMaker kills a container 30 s after "
-        "SIGTERM: keep the drain shorter. 0: stop at once.",
-        ge=0,
-        le=3600,
-    )
-    api_keys: SecretStr | None = setting(
-        None,
-        "api_keys",
-        "API keys, comma-separated, that inference and management requests must present as "
-        "'Authorization: Bearer KEY' or 'X-Api-Key: KEY'; /ping and the health routes stay open. Set it in the "
-        "environment (SERVING_API_KEYS), not in a model's serving.properties. Empty (and no api_keys_file): no "
-        "keys asked for.",
-        allowed="comma-separated keys",
-    )
-    api_keys_file: str | None = setting(
-        None,
-        "api_keys_file",
-        "A file of API keys, one per line ('#' starts a comment), added to api_keys. Read when the server starts.",
-        allowed="a file path",
-    )
-    management_api: Literal["local", "on", "off"] = setting(
-        "local",
-        "management_api",
-        "Who may use the management API (/models): local answers only clients on the loopback address "
-        "(127.0.0.1, ::1) and 403 to others; on answers everyone (API keys still apply); off answers 404. "
-        "In multi-model mode the default is on: SageMaker's load and unload calls come from outside the container.",
-        allowed="local, on, off",
-    )
-    model_roots: str | None = setting(
-        None,
-        "model_roots",
-        "Directories, comma-separated, that POST /models may load models from (after symlinks are resolved); "
-        "anything else gets 403. Empty: the server's model directory and the directories below it.",
-        allowed="comma-separated directories",
-    )
-    log_request_bodies: bool = setting(
-        False,
-        "log_request_bodies",
-        "Log each request's method, path and first 4 KiB of its body (prompts included) at info level. "
-        "Off by default: prompts and bodies are never logged otherwise.",
-    )
-
-    multi_model: bool = setting(
-        False,
-        "multi_model",
-        "Multi-model mode (a SageMaker multi-model endpoint): serve the models under multi_model_root, each "
-        "loaded on its first request (X-Amzn-SageMaker-Target-Model, /models/{name}/invoke) or by SageMaker's "
-        "load call (POST /models), the least recently used unloaded when multi_model_memory_mb runs short.",
-        env_aliases=("SAGEMAKER_MULTI_MODEL",),
-    )
-    multi_model_root: str = setting(
-        "/opt/ml/models",
-        "multi_model_root",
-        "Multi-model mode: the directory whose subdirectories are the models, by name (a directory NAME, or "
-        "NAME/model as SageMaker lays them out).",
-        allowed="a directory",
-    )
-    multi_model_memory_mb: int = setting(
-        0,
-        "multi_model_memory_mb",
-        "Multi-model mode: memory, in MiB, the loaded models may take together (each counts its "
-        "required_memory_mb); loading one more unloads the least recently used idle models, and a model that "
-        "still does not fit gets 507. 0: 80% of the machine's memory.",
-        ge=0,
-    )
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower(cls, v: object) -> object:
-        return v.lower() if isinstance(v, str) else v
-
-
-class ModelSettings(_Area):
+class ModelSettings(Area):
     """The served model: what to load, how to run it and how requests reach it."""
 
-    model_name: str | None = setting(
-        None,
+    model_name: str | None = optional_setting(
         "model_name",
         "Name of the model in URLs (/predictions/{name}); defaults to the model directory's name.",
         cli="--model-name",
@@ -198,16 +90,14 @@ class ModelSettings(_Area):
     engine: Literal["Python", "MPI"] = setting(
         "Python", "engine", "How worker processes are launched; MPI is accepted and behaves as Python."
     )
-    model_id: str | None = setting(
-        None,
+    model_id: str | None = optional_setting(
         "option.model_id",
         "The model to load: a local Hugging Face directory, a .gguf file, a Hugging Face id already in "
         "the local cache, or pkg://PACKAGE/PATH for weights shipped in an installed Python package. "
         "Empty: the model directory itself, else the embedded SmolLM2-135M-Instruct.",
         env_aliases=("HF_MODEL_ID",),
     )
-    entry_point: str | None = setting(
-        None,
+    entry_point: str | None = optional_setting(
         "option.entryPoint",
         "Handler module: a .py file (relative to the model directory) or a dotted module name. "
         "Empty: model.py in the model directory if present, else the built-in handler.",
@@ -274,8 +164,7 @@ class ModelSettings(_Area):
     enable_streaming: bool = setting(
         False, "option.enable_streaming", "Stream every response, even when the request does not ask for it."
     )
-    max_model_len: int | None = setting(
-        None,
+    max_model_len: int | None = optional_setting(
         "option.max_model_len",
         "Longest sequence (prompt plus generated tokens); empty: the model's own limit. "
         "option.max_seq_len (MindIE's maxSeqLen) is the same key.",
@@ -318,8 +207,7 @@ class ModelSettings(_Area):
         key_aliases=("option.predict_timeout",),
         ge=1,
     )
-    required_memory_mb: int | None = setting(
-        None,
+    required_memory_mb: int | None = optional_setting(
         "required_memory_mb",
         "Multi-model mode: the memory, in MiB, this model takes once loaded (weights, KV cache, workers). "
         "Empty: estimated as 1.2 x the size of its weight files.",
@@ -347,11 +235,6 @@ class ModelSettings(_Area):
             raise ValueError("not a degree")
         return v
 
-    @field_validator("max_model_len", "model_id", "entry_point", "model_name", "required_memory_mb", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
-
     @model_validator(mode="after")
     def _workers(self) -> ModelSettings:
         if self.min_workers > self.max_workers:
@@ -359,4 +242,4 @@ class ModelSettings(_Area):
         return self
 
 
-AREAS: dict[str, type[_Area]] = {"server": ServerSettings, "model": ModelSettings, "engine": EngineSettings}
+AREAS: dict[str, type[Area]] = {"server": ServerSettings, "model": ModelSettings, "engine": EngineSettings}

@@ -47,8 +47,8 @@ class Engine:
             config.max_num_batched_tokens,
             self.max_model_len,
             config.max_prefill_seqs,
-            config.decode_prefill_tokens,
-            config.decode_prefill_tokens_per_seq,
+            config.max_decode_step_prefill_tokens,
+            config.decode_step_prefill_tokens_per_sequence,
         )
         self.scheduler = Scheduler(limits, self.blocks, self.lora.book)
         self.beams = BeamSearch(self.scheduler, self.blocks, self.eos_token_ids, self.max_model_len)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from .. import wire
 from ..child import run_child
 from .engine import Engine, RequestRejected
-from .settings import engine_config
+from .placement import engine_config
 
 log = logging.getLogger("lmiserve.engine")
 

@@ -5,9 +5,9 @@ import pytest
 from lmiserve.config import load_settings
 from lmiserve.errors import ValidationFailed
 from lmiserve.generation.request import GenerationRequest
-from lmiserve.rolling_batch import settings as engine_settings
+from lmiserve.rolling_batch import placement
 from lmiserve.rolling_batch.engine_config import engine_options
-from lmiserve.rolling_batch.settings import engine_config
+from lmiserve.rolling_batch.placement import engine_config
 from lmiserve.serving import model_factory
 from lmiserve.serving.engine_model import EngineModel, engine_env
 from lmiserve.serving.handler_model import ModelLoadError
@@ -49,8 +49,8 @@ def test_bad_npu_device_ids_name_the_key(tmp_path):
 
 
 def _config(tmp_path, text, monkeypatch, device="cpu"):
-    real = engine_settings.resolve_device
-    monkeypatch.setattr(engine_settings, "resolve_device", lambda spec: device if spec == "auto" else real(spec))
+    real = placement.resolve_device
+    monkeypatch.setattr(placement, "resolve_device", lambda spec: device if spec == "auto" else real(spec))
     s = load_settings(write(tmp_path, text), env={})
     return engine_config(str(tmp_path), engine_options(s.model, s.engine))
 

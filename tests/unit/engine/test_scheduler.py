@@ -186,7 +186,7 @@ def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> 
 def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
     """Per sequence running or waiting, a decoding step takes a few prompt tokens (in proportion
     fewer below FULL_SHARE_SEQUENCES sequences), never fewer than MIN_DECODE_STEP_PREFILL and
-    never more than decode_prefill_tokens."""
+    never more than max_decode_step_prefill_tokens."""
     from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:

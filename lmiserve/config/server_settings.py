@@ -1,0 +1,117 @@
+"""The settings of the HTTP front end (``serving.properties`` keys without ``option.``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import SecretStr, field_validator
+
+from .fields import MIB, Area, EnvAlias, setting
+
+
+class ServerSettings(Area):
+    """The HTTP front end."""
+
+    host: str = setting("0.0.0.0", "host", "Address the HTTP server binds to.", cli="--host")
+    port: int = setting(
+        8080,
+        "port",
+        "TCP port of the HTTP server.",
+        env_aliases=("SAGEMAKER_BIND_TO_PORT",),
+        cli="--port",
+        ge=1,
+        le=65535,
+    )
+    grpc_port: int = setting(
+        8081,
+        "grpc_port",
+        "TCP port of the KServe V2 gRPC service (inference.GRPCInferenceService), on the same host; 0 turns "
+        "it off. When the default port is taken the server starts without gRPC; a port you set must be free.",
+        cli="--grpc-port",
+        ge=0,
+        le=65535,
+    )
+    max_request_size: int = setting(
+        64 * MIB,
+        "max_request_size",
+        "Largest request body accepted, in bytes; larger bodies get 413.",
+        env_aliases=(EnvAlias("SAGEMAKER_MAX_PAYLOAD_IN_MB", MIB),),
+        ge=1,
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = setting(
+        "info", "log_level", "Log verbosity of the server and its workers.", cli="--log-level"
+    )
+    drain_timeout: int = setting(
+        20,
+        "drain_timeout",
+        "Seconds the requests in flight get to finish after SIGTERM, while new requests are refused with 503; "
+        "then the models stop and the server exits with status 0. SageMaker kills a container 30 s after "
+        "SIGTERM: keep the drain shorter. 0: stop at once.",
+        ge=0,
+        le=3600,
+    )
+    api_keys: SecretStr | None = setting(
+        None,
+        "api_keys",
+        "API keys, comma-separated, that inference and management requests must present as "
+        "'Authorization: Bearer KEY' or 'X-Api-Key: KEY'; /ping and the health routes stay open. Set it in the "
+        "environment (SERVING_API_KEYS), not in a model's serving.properties. Empty (and no api_keys_file): no "
+        "keys asked for.",
+        allowed="comma-separated keys",
+    )
+    api_keys_file: str | None = setting(
+        None,
+        "api_keys_file",
+        "A file of API keys, one per line ('#' starts a comment), added to api_keys. Read when the server starts.",
+        allowed="a file path",
+    )
+    management_api: Literal["local", "on", "off"] = setting(
+        "local",
+        "management_api",
+        "Who may use the management API (/models): local answers only clients on the loopback address "
+        "(127.0.0.1, ::1) and 403 to others; on answers everyone (API keys still apply); off answers 404. "
+        "In multi-model mode the default is on: SageMaker's load and unload calls come from outside the container.",
+        allowed="local, on, off",
+    )
+    model_roots: str | None = setting(
+        None,
+        "model_roots",
+        "Directories, comma-separated, that POST /models may load models from (after symlinks are resolved); "
+        "anything else gets 403. Empty: the server's model directory and the directories below it.",
+        allowed="comma-separated directories",
+    )
+    log_request_bodies: bool = setting(
+        False,
+        "log_request_bodies",
+        "Log each request's method, path and first 4 KiB of its body (prompts included) at info level. "
+        "Off by default: prompts and bodies are never logged otherwise.",
+    )
+
+    multi_model: bool = setting(
+        False,
+        "multi_model",
+        "Multi-model mode (a SageMaker multi-model endpoint): serve the models under multi_model_root, each "
+        "loaded on its first request (X-Amzn-SageMaker-Target-Model, /models/{name}/invoke) or by SageMaker's "
+        "load call (POST /models), the least recently used unloaded when multi_model_memory_mb runs short.",
+        env_aliases=("SAGEMAKER_MULTI_MODEL",),
+    )
+    multi_model_root: str = setting(
+        "/opt/ml/models",
+        "multi_model_root",
+        "Multi-model mode: the directory whose subdirectories are the models, by name (a directory NAME, or "
+        "NAME/model as SageMaker lays them out).",
+        allowed="a directory",
+    )
+    multi_model_memory_mb: int = setting(
+        0,
+        "multi_model_memory_mb",
+        "Multi-model mode: memory, in MiB, the loaded models may take together (each counts its "
+        "required_memory_mb); loading one more unloads the least recently used idle models, and a model that "
+        "still does not fit gets 507. 0: 80% of the machine's memory.",
+        ge=0,
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v

@@ -1,0 +1,37 @@
+"""Where the engine runs: its device, dtype and tensor-parallel degree, resolved in the engine
+process (which may ask torch what it sees), and the engine's configuration for that place."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config.schema import ModelSettings
+from ..devices import resolve_device, resolve_dtype
+from .engine_config import EngineConfig, settings_of
+from .parallel import resolve_degree
+
+log = logging.getLogger("lmiserve.engine")
+
+
+def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
+    """The engine's configuration from :func:`~.engine_config.engine_options`' strings."""
+    model, engine = settings_of(options)
+    device = engine_device(model)
+    dtype, why = resolve_dtype(model.dtype, device)
+    log.info("dtype %s (%s)", dtype, why)
+    degree = resolve_degree(model.tensor_parallel_degree, device)
+    return EngineConfig.from_settings(
+        model_path, model, engine, device=device, dtype=dtype, tensor_parallel_degree=degree
+    )
+
+
+def engine_device(model: ModelSettings) -> str:
+    """The engine's device: ``option.rolling_batch=npu`` means an NPU, whatever ``auto`` finds."""
+    spec = model.device
+    if model.rolling_batch != "npu":
+        return resolve_device(spec)
+    if spec == "auto":
+        spec = "npu"
+    if not spec.startswith("npu"):
+        raise ValueError(f"option.rolling_batch=npu runs on an NPU, but option.device is {spec}; use npu or npu:N")
+    return resolve_device(spec)

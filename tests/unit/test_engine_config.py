@@ -1,0 +1,84 @@
+"""EngineConfig: each field names its setting, and the device defaults fill in the settings left empty."""
+
+from dataclasses import fields
+
+import pytest
+
+from lmiserve.config import load_settings
+from lmiserve.config.device_defaults import DEVICE_DEFAULTS, DeviceDefaults
+from lmiserve.config.loader import SPECS_BY_FIELD, SPECS_BY_KEY
+from lmiserve.rolling_batch import placement
+from lmiserve.rolling_batch.engine_config import EngineConfig, engine_options
+from lmiserve.rolling_batch.placement import engine_config
+
+NOT_SETTINGS = {"ops"}
+"""Fields no setting sets (the ops implementation follows the device; tests name one)."""
+
+
+def test_every_field_names_a_declared_setting():
+    for f in fields(EngineConfig):
+        key = f.metadata.get("setting")
+        if f.name in NOT_SETTINGS:
+            assert key is None, f.name
+        else:
+            assert key in SPECS_BY_KEY, f"EngineConfig.{f.name} names {key!r}, which is not a declared setting"
+
+
+def _config(tmp_path, text, monkeypatch, device="cpu"):
+    monkeypatch.setattr(placement, "resolve_device", lambda spec: device)
+    monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("fp32", "test"))
+    (tmp_path / "serving.properties").write_text(text)
+    s = load_settings(tmp_path, env={})
+    return s, engine_config(str(tmp_path), engine_options(s.model, s.engine))
+
+
+def test_each_field_holds_the_value_of_the_setting_it_names(tmp_path, monkeypatch):
+    text = "".join(
+        f"option.{k}={v}\n"
+        for k, v in {
+            "max_rolling_batch_size": 7,
+            "max_rolling_batch_prefill_tokens": 99,
+            "max_model_len": 77,
+            "block_size": 32,
+            "kv_cache_memory": 12345,
+            "enable_prefix_caching": "false",
+            "gpu_memory_utilization": 0.5,
+            "max_prefill_batch_size": 3,
+            "max_decode_step_prefill_tokens": 50,
+            "decode_step_prefill_tokens_per_sequence": 6,
+            "enforce_eager": "true",
+            "deterministic": "true",
+            "enable_lora": "true",
+            "max_loras": 5,
+            "max_lora_rank": 8,
+            "max_cpu_loras": 9,
+        }.items()
+    )
+    settings, cfg = _config(tmp_path, text, monkeypatch)
+    resolved = {"model_dir", "dtype", "device", "tensor_parallel_degree"}
+    for f in fields(EngineConfig):
+        if f.name not in NOT_SETTINGS | resolved:
+            assert getattr(cfg, f.name) == settings.value(f.metadata["setting"]), f.name
+
+
+def test_device_defaults_name_engine_settings_and_config_fields():
+    config_settings = {f.metadata["setting"] for f in fields(EngineConfig)}
+    for f in fields(DeviceDefaults):
+        assert SPECS_BY_FIELD["engine", f.name].key in config_settings, f.name
+
+
+@pytest.mark.parametrize("device,kind", [("cpu", "cpu"), ("cuda:0", "cuda"), ("npu:1", "npu")])
+def test_empty_settings_take_the_device_defaults(tmp_path, monkeypatch, device, kind):
+    _, cfg = _config(tmp_path, "", monkeypatch, device)
+    defaults = DEVICE_DEFAULTS[kind]
+    assert cfg.max_num_batched_tokens == defaults.max_rolling_batch_prefill_tokens
+    for f in fields(DeviceDefaults):
+        if f.name != "max_rolling_batch_prefill_tokens":
+            assert getattr(cfg, f.name) == getattr(defaults, f.name), f.name
+
+
+def test_device_defaults():
+    """The table's values, as the engine has always used them."""
+    assert DEVICE_DEFAULTS["cpu"] == DeviceDefaults(2048, 512, 4, 16)
+    assert DEVICE_DEFAULTS["cuda"] == DeviceDefaults(4096, None, None, 16)
+    assert DEVICE_DEFAULTS["npu"] == DeviceDefaults(4096, None, None, 128)
