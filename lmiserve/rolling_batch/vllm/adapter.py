@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import wire
-from ..config import Settings
-from ..errors import WorkerDied
-from .client import EngineClient, EngineStartError, RequestStream
-from .host_memory import cpu_kv_cache_bytes
-from .vllm_cpu import cpu_tuning, find_iomp, find_tcmalloc, usable_cpus
-from .vllm_engine_args import engine_kwargs, taken
-from .vllm_params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
-from .vllm_processes import child_pids, reap
+from ... import wire
+from ...config import Settings
+from ...errors import WorkerDied
+from ..client import EngineClient, EngineStartError, RequestStream
+from ..host_memory import cpu_kv_cache_bytes
+from .cpu import cpu_tuning, find_iomp, find_tcmalloc, usable_cpus
+from .engine_args import engine_kwargs, taken
+from .params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
+from .processes import child_pids, reap
 
 log = logging.getLogger("lmiserve.vllm")
 
@@ -157,7 +157,7 @@ class VllmEngineClient(EngineClient):
             raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {_one_line(exc)}") from exc
 
     def _tune_for_cpu(self, wanted: dict[str, Any]) -> None:
-        """vLLM's CPU tuning, in the environment its engine processes inherit (see vllm_cpu)."""
+        """vLLM's CPU tuning, in the environment its engine processes inherit (see .cpu)."""
         if not _on_cpu():
             return
         sized = "kv_cache_memory_bytes" in wanted or str(self.settings.sources.get(GPU_SHARE, "default")) != "default"
