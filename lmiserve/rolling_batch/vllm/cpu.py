@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Settings
-from ..host_memory import cpu_kv_cache_bytes
+from ..kv_memory import cpu_kv_cache_bytes
 
 log = logging.getLogger("lmiserve.vllm")
 
