@@ -1,8 +1,9 @@
 """The API process's handle on an engine: submit token ids, receive per-step deltas.
 
-Two transports behind one interface: :class:`ProcessEngineClient` runs the engine in a child
-process (production: model compute never waits on JSON, and a crash is contained);
-:class:`InProcessEngineClient` runs it on a thread of this process (tests, development).
+:class:`EngineClient` is the interface; :class:`ProcessEngineClient` runs our engine in a child
+process (model compute never waits on JSON, and a crash is contained). The other transports
+build on it: ``engine_process.InProcessEngineClient`` (our engine on a thread of this process)
+and ``vllm.adapter.VllmEngineClient``. This module imports no engine.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable
 
 from .. import wire
 from ..child import EXIT_GRACE_S, ChildProcess, exit_description, spawn
-from ..errors import LmiServeError, WorkerDied
+from ..errors import WorkerDied
 
 log = logging.getLogger("lmiserve.engine_client")
 
@@ -239,59 +238,3 @@ class ProcessEngineClient(EngineClient):
     def kill(self) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
-
-
-class InProcessEngineClient(EngineClient):
-    """The engine on a thread of this process (for tests and model development)."""
-
-    def __init__(self, engine_factory: Callable[[], object]):
-        super().__init__()
-        self._factory = engine_factory
-        self._loop_obj = None
-        self._thread: threading.Thread | None = None
-
-    async def start(self, timeout: float = 600) -> None:
-        from .engine_process import EngineLoop
-
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def send(msg: wire.Msg) -> None:
-            if isinstance(msg, wire.EngineStep):
-                loop.call_soon_threadsafe(self._on_step, msg)
-            elif isinstance(msg, wire.AdapterResult):
-                loop.call_soon_threadsafe(self._on_adapter_result, msg)
-
-        def run() -> None:
-            try:
-                engine = self._factory()
-                self._loop_obj = EngineLoop(engine, send)  # type: ignore[arg-type]
-                self.info = dict(engine.info)  # type: ignore[attr-defined]
-                loop.call_soon_threadsafe(ready.set_result, None)
-            except BaseException as exc:  # noqa: BLE001
-                detail = "".join(traceback.format_exception(exc))
-                loop.call_soon_threadsafe(ready.set_exception, EngineStartError(detail))
-                return
-            try:
-                self._loop_obj.run()
-            except BaseException:  # noqa: BLE001
-                log.exception("the engine thread failed")
-            loop.call_soon_threadsafe(self._gone, "the engine thread stopped")
-
-        self._thread = threading.Thread(target=run, name="engine", daemon=True)
-        self._thread.start()
-        await asyncio.wait_for(ready, timeout)
-        self.alive = True
-
-    def _send(self, msg: wire.Msg) -> None:
-        if self._loop_obj is None:
-            raise WorkerDied("the engine is not running")
-        self._loop_obj.inbox.put(msg)
-
-    async def stop(self, grace: float = 2 * EXIT_GRACE_S) -> None:
-        self.alive = False
-        if self._loop_obj is not None:
-            self._loop_obj.inbox.put(wire.Shutdown())
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, grace)
-        self.alive = False

@@ -3,11 +3,13 @@
 Started as ``python -m lmiserve.rolling_batch.engine_process --fd N`` with one end of a
 socket pair; the first message is :class:`~lmiserve.wire.InitEngine`. A reader thread
 queues incoming messages so that requests join the batch at the next step without ever
-waiting for a step to finish.
+waiting for a step to finish. :class:`InProcessEngineClient` runs the same loop on a thread of
+the calling process instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -15,10 +17,13 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from .. import wire
-from ..child import run_child
+from ..child import EXIT_GRACE_S, run_child
+from ..errors import WorkerDied
+from .client import EngineClient, EngineStartError
 from .engine import Engine, RequestRejected
 from .placement import engine_config
 
@@ -85,6 +90,60 @@ class EngineLoop:
             if deltas or aborted or now - self._last_sent >= HEARTBEAT_SECONDS:
                 self.send(wire.EngineStep(deltas=deltas, stats=self.engine.stats()))
                 self._last_sent = now
+
+
+class InProcessEngineClient(EngineClient):
+    """Our engine on a thread of this process (for tests and model development)."""
+
+    def __init__(self, engine_factory: Callable[[], object]):
+        super().__init__()
+        self._factory = engine_factory
+        self._loop_obj = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self, timeout: float = 600) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def send(msg: wire.Msg) -> None:
+            if isinstance(msg, wire.EngineStep):
+                loop.call_soon_threadsafe(self._on_step, msg)
+            elif isinstance(msg, wire.AdapterResult):
+                loop.call_soon_threadsafe(self._on_adapter_result, msg)
+
+        def run() -> None:
+            try:
+                engine = self._factory()
+                self._loop_obj = EngineLoop(engine, send)  # type: ignore[arg-type]
+                self.info = dict(engine.info)  # type: ignore[attr-defined]
+                loop.call_soon_threadsafe(ready.set_result, None)
+            except BaseException as exc:  # noqa: BLE001
+                detail = "".join(traceback.format_exception(exc))
+                loop.call_soon_threadsafe(ready.set_exception, EngineStartError(detail))
+                return
+            try:
+                self._loop_obj.run()
+            except BaseException:  # noqa: BLE001
+                log.exception("the engine thread failed")
+            loop.call_soon_threadsafe(self._gone, "the engine thread stopped")
+
+        self._thread = threading.Thread(target=run, name="engine", daemon=True)
+        self._thread.start()
+        await asyncio.wait_for(ready, timeout)
+        self.alive = True
+
+    def _send(self, msg: wire.Msg) -> None:
+        if self._loop_obj is None:
+            raise WorkerDied("the engine is not running")
+        self._loop_obj.inbox.put(msg)
+
+    async def stop(self, grace: float = 2 * EXIT_GRACE_S) -> None:
+        self.alive = False
+        if self._loop_obj is not None:
+            self._loop_obj.inbox.put(wire.Shutdown())
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, grace)
+        self.alive = False
 
 
 def _rank_failed(reason: str) -> None:

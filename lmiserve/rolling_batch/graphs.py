@@ -8,9 +8,8 @@ prompt tokens, and batches above the largest bucket, run eagerly.
 
 Which device captures graphs is :func:`backend_for`'s choice: CUDA does (``torch.cuda.CUDAGraph``).
 Ascend NPUs run eagerly: torch_npu's fused attention takes the sequence lengths as host
-integers, which a captured graph would freeze. :class:`RecordingBackend` stands in for a device
-on the CPU: it "captures" by remembering the forward call and "replays" by running it again on
-the same buffers, so the bucket, padding and buffer logic is tested without a GPU.
+integers, which a captured graph would freeze. The tests stand a recording backend in for a
+device on the CPU (tests/unit/engine/recording_graphs.py).
 """
 
 from __future__ import annotations
@@ -73,27 +72,6 @@ class CudaGraphBackend:
 
     def replay(self, graph: Any) -> None:
         graph.replay()
-
-
-class RecordingBackend:
-    """The CPU stand-in: remembers each captured call and runs it again on replay, writing into
-    the captured output tensor as a device graph would. ``log`` records what happened."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, int]] = []
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-        fn()
-        out = fn()
-        self.log.append(("capture", out.shape[0]))
-        return (fn, out), out
-
-    def replay(self, graph: Any) -> None:
-        fn, out = graph
-        out.copy_(fn())
-        self.log.append(("replay", out.shape[0]))
 
 
 def backend_for(device: str) -> GraphBackend | None:

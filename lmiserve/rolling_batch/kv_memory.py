@@ -1,13 +1,31 @@
-"""How many KV-cache blocks fit: a configured size, an accelerator's free memory, or a share of the host's."""
+"""Memory for the KV cache: how many blocks fit in a configured size, an accelerator's free
+memory, or a share of the host's free memory (the default on the CPU, for our engine and for
+vLLM on a CPU). torch is imported only to ask an accelerator."""
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
 
 from .engine_config import EngineConfig
-from .host_memory import GIB, cpu_kv_cache_bytes
 
-__all__ = ["GIB", "device_memory", "kv_cache_blocks"]
+GIB = 1024**3
+CPU_KV_DEFAULT_BYTES = 2 * GIB
+
+
+def available_memory() -> int:
+    """``MemAvailable`` from /proc/meminfo (8 GiB where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
+
+
+def cpu_kv_cache_bytes() -> int:
+    """A KV cache on the CPU: 2 GiB, or a quarter of the free memory where that is less."""
+    return min(CPU_KV_DEFAULT_BYTES, available_memory() // 4)
 
 
 def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str) -> int:
@@ -32,6 +50,8 @@ def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, dev
 
 def device_memory(device: str) -> tuple[int, int]:
     """Free and total bytes of an accelerator (``torch.npu`` exists once torch_npu is imported)."""
+    import torch
+
     if device.startswith("npu"):
         import torch_npu  # noqa: F401 - registers torch.npu
 

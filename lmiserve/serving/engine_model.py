@@ -109,7 +109,7 @@ class EngineModel:
         """The engine client of this model's backend: our engine in a child process, or vLLM."""
         assert self.path is not None
         if self.backend == "vllm":
-            from ..rolling_batch.vllm_adapter import VllmEngineClient
+            from ..rolling_batch.vllm.adapter import VllmEngineClient
 
             return VllmEngineClient(self.settings, self.path)
         init = wire.InitEngine(

@@ -56,7 +56,7 @@ def _embedding(model_id: str | None, settings: Settings) -> bool:
 
 def _vllm_model(settings: Settings) -> EngineModel:
     """Generation by an installed vLLM (any architecture it supports, sharded as it shards)."""
-    from ..rolling_batch.vllm_adapter import NOT_INSTALLED, vllm_installed
+    from ..rolling_batch.vllm.engine_info import NOT_INSTALLED, vllm_installed
 
     if not vllm_installed():
         raise ModelLoadError(NOT_INSTALLED)

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.npu
 
 
 def test_npu_selfcheck(tmp_path):
-    from lmiserve.rolling_batch.npu_selfcheck import main
+    from lmiserve.npu_selfcheck import main
 
     report = tmp_path / "npu_selfcheck.json"
     code = main(["--device", "npu:0", "--report", str(report)])

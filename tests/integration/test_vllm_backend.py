@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from lmiserve.rolling_batch.vllm_adapter import NOT_INSTALLED
+from lmiserve.rolling_batch.vllm.engine_info import NOT_INSTALLED
 from tests.server_process import ServerProcess, free_port
 
 from .vllm_server import (

@@ -23,6 +23,13 @@ RULES = {
         "lmiserve.handlers",
         *HTTP,
     ],
+    "lmiserve.npu_selfcheck": [
+        "lmiserve.server",
+        "lmiserve.serving",
+        "lmiserve.formatters",
+        "lmiserve.handlers",
+        *HTTP,
+    ],
     "lmiserve.serving": ["lmiserve.server", *HTTP],
     "lmiserve.formatters": ["lmiserve.server", "lmiserve.rolling_batch", "lmiserve.handlers", "torch", *HTTP],
     "lmiserve.generation": ["lmiserve.server", "lmiserve.handlers", *HTTP],

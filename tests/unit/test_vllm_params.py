@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from lmiserve import wire
-from lmiserve.rolling_batch.vllm_params import (
+from lmiserve.rolling_batch.vllm.params import (
     RequestRefused,
     SequenceState,
     VllmApi,

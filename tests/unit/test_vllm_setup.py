@@ -10,8 +10,8 @@ import pytest
 
 from lmiserve.config import load_settings
 from lmiserve.rolling_batch.client import EngineStartError
-from lmiserve.rolling_batch.vllm_cpu import RESERVE_FROM_CPUS, cpu_tuning, find_iomp
-from lmiserve.rolling_batch.vllm_engine_args import engine_kwargs, taken
+from lmiserve.rolling_batch.vllm.cpu import RESERVE_FROM_CPUS, cpu_tuning, find_iomp
+from lmiserve.rolling_batch.vllm.engine_args import engine_kwargs, taken
 from lmiserve.serving.handler_model import ModelLoadError
 from lmiserve.serving.model_factory import build_model
 

@@ -4,7 +4,7 @@ import json
 
 
 def test_selfcheck_passes_and_reports(fake_npu, tmp_path, capsys):
-    from lmiserve.rolling_batch.npu_selfcheck import main
+    from lmiserve.npu_selfcheck import main
 
     report_path = tmp_path / "report.json"
     assert main(["--device", "cpu", "--report", str(report_path)]) == 0
@@ -21,7 +21,7 @@ def test_selfcheck_passes_and_reports(fake_npu, tmp_path, capsys):
 
 
 def test_selfcheck_fails_on_a_wrong_kernel(fake_npu, tmp_path, monkeypatch):
-    from lmiserve.rolling_batch.npu_selfcheck import main
+    from lmiserve.npu_selfcheck import main
 
     real = fake_npu.npu_rms_norm
 

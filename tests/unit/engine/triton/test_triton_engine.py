@@ -6,6 +6,7 @@ import pytest
 from lmiserve.rolling_batch import graphs
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run
+from tests.unit.engine.recording_graphs import RecordingBackend
 
 PROMPTS = ("What is Deep Learning?", "The quick brown fox " * 6, "Hi")
 
@@ -34,7 +35,7 @@ def test_cuda_ops_give_transformers_greedy_tokens(arch, tiny_model_dirs, tiny_to
 def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(
     monkeypatch, tiny_model_dirs, tiny_tokenizer, kernel_device
 ):
-    recorder = graphs.RecordingBackend()
+    recorder = RecordingBackend()
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
     model_dir = tiny_model_dirs["llama"]
     prompts, arrivals = _arrivals(tiny_tokenizer, new_tokens=5)
@@ -60,7 +61,7 @@ def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_di
     the blocks of the three."""
     import torch
 
-    recorder = graphs.RecordingBackend()
+    recorder = RecordingBackend()
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
     engine = make_engine(
         tiny_model_dirs["llama"], ops="cuda", device=kernel_device, max_num_seqs=4, max_num_batched_tokens=64

@@ -1,7 +1,7 @@
 """Check the NPU backend on a real Ascend NPU: every op against the reference, then a model.
 
 Run on the NPU machine (``python scripts/npu_selfcheck.py`` or
-``python -m lmiserve.rolling_batch.npu_selfcheck``); it prints the versions and the device,
+``python -m lmiserve.npu_selfcheck``); it prints the versions and the device,
 compares each NPU op with the reference ops on a fixed grid, runs a tiny random-weight model on
 the NPU and on the CPU and compares their greedy tokens, checks the KV pool against the
 device's memory, writes a JSON report and exits 1 on any mismatch.
@@ -216,9 +216,9 @@ def tiny_model(out: Path) -> Path:
 
 
 def greedy(model_dir: Path, device: str, ops: str, dtype: str) -> tuple[list[list[int]], dict[str, Any]]:
-    from ..wire import SamplingParams
-    from .engine import Engine
-    from .engine_config import EngineConfig
+    from .rolling_batch.engine import Engine
+    from .rolling_batch.engine_config import EngineConfig
+    from .wire import SamplingParams
 
     engine = Engine(
         EngineConfig(
@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default="npu_selfcheck.json", help="where to write the JSON report")
     parser.add_argument("--model-dir", help="a Llama-family model directory (default: a tiny random one)")
     args = parser.parse_args(argv)
-    from .ops.npu import NpuOps
-    from .ops.reference import ReferenceOps
+    from .rolling_batch.ops.npu import NpuOps
+    from .rolling_batch.ops.reference import ReferenceOps
 
     if args.device.startswith("npu"):
         import torch_npu  # noqa: F401 - registers torch.npu

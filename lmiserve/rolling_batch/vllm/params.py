@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from .. import wire
+from ... import wire
 
 VALIDATION_ERRORS = frozenset({"VLLMValidationError", "VLLMClientError"})
 """vLLM's exception classes for a request it refuses (besides ValueError and TypeError)."""
