@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .ops.metadata import PagedAttentionInputs
+from .rolling_batch.ops.metadata import PagedAttentionInputs
 
 LENGTHS = (1, 15, 16, 17, 127, 128, 129)
 GQA = ((8, 2), (32, 8))

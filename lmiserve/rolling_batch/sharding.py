@@ -8,17 +8,19 @@ by an all-reduce. The MLP is split the same way: gate and up by rows (a rank's f
 is ``[gate shard; up shard]``), down by columns, then an all-reduce. Embeddings and norms are
 replicated. The LM head lives on rank 0 alone, which computes the logits and samples, so no
 all-gather is needed.
+
+Torch-free: the API process refuses an uneven degree (:func:`check_shardable`) before it starts
+an engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
-import torch
-
+from .models.pieces import SKIP, Piece, take_piece
 from .models.spec import ModelSpec
-from .models.weights import SKIP, Piece, take_piece
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ def shard_pieces(spec: ModelSpec, shard: Shard, lm_head: bool = True) -> Callabl
     return piece
 
 
-def shard_state_dict(tensors: dict[str, torch.Tensor], pieces: Callable[[str], Piece]) -> dict[str, torch.Tensor]:
+def shard_state_dict(tensors: dict[str, Any], pieces: Callable[[str], Piece]) -> dict[str, Any]:
     """A rank's shard of tensors already in memory (what loading with ``pieces`` reads)."""
     shard = {}
     for name, tensor in tensors.items():
@@ -89,3 +91,29 @@ def shard_state_dict(tensors: dict[str, torch.Tensor], pieces: Callable[[str], P
         if piece != SKIP:
             shard[name] = tensor if piece is None else take_piece(tensor, piece).contiguous()  # type: ignore[arg-type]
     return shard
+
+
+def _problem(spec: ModelSpec, world: int) -> str | None:
+    heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    if heads % world:
+        return f"num_attention_heads {heads} is not divisible by tensor_parallel_degree {world}"
+    if kv >= world and kv % world:
+        return f"num_key_value_heads {kv} is not divisible by tensor_parallel_degree {world}"
+    if kv < world and world % kv:
+        return (
+            f"tensor_parallel_degree {world} is not a multiple of num_key_value_heads {kv}, "
+            "so the KV heads cannot be replicated evenly"
+        )
+    if inter % world:
+        return f"intermediate_size {inter} is not divisible by tensor_parallel_degree {world}"
+    return None
+
+
+def check_shardable(spec: ModelSpec, world: int) -> None:
+    """Refuse a model whose heads (or MLP) cannot be split evenly over ``world`` ranks."""
+    if world < 1:
+        raise ValueError(f"tensor_parallel_degree must be at least 1, not {world}")
+    problem = _problem(spec, world)
+    if problem is not None:
+        fits = [n for n in range(1, spec.num_heads + 1) if _problem(spec, n) is None]
+        raise ValueError(f"{problem}; degrees this model can be split over: {', '.join(map(str, fits))}")

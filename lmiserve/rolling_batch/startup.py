@@ -20,8 +20,7 @@ from .model_runner import ModelRunner
 from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
-from .shard_check import check_shardable
-from .sharding import Shard
+from .sharding import Shard, check_shardable
 
 log = logging.getLogger("lmiserve.engine")
 

@@ -20,7 +20,7 @@ from ..model_store import resolve_model
 from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngineClient
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
-from ..rolling_batch.shard_check import check_shardable
+from ..rolling_batch.sharding import check_shardable
 from . import heap
 from .adapters import ModelAdapters
 from .handler_model import ModelLoadError

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 
-SKIP = "skip"
-Piece = tuple[int, int, int] | str | None
-"""Which part of a tensor to load: None (all of it), SKIP (none), or ``(dim, start, stop)``."""
+from .pieces import SKIP, Piece, take_piece
 
+__all__ = ["SKIP", "Piece", "load_state_dict", "take_piece"]
 
-def take_piece(tensor: Any, piece: tuple[int, int, int]) -> torch.Tensor:
-    """Rows (dim 0) or columns (dim 1) ``start:stop`` of a tensor or a safetensors slice."""
-    dim, start, stop = piece
-    return tensor[start:stop] if dim == 0 else tensor[:, start:stop]
 
 
 def load_state_dict(
