@@ -6,7 +6,7 @@ their :class:`Reply` into responses.
 """
 
 from .engine_model import EngineModel
-from .generation import Generation, Observer, submit_all, updates
+from .in_flight import Generation, Observer, submit_all, updates
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import GenerationError, LmiServeError, Overloaded, PredictTimeout, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput
-from .generation import Generation, Observer, submit_all, updates
+from .in_flight import Generation, Observer, submit_all, updates
 
 JSON = "application/json"
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer

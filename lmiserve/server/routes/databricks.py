@@ -16,7 +16,7 @@ from ...formatters.openai_common import Style
 from ...formatters.shapes import json_object
 from ...serving import EngineModel, ServedModel
 from ..bodies import read_body
-from ..generation import respond
+from ..http_reply import respond
 from .openai import chat_prompt, embeddings, engine_model
 
 router = APIRouter()

@@ -15,7 +15,7 @@ from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
 from ...formatters import kserve, kserve_generate, kserve_handler
 from ...serving import HandlerModel
 from .. import deadline, handler_response
-from ..generation import respond, wait_for_disconnect
+from ..http_reply import respond, wait_for_disconnect
 from ..kserve_grpc.dataplane import DataPlane
 from ..metrics import STATE_KEY
 

@@ -13,7 +13,7 @@ from ...formatters.shapes import json_object
 from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel
 from ..bodies import read_body
 from ..errors import error_response
-from ..generation import respond
+from ..http_reply import respond
 from ..handler_response import invoke_handler
 
 router = APIRouter()

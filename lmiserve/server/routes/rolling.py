@@ -15,7 +15,7 @@ from ...formatters.shapes import UNDECODABLE
 from ...handlers.custom_formatters import CustomResponder, error_payload, parse_custom
 from ...serving import EngineModel, Responder
 from ..bodies import read_body, request_properties, requested_adapter
-from ..generation import respond
+from ..http_reply import respond
 
 
 def defaults(model: EngineModel) -> lmi_rolling.Defaults:

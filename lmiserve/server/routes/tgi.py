@@ -12,7 +12,7 @@ from ...errors import BadRequest, ModelNotReady, NotFound
 from ...formatters import mindie_tgi, tgi
 from ...serving import EngineModel
 from ..bodies import read_body
-from ..generation import respond
+from ..http_reply import respond
 
 router = APIRouter()
 
