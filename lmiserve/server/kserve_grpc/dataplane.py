@@ -40,7 +40,7 @@ class DataPlane:
     def model(self, name: str | None, version: str = "") -> ServedModel:
         """The named model (or the only one when no name is given) at ``version``; every
         model has one version, ``1``."""
-        model = self.registry.resolve(name or None)
+        model = self.registry.model(name or None)
         if version and version != kserve.MODEL_VERSION:
             raise NotFound(f"model {model.name!r} has no version {version!r} (versions: {kserve.MODEL_VERSION})")
         return model

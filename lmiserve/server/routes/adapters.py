@@ -21,17 +21,14 @@ router = APIRouter()
 
 
 def _model(request: Request, name: str | None) -> EngineModel:
-    registry = request.app.state.registry
-    if name is None:
-        if len(registry.models) != 1:
+    try:
+        model = request.app.state.registry.model(name)
+    except LmiServeError:  # in DJL's words
+        if name is None:
             raise BadRequest(
                 "The adapter must be prefixed with a model unless there is only a single startup model used."
-            )
-        model = next(iter(registry.models.values()))
-    elif name not in registry.models:
-        raise NotFound(f"The model {name} was not found")
-    else:
-        model = registry.models[name]
+            ) from None
+        raise NotFound(f"The model {name} was not found") from None
     if not isinstance(model, EngineModel):
         raise BadRequest("LoRA is not enabled.")
     model.adapters.check_enabled()

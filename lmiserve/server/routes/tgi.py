@@ -18,7 +18,7 @@ router = APIRouter()
 
 
 def engine_model(request: Request, name: str | None = None) -> EngineModel:
-    model = request.app.state.registry.resolve(name)
+    model = request.app.state.registry.model(name)
     if not isinstance(model, EngineModel):
         raise NotFound(f"model {model.name} is served by a handler, not a text-generation engine")
     return model
