@@ -15,6 +15,7 @@ from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
 from . import errors
+from .responder import Responder
 from .validation import without_nulls
 
 MAX_SEED = 2**64 - 1
@@ -78,7 +79,7 @@ OPENAI_COMPLETIONS = Style("text_completion")
 OPENAI_CHAT = Style("chat.completion")
 
 
-class StyledResponder:
+class StyledResponder(Responder):
     """Streaming and error plumbing shared by the completions and chat responders."""
 
     outs: list[RequestOutput] | None = None

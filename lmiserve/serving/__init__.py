@@ -21,7 +21,6 @@ from .respond import (
     output_error,
     respond,
     run_to_end,
-    timing_headers,
     unless_gone,
 )
 from .snapshot import ModelSnapshot
@@ -52,7 +51,6 @@ __all__ = [
     "respond",
     "run_to_end",
     "submit_all",
-    "timing_headers",
     "unless_gone",
     "updates",
 ]
