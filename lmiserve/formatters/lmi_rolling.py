@@ -15,8 +15,10 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
 from ..errors import BadRequest, InvalidParameter, LmiServeError, ValidationFailed
-from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
 from ..wire import SamplingParams
+from . import tokens
+from .responder import Responder
 from .shapes import UNDECODABLE, lmi_object
 from .validation import describe
 
@@ -239,28 +241,15 @@ def refusal(body: bytes, defaults: Defaults, err: LmiServeError) -> tuple[int, b
 # --- responses ---------------------------------------------------------------------------
 
 
-def _token(t: TokenOutput, tgi: bool) -> dict[str, Any]:
-    if tgi:
-        return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
-    out: dict[str, Any] = {"id": t.id, "text": t.text, "log_prob": t.logprob}
-    if t.special:
-        out["special_token"] = True
-    return out
-
-
-def _top(t: TokenOutput, tgi: bool) -> list[dict[str, Any]]:
-    return [_token(a, tgi) for a in t.top or []]
-
-
 def _sequence_details(seq: SequenceOutput, req: ParsedRequest) -> dict[str, Any]:
     tgi = req.tgi_compat
     details: dict[str, Any] = {
         "finish_reason": seq.finish_reason,
         "generated_tokens": len(seq.tokens),
-        "tokens": [_token(t, tgi) for t in seq.tokens],
+        "tokens": [tokens.token(t, tgi) for t in seq.tokens],
     }
     if req.parameters.top_n_tokens:
-        details["top_tokens"] = [_top(t, tgi) for t in seq.tokens]
+        details["top_tokens"] = [tokens.top(t, tgi) for t in seq.tokens]
     return details
 
 
@@ -276,12 +265,12 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
             "finish_reason": best.finish_reason,
             "generated_tokens": len(best.tokens),
             "inputs": out.prompt,
-            "tokens": [_token(t, tgi) for t in best.tokens],
+            "tokens": [tokens.token(t, tgi) for t in best.tokens],
         }
         if p.top_n_tokens:
-            details["top_tokens"] = [_top(t, tgi) for t in best.tokens]
+            details["top_tokens"] = [tokens.top(t, tgi) for t in best.tokens]
         if p.decoder_input_details and out.prompt_tokens is not None:
-            details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
+            details["prefill"] = [tokens.token(t, tgi) for t in out.prompt_tokens]
         count = p.num_beams if p.num_beams > 1 else p.n if p.n > 1 else (p.best_of or 1)
         if count > 1:
             details["best_of_sequences"] = [
@@ -306,15 +295,15 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
     p = req.parameters
     tgi = req.tgi_compat
     lines = []
-    tokens = seq.new_tokens
+    new = seq.new_tokens
     prefix = out.prompt if (first and p.return_full_text) else ""
-    for i, token in enumerate(tokens):
-        line: dict[str, Any] = {"token": _token(token, tgi)}
+    for i, t in enumerate(new):
+        line: dict[str, Any] = {"token": tokens.token(t, tgi)}
         if prefix and i == 0:
-            line["token"]["text"] = prefix + token.text
+            line["token"]["text"] = prefix + t.text
         if p.top_n_tokens:
-            line["top_tokens"] = _top(token, tgi)
-        last = i == len(tokens) - 1 and seq.finished
+            line["top_tokens"] = tokens.top(t, tgi)
+        last = i == len(new) - 1 and seq.finished
         if last:
             line["generated_text"] = _full_text(out, seq, p)
             if p.details or p.decoder_input_details:
@@ -324,7 +313,7 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
                     "inputs": out.prompt,
                 }
                 if p.decoder_input_details and out.prompt_tokens is not None:
-                    details["prefill"] = [_token(t, tgi) for t in out.prompt_tokens]
+                    details["prefill"] = [tokens.token(t, tgi) for t in out.prompt_tokens]
                 line["details"] = details
             elif tgi:
                 line["details"] = None
@@ -338,7 +327,7 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
 # --- errors ------------------------------------------------------------------------------
 
 
-class LmiResponder:
+class LmiResponder(Responder):
     """The rolling-batch schema as a server Responder."""
 
     def __init__(self, req: ParsedRequest):
@@ -351,9 +340,6 @@ class LmiResponder:
         data = stream_chunks(out, self.req, first=not self._started)
         self._started = self._started or bool(out.sequences[0].new_tokens)
         return data
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return final_body(outs[0], self.req)
@@ -391,7 +377,7 @@ def stream_error_chunk(req: ParsedRequest, message: str) -> bytes:
         return _frame({"error": message, "error_type": "generation"}, req)
     return _frame(
         {
-            "token": {"id": -1, "text": "", "log_prob": -1, "special_token": True},
+            "token": tokens.lmi_fields(-1, "", -1, True),
             "generated_text": "",
             "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None},
         },

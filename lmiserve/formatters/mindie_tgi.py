@@ -18,13 +18,9 @@ from typing import Any
 
 import orjson
 
-from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
-from . import errors
+from ..generation.request import RequestOutput, SequenceOutput
+from . import errors, tokens
 from .tgi import SSE, ParsedTgi
-
-
-def _token(t: TokenOutput) -> dict[str, Any]:
-    return {"id": t.id, "logprob": t.logprob, "special": t.special, "text": t.text}
 
 
 def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
@@ -33,17 +29,17 @@ def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
 
 def _sequence(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi, seed: int) -> dict[str, Any]:
     p = parsed.parameters
-    prefill = [_token(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
+    prefill = [tokens.mindie(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
     details: dict[str, Any] = {
         "prompt_tokens": len(out.prompt_token_ids),
         "finish_reason": seq.finish_reason,
         "generated_tokens": len(seq.tokens),
         "prefill": prefill,
         "seed": seed,
-        "tokens": [_token(t) for t in seq.tokens],
+        "tokens": [tokens.mindie(t) for t in seq.tokens],
     }
     if p.top_n_tokens:
-        details["top_tokens"] = [[_token(a) for a in t.top or []] for t in seq.tokens]
+        details["top_tokens"] = [[tokens.mindie(a) for a in t.top or []] for t in seq.tokens]
     return details
 
 
@@ -100,9 +96,6 @@ class MindieResponder(errors.ErrorsIn):
                     "seed": self.parsed.seed,
                 }
         return _event(event)
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return orjson.dumps([generate_body(outs[0], self.parsed)])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
+from . import tokens
 
 
 @dataclass
@@ -25,14 +26,11 @@ class Token:
 
     def as_dict(self) -> dict[str, Any]:
         """LMI's token object: ``{"id", "text", "log_prob"}`` (plus ``special_token`` when true)."""
-        out: dict[str, Any] = {"id": self.id, "text": self.text, "log_prob": self.log_prob}
-        if self.special_token:
-            out["special_token"] = True
-        return out
+        return tokens.lmi_fields(self.id, self.text, self.log_prob, self.special_token)
 
     def as_tgi_dict(self) -> dict[str, Any]:
         """TGI's token object: ``{"id", "text", "logprob", "special"}``."""
-        return {"id": self.id, "text": self.text, "logprob": self.log_prob, "special": self.special_token}
+        return tokens.tgi_fields(self.id, self.text, self.log_prob, self.special_token)
 
 
 @dataclass

@@ -19,9 +19,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from ..errors import ValidationFailed
-from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
 from ..wire import GuidedDecoding, SamplingParams
-from . import errors
+from . import errors, tokens
 from .shapes import json_object
 from .validation import validated, without_nulls
 
@@ -215,21 +215,17 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
 # --- responses ---------------------------------------------------------------------------
 
 
-def token(t: TokenOutput) -> dict[str, Any]:
-    return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
-
-
 def _prefill(out: RequestOutput) -> list[dict[str, Any]]:
     """TGI's ``PrefillToken``: id, text, logprob."""
     if out.prompt_tokens is None:
         return []
-    return [{"id": t.id, "text": t.text, "logprob": t.logprob} for t in out.prompt_tokens]
+    return [tokens.tgi_prefill(t) for t in out.prompt_tokens]
 
 
 def _top_tokens(seq: SequenceOutput, parsed: ParsedTgi) -> list[list[dict[str, Any]]] | None:
     if not parsed.parameters.top_n_tokens:
         return None
-    return [[token(a) for a in t.top or []] for t in seq.tokens]
+    return [tokens.top(t) for t in seq.tokens]
 
 
 def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
@@ -250,7 +246,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
             "generated_tokens": len(best.tokens),
             "seed": parsed.seed,
             "prefill": _prefill(out),
-            "tokens": [token(t) for t in best.tokens],
+            "tokens": [tokens.tgi(t) for t in best.tokens],
         }
         if len(ranked) > 1:
             details["best_of_sequences"] = [
@@ -260,7 +256,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
                     "generated_tokens": len(s.tokens),
                     "seed": parsed.seed + s.index,
                     "prefill": _prefill(out),
-                    "tokens": [token(t) for t in s.tokens],
+                    "tokens": [tokens.tgi(t) for t in s.tokens],
                     **({"top_tokens": _top_tokens(s, parsed)} if p.top_n_tokens else {}),
                 }
                 for s in ranked[1:]
@@ -291,14 +287,14 @@ class TgiResponder(errors.ErrorsIn):
         p = self.parsed.parameters
         events = []
         for i, t in enumerate(seq.new_tokens):
-            tok = token(t)
+            tok = tokens.tgi(t)
             if self._first and p.return_full_text:
                 tok["text"] = out.prompt + tok["text"]
             self._first = False
             self._index += 1
             event: dict[str, Any] = {"index": self._index, "token": tok}
             if p.top_n_tokens:
-                event["top_tokens"] = [token(a) for a in t.top or []]
+                event["top_tokens"] = tokens.top(t)
             event["generated_text"] = None
             event["details"] = None
             if seq.finished and i == len(seq.new_tokens) - 1:
@@ -311,9 +307,6 @@ class TgiResponder(errors.ErrorsIn):
                     }
             events.append(b"data:" + orjson.dumps(event) + b"\n\n")
         return b"".join(events)
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         body = generate_body(outs[0], self.parsed)
