@@ -124,17 +124,10 @@ def _token(t: TokenOutput) -> Token:
 
 
 def _sequence(seq: SequenceOutput, latest: bool) -> Sequence:
-    tokens = [_token(t) for t in seq.tokens]
+    """The view of ``seq``; its new tokens only where it changed in the latest update."""
+    ended = (seq.finish_reason, seq.stop_reason, seq.cumulative_logprob)
     new = [_token(t) for t in seq.new_tokens] if latest else []
-    return Sequence(
-        index=seq.index,
-        text=seq.text,
-        tokens=tokens,
-        new_tokens=new,
-        finish_reason=seq.finish_reason,
-        stop_reason=seq.stop_reason,
-        cumulative_log_prob=seq.cumulative_logprob,
-    )
+    return Sequence(seq.index, seq.text, [_token(t) for t in seq.tokens], new, *ended)
 
 
 def generation_output(out: RequestOutput, request: TextInput) -> TextGenerationOutput:
