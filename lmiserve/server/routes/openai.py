@@ -13,8 +13,8 @@ from ...formatters.shapes import json_object
 from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, ServedModel
 from ..bodies import read_body
 from ..errors import error_response
-from ..http_reply import respond
-from ..handler_response import invoke_handler
+from ..handler_response import handler_reply
+from ..http_reply import http_response, respond
 
 router = APIRouter()
 
@@ -91,16 +91,16 @@ async def embeddings(request: Request, data: dict, with_id: bool = False) -> Res
     protocol = request.state.protocol
     model = embedding_model(request, data.get("model") if isinstance(data.get("model"), str) else None)
     body = orjson.dumps({**data, "_with_id": with_id})
-    response = await invoke_handler(model, request, body)
-    if response.status_code >= 400:  # the handler's error, in this protocol's shape
-        payload = orjson.loads(response.body)
+    reply = await handler_reply(model, request, body)
+    if reply.status >= 400:  # the handler's error, in this protocol's shape
+        payload = orjson.loads(reply.body)
         err = (
             ValidationFailed(payload.get("error", "invalid request"))
-            if response.status_code < 500
-            else LmiServeError(payload.get("error", "failed"), status=response.status_code)
+            if reply.status < 500
+            else LmiServeError(payload.get("error", "failed"), status=reply.status)
         )
         return error_response(err, protocol)
-    return response
+    return http_response(reply)
 
 
 @router.post("/v1/embeddings")
