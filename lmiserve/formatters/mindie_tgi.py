@@ -23,17 +23,12 @@ from . import errors, tokens
 from .tgi import SSE, ParsedTgi
 
 
-def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
-    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
-
-
 def _sequence(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi, seed: int) -> dict[str, Any]:
     p = parsed.parameters
     prefill = [tokens.mindie(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
     details: dict[str, Any] = {
         "prompt_tokens": len(out.prompt_token_ids),
-        "finish_reason": seq.finish_reason,
-        "generated_tokens": len(seq.tokens),
+        **tokens.sequence_end(seq),
         "prefill": prefill,
         "seed": seed,
         "tokens": [tokens.mindie(t) for t in seq.tokens],
@@ -48,14 +43,17 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     ranked = out.ranked()
     best = ranked[0]
     if not (p.details or p.decoder_input_details):
-        return {"generated_text": _text(out, best, parsed)}
+        return {"generated_text": tokens.generated_text(out, best, p.return_full_text)}
     details = _sequence(out, best, parsed, parsed.seed)
     if len(ranked) > 1:
         details["best_of_sequences"] = [
-            {"generated_text": _text(out, s, parsed), **_sequence(out, s, parsed, parsed.seed + s.index)}
+            {
+                "generated_text": tokens.generated_text(out, s, p.return_full_text),
+                **_sequence(out, s, parsed, parsed.seed + s.index),
+            }
             for s in ranked[1:]
         ]
-    return {"details": details, "generated_text": _text(out, best, parsed)}
+    return {"details": details, "generated_text": tokens.generated_text(out, best, p.return_full_text)}
 
 
 def _event(obj: dict[str, Any]) -> bytes:
@@ -87,12 +85,11 @@ class MindieResponder(errors.ErrorsIn):
         token = {"id": [t.id for t in new], "text": text, "logprob": last.logprob, "special": last.special}
         event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
         if seq.finished:
-            event["generated_text"] = _text(out, seq, self.parsed)
+            event["generated_text"] = tokens.generated_text(out, seq, p.return_full_text)
             if p.details:
                 event["details"] = {
                     "prompt_tokens": len(out.prompt_token_ids),
-                    "finish_reason": seq.finish_reason,
-                    "generated_tokens": len(seq.tokens),
+                    **tokens.sequence_end(seq),
                     "seed": self.parsed.seed,
                 }
         return _event(event)

@@ -228,10 +228,6 @@ def _top_tokens(seq: SequenceOutput, parsed: ParsedTgi) -> list[list[dict[str, A
     return [tokens.top(t) for t in seq.tokens]
 
 
-def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
-    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
-
-
 def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     """TGI's ``GenerateResponse``: ``generated_text``, plus ``details`` (finish_reason,
     generated_tokens, seed, prefill, tokens, then best_of_sequences and top_tokens when there
@@ -239,11 +235,10 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     p = parsed.parameters
     ranked = out.ranked()
     best = ranked[0]
-    body: dict[str, Any] = {"generated_text": _text(out, best, parsed)}
+    body: dict[str, Any] = {"generated_text": tokens.generated_text(out, best, p.return_full_text)}
     if p.details or p.decoder_input_details:
         details: dict[str, Any] = {
-            "finish_reason": best.finish_reason,
-            "generated_tokens": len(best.tokens),
+            **tokens.sequence_end(best),
             "seed": parsed.seed,
             "prefill": _prefill(out),
             "tokens": [tokens.tgi(t) for t in best.tokens],
@@ -251,9 +246,8 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
         if len(ranked) > 1:
             details["best_of_sequences"] = [
                 {
-                    "generated_text": _text(out, s, parsed),
-                    "finish_reason": s.finish_reason,
-                    "generated_tokens": len(s.tokens),
+                    "generated_text": tokens.generated_text(out, s, p.return_full_text),
+                    **tokens.sequence_end(s),
                     "seed": parsed.seed + s.index,
                     "prefill": _prefill(out),
                     "tokens": [tokens.tgi(t) for t in s.tokens],
@@ -298,11 +292,10 @@ class TgiResponder(errors.ErrorsIn):
             event["generated_text"] = None
             event["details"] = None
             if seq.finished and i == len(seq.new_tokens) - 1:
-                event["generated_text"] = _text(out, seq, self.parsed)
+                event["generated_text"] = tokens.generated_text(out, seq, p.return_full_text)
                 if p.details:
                     event["details"] = {
-                        "finish_reason": seq.finish_reason,
-                        "generated_tokens": len(seq.tokens),
+                        **tokens.sequence_end(seq),
                         "seed": self.parsed.seed,
                     }
             events.append(b"data:" + orjson.dumps(event) + b"\n\n")

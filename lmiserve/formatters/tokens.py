@@ -1,11 +1,12 @@
 """A generated token as LMI's, TGI's and MindIE's JSON: one place for the token objects
-every formatter (and a custom formatter's :class:`~.request_io.Token`) sends."""
+every formatter (and a custom formatter's :class:`~.request_io.Token`) sends, and for a
+sequence's text and how it ended."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..generation.request import TokenOutput
+from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 
 def lmi_fields(id: int, text: str, log_prob: float | None, special: bool) -> dict[str, Any]:
@@ -19,6 +20,18 @@ def lmi_fields(id: int, text: str, log_prob: float | None, special: bool) -> dic
 def tgi_fields(id: int, text: str, logprob: float | None, special: bool) -> dict[str, Any]:
     """TGI's token object: ``{"id", "text", "logprob", "special"}``."""
     return {"id": id, "text": text, "logprob": logprob, "special": special}
+
+
+def sequence_end(seq: SequenceOutput) -> dict[str, Any]:
+    """How a sequence ended, as the TGI family's ``details`` begin: ``finish_reason`` and
+    ``generated_tokens``."""
+    return {"finish_reason": seq.finish_reason, "generated_tokens": len(seq.tokens)}
+
+
+def generated_text(out: RequestOutput, seq: SequenceOutput, full: bool) -> str:
+    """A sequence's ``generated_text``: its text, after the prompt when ``full``
+    (``return_full_text``)."""
+    return out.prompt + seq.text if full else seq.text
 
 
 def lmi(t: TokenOutput) -> dict[str, Any]:
