@@ -80,22 +80,6 @@ def error_reply(responder: Responder, err: LmiServeError) -> Reply:
     return Reply(status, body, responder.error_media_type, dict(err.headers or {}))
 
 
-async def unless_gone(work: Awaitable[Any], disconnected: Callable[[], Awaitable[None]] | None) -> Any:
-    """What ``work`` returns; None (``work`` cancelled) when the client goes away first."""
-    task = asyncio.ensure_future(work)
-    if disconnected is None:
-        return await task
-    gone = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    return None if task.cancelled() else task.result()
-
-
 async def run_to_end(
     model: Any,
     gens: list[Generation],
