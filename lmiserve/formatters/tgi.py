@@ -233,8 +233,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     generated_tokens, seed, prefill, tokens, then best_of_sequences and top_tokens when there
     are any) when asked for."""
     p = parsed.parameters
-    ranked = out.ranked()
-    best = ranked[0]
+    best, *others = out.ranked()
     body: dict[str, Any] = {"generated_text": tokens.generated_text(out, best, p.return_full_text)}
     if p.details or p.decoder_input_details:
         details: dict[str, Any] = {
@@ -243,7 +242,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
             "prefill": _prefill(out),
             "tokens": [tokens.tgi(t) for t in best.tokens],
         }
-        if len(ranked) > 1:
+        if others:
             details["best_of_sequences"] = [
                 {
                     "generated_text": tokens.generated_text(out, s, p.return_full_text),
@@ -253,7 +252,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
                     "tokens": [tokens.tgi(t) for t in s.tokens],
                     **({"top_tokens": _top_tokens(s, parsed)} if p.top_n_tokens else {}),
                 }
-                for s in ranked[1:]
+                for s in others
             ]
         top = _top_tokens(best, parsed)
         if top is not None:
