@@ -156,7 +156,9 @@ class AdapterCommand(Msg):
 
 class AdapterResult(Msg):
     op_id: int
-    status: int = 200
+    kind: str | None = None
+    """None: done; else why not (:class:`~lmiserve.rolling_batch.lora.adapters.AdapterError`'s
+    kinds: not_found, conflict, invalid, unloadable, no_capacity, disabled, unknown_action)."""
     error: str | None = None
 
 

@@ -23,6 +23,7 @@ from ..generation.request import GenerationRequest, RequestOutput
 from ..wire import SamplingParams
 from .errors import bedrock as bedrock_error
 from .errors import bedrock_type
+from .responder import Responder
 from .shapes import UNDECODABLE
 
 JSON = "application/json"
@@ -121,7 +122,7 @@ def error_body(err: LmiServeError) -> tuple[int, bytes, dict[str, str]]:
     return status, orjson.dumps(body), {ERROR_TYPE_HEADER: bedrock_type(err)[0]}
 
 
-class BedrockResponder:
+class BedrockResponder(Responder):
     """The Bedrock Llama schema as a server Responder."""
 
     def __init__(self, req: BedrockRequest):
@@ -144,9 +145,6 @@ class BedrockResponder:
         self._sent_text = len(seq.text)
         self._first = False
         return orjson.dumps(line) + b"\n"
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return final_body(outs[0])

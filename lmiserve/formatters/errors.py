@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ..errors import GenerationError, LmiServeError
+from .responder import Responder
 
 ErrorBody = tuple[int, dict[str, Any]]
 
@@ -95,7 +96,7 @@ PROTOCOLS = {
 }
 
 
-class ErrorsIn:
+class ErrorsIn(Responder):
     """A responder's ``error_chunk`` and ``error_body`` in its protocol's error shape.
 
     A subclass names the protocol's mapping (``error_shape = staticmethod(errors.tgi)``) and

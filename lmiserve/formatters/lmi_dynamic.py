@@ -20,7 +20,10 @@ CONTENT_TYPE = "application/json"
 STREAM_CONTENT_TYPE = "application/jsonlines"
 
 
-class DynamicParameters(BaseModel):
+class LmiSampling(BaseModel):
+    """The sampling parameters both LMI schemas take (the rolling batch's allow a temperature of
+    0 and a top_k of -1)."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     do_sample: bool = False
@@ -29,6 +32,9 @@ class DynamicParameters(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+
+
+class DynamicParameters(LmiSampling):
     max_new_tokens: int = Field(30, ge=1)
     return_full_text: bool = False
     stop_sequences: tuple[StrictStr, ...] = ()

@@ -18,32 +18,23 @@ from typing import Any
 
 import orjson
 
-from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
-from . import errors
+from ..generation.request import RequestOutput, SequenceOutput
+from . import errors, tokens
 from .tgi import SSE, ParsedTgi
-
-
-def _token(t: TokenOutput) -> dict[str, Any]:
-    return {"id": t.id, "logprob": t.logprob, "special": t.special, "text": t.text}
-
-
-def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
-    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
 
 
 def _sequence(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi, seed: int) -> dict[str, Any]:
     p = parsed.parameters
-    prefill = [_token(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
+    prefill = [tokens.mindie(t) for t in out.prompt_tokens or []] if p.decoder_input_details else []
     details: dict[str, Any] = {
         "prompt_tokens": len(out.prompt_token_ids),
-        "finish_reason": seq.finish_reason,
-        "generated_tokens": len(seq.tokens),
+        **tokens.sequence_end(seq),
         "prefill": prefill,
         "seed": seed,
-        "tokens": [_token(t) for t in seq.tokens],
+        "tokens": [tokens.mindie(t) for t in seq.tokens],
     }
     if p.top_n_tokens:
-        details["top_tokens"] = [[_token(a) for a in t.top or []] for t in seq.tokens]
+        details["top_tokens"] = [[tokens.mindie(a) for a in t.top or []] for t in seq.tokens]
     return details
 
 
@@ -52,14 +43,17 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     ranked = out.ranked()
     best = ranked[0]
     if not (p.details or p.decoder_input_details):
-        return {"generated_text": _text(out, best, parsed)}
+        return {"generated_text": tokens.generated_text(out, best, p.return_full_text)}
     details = _sequence(out, best, parsed, parsed.seed)
     if len(ranked) > 1:
         details["best_of_sequences"] = [
-            {"generated_text": _text(out, s, parsed), **_sequence(out, s, parsed, parsed.seed + s.index)}
+            {
+                "generated_text": tokens.generated_text(out, s, p.return_full_text),
+                **_sequence(out, s, parsed, parsed.seed + s.index),
+            }
             for s in ranked[1:]
         ]
-    return {"details": details, "generated_text": _text(out, best, parsed)}
+    return {"details": details, "generated_text": tokens.generated_text(out, best, p.return_full_text)}
 
 
 def _event(obj: dict[str, Any]) -> bytes:
@@ -91,18 +85,14 @@ class MindieResponder(errors.ErrorsIn):
         token = {"id": [t.id for t in new], "text": text, "logprob": last.logprob, "special": last.special}
         event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
         if seq.finished:
-            event["generated_text"] = _text(out, seq, self.parsed)
+            event["generated_text"] = tokens.generated_text(out, seq, p.return_full_text)
             if p.details:
                 event["details"] = {
                     "prompt_tokens": len(out.prompt_token_ids),
-                    "finish_reason": seq.finish_reason,
-                    "generated_tokens": len(seq.tokens),
+                    **tokens.sequence_end(seq),
                     "seed": self.parsed.seed,
                 }
         return _event(event)
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return orjson.dumps([generate_body(outs[0], self.parsed)])

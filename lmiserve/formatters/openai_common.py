@@ -15,6 +15,8 @@ from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
 from . import errors
+from .responder import Responder
+from .sampling import beam_search, sampled
 from .validation import without_nulls
 
 MAX_SEED = 2**64 - 1
@@ -78,7 +80,7 @@ OPENAI_COMPLETIONS = Style("text_completion")
 OPENAI_CHAT = Style("chat.completion")
 
 
-class StyledResponder:
+class StyledResponder(Responder):
     """Streaming and error plumbing shared by the completions and chat responders."""
 
     outs: list[RequestOutput] | None = None
@@ -213,38 +215,18 @@ class SamplingFields(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
     def sampling(self, max_tokens: int, logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
+        asked = {"max_new_tokens": max_tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
         if self.use_beam_search:
-            width = max(self.best_of or self.n, self.n)
-            return SamplingParams(
-                max_new_tokens=max_tokens,
-                n=self.n,
-                best_of=self.n,
-                num_beams=width,
-                length_penalty=self.length_penalty,
-                early_stopping=self.early_stopping,
-                ignore_eos=self.ignore_eos,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-            )
-        greedy = self.temperature == 0
-        return SamplingParams(
-            max_new_tokens=max_tokens,
-            do_sample=not greedy,
-            temperature=self.temperature if not greedy else 1.0,
-            top_k=max(self.top_k, 0),
-            top_p=self.top_p,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed if self.seed is None else self.seed % 2**63,
+            return beam_search(self, max(self.best_of or self.n, self.n), self.n, self.ignore_eos, **asked)
+        seed = self.seed if self.seed is None else self.seed % 2**63
+        return sampled(
+            self,
+            seed=seed,
             n=self.n,
             best_of=self.best_of or self.n,
-            stop_token_ids=list(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
             min_new_tokens=self.min_tokens,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            **asked,
         )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
+from . import tokens
 
 
 @dataclass
@@ -25,14 +26,11 @@ class Token:
 
     def as_dict(self) -> dict[str, Any]:
         """LMI's token object: ``{"id", "text", "log_prob"}`` (plus ``special_token`` when true)."""
-        out: dict[str, Any] = {"id": self.id, "text": self.text, "log_prob": self.log_prob}
-        if self.special_token:
-            out["special_token"] = True
-        return out
+        return tokens.lmi_fields(self.id, self.text, self.log_prob, self.special_token)
 
     def as_tgi_dict(self) -> dict[str, Any]:
         """TGI's token object: ``{"id", "text", "logprob", "special"}``."""
-        return {"id": self.id, "text": self.text, "logprob": self.log_prob, "special": self.special_token}
+        return tokens.tgi_fields(self.id, self.text, self.log_prob, self.special_token)
 
 
 @dataclass
@@ -126,17 +124,10 @@ def _token(t: TokenOutput) -> Token:
 
 
 def _sequence(seq: SequenceOutput, latest: bool) -> Sequence:
-    tokens = [_token(t) for t in seq.tokens]
+    """The view of ``seq``; its new tokens only where it changed in the latest update."""
+    ended = (seq.finish_reason, seq.stop_reason, seq.cumulative_logprob)
     new = [_token(t) for t in seq.new_tokens] if latest else []
-    return Sequence(
-        index=seq.index,
-        text=seq.text,
-        tokens=tokens,
-        new_tokens=new,
-        finish_reason=seq.finish_reason,
-        stop_reason=seq.stop_reason,
-        cumulative_log_prob=seq.cumulative_logprob,
-    )
+    return Sequence(seq.index, seq.text, [_token(t) for t in seq.tokens], new, *ended)
 
 
 def generation_output(out: RequestOutput, request: TextInput) -> TextGenerationOutput:

@@ -19,9 +19,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from ..errors import ValidationFailed
-from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
 from ..wire import GuidedDecoding, SamplingParams
-from . import errors
+from . import errors, tokens
 from .shapes import json_object
 from .validation import validated, without_nulls
 
@@ -215,25 +215,17 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
 # --- responses ---------------------------------------------------------------------------
 
 
-def token(t: TokenOutput) -> dict[str, Any]:
-    return {"id": t.id, "text": t.text, "logprob": t.logprob, "special": t.special}
-
-
 def _prefill(out: RequestOutput) -> list[dict[str, Any]]:
     """TGI's ``PrefillToken``: id, text, logprob."""
     if out.prompt_tokens is None:
         return []
-    return [{"id": t.id, "text": t.text, "logprob": t.logprob} for t in out.prompt_tokens]
+    return [tokens.tgi_prefill(t) for t in out.prompt_tokens]
 
 
 def _top_tokens(seq: SequenceOutput, parsed: ParsedTgi) -> list[list[dict[str, Any]]] | None:
     if not parsed.parameters.top_n_tokens:
         return None
-    return [[token(a) for a in t.top or []] for t in seq.tokens]
-
-
-def _text(out: RequestOutput, seq: SequenceOutput, parsed: ParsedTgi) -> str:
-    return out.prompt + seq.text if parsed.parameters.return_full_text else seq.text
+    return [tokens.top(t) for t in seq.tokens]
 
 
 def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
@@ -241,29 +233,26 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
     generated_tokens, seed, prefill, tokens, then best_of_sequences and top_tokens when there
     are any) when asked for."""
     p = parsed.parameters
-    ranked = out.ranked()
-    best = ranked[0]
-    body: dict[str, Any] = {"generated_text": _text(out, best, parsed)}
+    best, *others = out.ranked()
+    body: dict[str, Any] = {"generated_text": tokens.generated_text(out, best, p.return_full_text)}
     if p.details or p.decoder_input_details:
         details: dict[str, Any] = {
-            "finish_reason": best.finish_reason,
-            "generated_tokens": len(best.tokens),
+            **tokens.sequence_end(best),
             "seed": parsed.seed,
             "prefill": _prefill(out),
-            "tokens": [token(t) for t in best.tokens],
+            "tokens": [tokens.tgi(t) for t in best.tokens],
         }
-        if len(ranked) > 1:
+        if others:
             details["best_of_sequences"] = [
                 {
-                    "generated_text": _text(out, s, parsed),
-                    "finish_reason": s.finish_reason,
-                    "generated_tokens": len(s.tokens),
+                    "generated_text": tokens.generated_text(out, s, p.return_full_text),
+                    **tokens.sequence_end(s),
                     "seed": parsed.seed + s.index,
                     "prefill": _prefill(out),
-                    "tokens": [token(t) for t in s.tokens],
+                    "tokens": [tokens.tgi(t) for t in s.tokens],
                     **({"top_tokens": _top_tokens(s, parsed)} if p.top_n_tokens else {}),
                 }
-                for s in ranked[1:]
+                for s in others
             ]
         top = _top_tokens(best, parsed)
         if top is not None:
@@ -291,29 +280,25 @@ class TgiResponder(errors.ErrorsIn):
         p = self.parsed.parameters
         events = []
         for i, t in enumerate(seq.new_tokens):
-            tok = token(t)
+            tok = tokens.tgi(t)
             if self._first and p.return_full_text:
                 tok["text"] = out.prompt + tok["text"]
             self._first = False
             self._index += 1
             event: dict[str, Any] = {"index": self._index, "token": tok}
             if p.top_n_tokens:
-                event["top_tokens"] = [token(a) for a in t.top or []]
+                event["top_tokens"] = tokens.top(t)
             event["generated_text"] = None
             event["details"] = None
             if seq.finished and i == len(seq.new_tokens) - 1:
-                event["generated_text"] = _text(out, seq, self.parsed)
+                event["generated_text"] = tokens.generated_text(out, seq, p.return_full_text)
                 if p.details:
                     event["details"] = {
-                        "finish_reason": seq.finish_reason,
-                        "generated_tokens": len(seq.tokens),
+                        **tokens.sequence_end(seq),
                         "seed": self.parsed.seed,
                     }
             events.append(b"data:" + orjson.dumps(event) + b"\n\n")
         return b"".join(events)
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         body = generate_body(outs[0], self.parsed)

@@ -12,12 +12,13 @@ each step's text to a callback for streaming.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from ..formatters.lmi_dynamic import DynamicParameters
 from ..generation.detokenizer import IncrementalDetokenizer
 from ..generation.sampling import (
     apply_penalties,
@@ -33,21 +34,11 @@ StepCallback = Callable[[list[str | None]], None]
 
 @dataclass
 class GenRow:
-    prompt_ids: list[int]
-    max_new_tokens: int = 30
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop_sequences: Sequence[str] = ()
+    """One prompt, decoded as its request's parameters say (``max_new_tokens``, sampling,
+    ``seed``, ``stop_sequences``)."""
 
-    @classmethod
-    def of(cls, prompt_ids: list[int], params: Any) -> GenRow:
-        """A row for ``prompt_ids`` decoded as ``params`` says (an object with this class's fields)."""
-        names = [f.name for f in fields(cls) if f.name != "prompt_ids"]
-        return cls(prompt_ids, **{name: getattr(params, name) for name in names})
+    prompt_ids: list[int]
+    params: DynamicParameters = field(default_factory=DynamicParameters)
 
 
 @dataclass
@@ -61,7 +52,7 @@ class _RowState:
     def __init__(self, row: GenRow, tokenizer: Any):
         self.row = row
         self.detok = IncrementalDetokenizer(tokenizer, row.prompt_ids)
-        self.matcher = StopStringMatcher(row.stop_sequences)
+        self.matcher = StopStringMatcher(row.params.stop_sequences)
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
@@ -81,7 +72,7 @@ class _RowState:
             out = self.matcher.feed(self.detok.add([token]))
             if self.matcher.matched is not None:
                 self._finish("stop_sequence")
-            elif len(self.ids) >= self.row.max_new_tokens:
+            elif len(self.ids) >= self.row.params.max_new_tokens:
                 out += self._finish("length")
         self.text += out
         return out
@@ -106,18 +97,18 @@ class _RowTracker(StoppingCriteria):
 
 class _RowSampler(LogitsProcessor):
     def __init__(self, rows: list[GenRow], pad_lengths: list[int], device: torch.device):
-        self.penalized = [i for i, r in enumerate(rows) if r.repetition_penalty != 1.0]
-        self.sampled = [i for i, r in enumerate(rows) if r.do_sample]
+        self.penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+        self.sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
         self.pad_lengths = pad_lengths
         self.rows = rows
         if self.penalized:
-            self.penalties = torch.tensor([rows[i].repetition_penalty for i in self.penalized], device=device)
+            self.penalties = torch.tensor([rows[i].params.repetition_penalty for i in self.penalized], device=device)
         if self.sampled:
             pick = [rows[i] for i in self.sampled]
-            self.temperature = torch.tensor([r.temperature for r in pick], device=device)
-            self.top_k = torch.tensor([r.top_k for r in pick], device=device)
-            self.top_p = torch.tensor([r.top_p for r in pick], device=device)
-            self.generators = [make_generator(r.seed, device) for r in pick]
+            self.temperature = torch.tensor([r.params.temperature for r in pick], device=device)
+            self.top_k = torch.tensor([r.params.top_k for r in pick], device=device)
+            self.top_p = torch.tensor([r.params.top_p for r in pick], device=device)
+            self.generators = [make_generator(r.params.seed, device) for r in pick]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.penalized:
@@ -159,7 +150,7 @@ class BatchGenerator:
         )
         states = [_RowState(r, self.tokenizer) for r in rows]
         config = GenerationConfig(
-            max_new_tokens=max(r.max_new_tokens for r in rows),
+            max_new_tokens=max(r.params.max_new_tokens for r in rows),
             do_sample=False,
             num_beams=1,
             eos_token_id=sorted(self.eos_ids),

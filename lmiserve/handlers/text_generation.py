@@ -94,7 +94,7 @@ class TextGenerationService:
                     f"the prompt has {len(ids)} tokens and max_new_tokens is {params.max_new_tokens}: "
                     f"more than max_model_len ({self.max_model_len})"
                 )
-            rows.append(GenRow.of(ids, params))
+            rows.append(GenRow(ids, params))
         stream = request.stream if request.stream is not None else self.enable_streaming
         return _Request(index, request.prompts, params, rows, stream)
 

@@ -12,6 +12,7 @@ from .. import __version__
 from ..config import Settings
 from ..serving import ModelAdmin, ModelPool, ModelRegistry
 from . import errors
+from .data_plane import DataPlane
 from .drain import Drain, DrainMiddleware
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
@@ -47,6 +48,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     app.state.settings = settings
     app.state.admin = ModelAdmin(registry, settings)
     app.state.metrics = ServerMetrics(registry)
+    app.state.plane = DataPlane(registry, app.state.metrics)
     multi = settings.server.multi_model
     app.state.pool = ModelPool(registry, settings, app.state.metrics.registry) if multi else None
     app.state.drain = Drain()

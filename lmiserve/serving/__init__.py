@@ -6,33 +6,19 @@ their :class:`Reply` into responses.
 """
 
 from .engine_model import EngineModel
-from .generation import Generation, Observer, submit_all, updates
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
 from .model_pool import MIB, Lease, ModelPool, memory_budget
 from .registry import ModelRegistry, ServedModel
-from .respond import (
-    DeadlinePassed,
-    Reply,
-    Responder,
-    error_reply,
-    expired,
-    output_error,
-    respond,
-    run_to_end,
-    timing_headers,
-    unless_gone,
-)
+from .respond import Reply, Responder, error_reply, respond
 from .snapshot import ModelSnapshot
 
 __all__ = [
     "EMBEDDING_HANDLER",
     "MIB",
     "TEXT_GENERATION_HANDLER",
-    "DeadlinePassed",
     "EngineModel",
-    "Generation",
     "HandlerModel",
     "Lease",
     "ModelAdmin",
@@ -40,19 +26,11 @@ __all__ = [
     "ModelPool",
     "ModelRegistry",
     "ModelSnapshot",
-    "Observer",
     "Reply",
     "Responder",
     "ServedModel",
     "build_model",
     "error_reply",
-    "expired",
     "memory_budget",
-    "output_error",
     "respond",
-    "run_to_end",
-    "submit_all",
-    "timing_headers",
-    "unless_gone",
-    "updates",
 ]

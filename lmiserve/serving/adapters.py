@@ -41,22 +41,25 @@ class AdapterInfo:
         return {"name": self.name, "src": self.src, "preload": self.preload, "pin": self.pin}
 
 
-_STATUS: dict[int, type[LmiServeError]] = {
-    400: BadRequest,
-    404: NotFound,
-    409: Conflict,
-    507: InsufficientMemory,
+_REFUSALS: dict[str, type[LmiServeError]] = {
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "no_capacity": InsufficientMemory,
+    "disabled": BadRequest,
+    "unknown_action": BadRequest,
 }
+"""The error for each kind of refusal the engine answers an adapter command with; the others
+("invalid" options, an "unloadable" adapter) are DJL's 424."""
 
 
 def _raise_for(result: Any) -> None:
-    """An engine's AdapterResult as the error the management API answers (424 for a handler error)."""
-    if result.status < 300:
+    """An engine's AdapterResult as the error the management API answers."""
+    if result.kind is None:
         return
-    kind = _STATUS.get(result.status)
-    if kind is not None:
-        raise kind(result.error or "")
-    raise LmiServeError(result.error or "the adapter could not be loaded", status=result.status)
+    refusal = _REFUSALS.get(result.kind)
+    if refusal is not None:
+        raise refusal(result.error or "")
+    raise LmiServeError(result.error or "the adapter could not be loaded", status=424)
 
 
 class ModelAdapters:
@@ -159,7 +162,7 @@ class ModelAdapters:
         """A restarted engine knows no adapter: register them all again."""
         for info in list(self.entries.values()):
             result = await client.adapter_command("register", info.name, info.path, info.preload, info.pin)
-            if result.status >= 300:
+            if result.kind is not None:
                 log.error(
                     "model %s: adapter %s could not be registered again: %s", self.model_name, info.name, result.error
                 )

@@ -32,30 +32,41 @@ class ModelRegistry:
         return self.models.pop(name)
 
     def get(self, name: str) -> ServedModel:
-        try:
-            return self.models[name]
-        except KeyError:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise NotFound(f"model {name!r} is not loaded (loaded: {known})") from None
+        model = self.models.get(name)
+        if model is None:
+            raise self._not_loaded(name)
+        return model
 
-    def resolve(self, name: str | None) -> ServedModel:
-        """The named model, or the only one when no name is given."""
+    def _not_loaded(self, name: str) -> NotFound:
+        known = ", ".join(sorted(self.models)) or "none"
+        return NotFound(f"model {name!r} is not loaded (loaded: {known})")
+
+    def resolve(self, name: str | None) -> tuple[ServedModel, str | None]:
+        """The model ``name`` names and no adapter; or, where ``name`` is a LoRA adapter's, the
+        model that has it and the adapter (as vLLM serves adapters under their own names); or,
+        when no name is given, the only model."""
         if name:
-            return self.get(name)
+            model = self.models.get(name)
+            if model is not None:
+                return model, None
+            for model in self.models.values():
+                adapters = getattr(model, "adapters", None)
+                if adapters is not None and name in adapters.entries:
+                    return model, name
+            raise self._not_loaded(name)
         if len(self.models) == 1:
-            return next(iter(self.models.values()))
+            return next(iter(self.models.values())), None
         if not self.models:
             raise NotFound("no model is loaded")
         names = ", ".join(sorted(self.models))
         raise BadRequest(f"several models are loaded ({names}); name one with the model_name query parameter or header")
 
-    def adapter_owner(self, name: str) -> ServedModel | None:
-        """The model that has a LoRA adapter called ``name`` registered, if one has."""
-        for model in self.models.values():
-            adapters = getattr(model, "adapters", None)
-            if adapters is not None and name in adapters.entries:
-                return model
-        return None
+    def model(self, name: str | None) -> ServedModel:
+        """What :meth:`resolve` finds, where a model must be named: an adapter's name is not one."""
+        model, adapter = self.resolve(name)
+        if adapter is not None:
+            raise self._not_loaded(adapter)
+        return model
 
     def ping(self) -> tuple[bool, dict[str, str]]:
         states = {name: model.status for name, model in self.models.items()}

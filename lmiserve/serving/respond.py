@@ -13,37 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import GenerationError, LmiServeError, Overloaded, PredictTimeout, ValidationFailed
+from ..formatters.responder import JSON, Responder
 from ..generation.request import GenerationRequest, RequestOutput
-from .generation import Generation, Observer, submit_all, updates
+from .in_flight import Generation, Observer, submit_all, updates
 
-JSON = "application/json"
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
-
-
-class Responder(Protocol):
-    """A protocol's view of one request's generations (see ``lmiserve.formatters``).
-
-    Optional attributes: ``start(outs)`` sees every output before the first update (usage in
-    every chunk); ``collect(index, out)`` sees every update of an unstreamed request (a formatter
-    that answers with what it said at each update); ``hold_headers`` keeps the status back until
-    a chunk has something to send, so a failure before that is an error status; and
-    ``truncate_on_timeout`` ends a request whose time ran out as if it reached its length."""
-
-    stream: bool
-    media_type: str
-
-    def chunk(self, index: int, out: RequestOutput) -> bytes: ...
-
-    def end(self, outs: list[RequestOutput]) -> bytes: ...
-
-    def body(self, outs: list[RequestOutput]) -> bytes: ...
-
-    def error_chunk(self, message: str) -> bytes: ...
-
-    def error_body(self, err: LmiServeError) -> tuple[int, bytes]: ...
 
 
 @dataclass
@@ -52,7 +29,8 @@ class Reply:
 
     status: int = 200
     body: bytes = b""
-    media_type: str = JSON
+    media_type: str | None = JSON
+    """None: what ``headers`` say (a handler's own answer)."""
     headers: dict[str, str] = field(default_factory=dict)
     chunks: AsyncIterator[bytes] | None = None
 
@@ -73,25 +51,6 @@ def output_error(out: RequestOutput) -> LmiServeError:
     """The error an output ended with: a refused request is a validation error."""
     message = out.error or "generation failed"
     return ValidationFailed(message) if out.error_kind == "validation" else GenerationError(message)
-
-
-def timing_headers(outs: list[RequestOutput]) -> dict[str, str]:
-    """TGI's timing headers: queue and inference time (ms), time per token, token counts."""
-    if not outs:
-        return {}
-    arrival = min(o.arrival for o in outs)
-    end = max(o.finished_at or o.arrival for o in outs)
-    queue_ms = max((o.queue_us[0] if o.queue_us else 0) for o in outs) / 1000
-    generated = sum(o.generated_tokens for o in outs)
-    total_ms = (end - arrival) * 1000
-    inference_ms = max(0.0, total_ms - queue_ms)
-    return {
-        "x-queue-time": str(int(queue_ms)),
-        "x-inference-time": str(int(inference_ms)),
-        "x-time-per-token": str(int(inference_ms / generated)) if generated else "0",
-        "x-prompt-tokens": str(sum(len(o.prompt_token_ids) for o in outs)),
-        "x-generated-tokens": str(generated),
-    }
 
 
 def truncate(outs: list[RequestOutput]) -> None:
@@ -118,23 +77,7 @@ async def truncated_stream(responder: Responder, outs: list[RequestOutput]) -> A
 
 def error_reply(responder: Responder, err: LmiServeError) -> Reply:
     status, body = responder.error_body(err)
-    return Reply(status, body, getattr(responder, "error_media_type", JSON), dict(err.headers or {}))
-
-
-async def unless_gone(work: Awaitable[Any], disconnected: Callable[[], Awaitable[None]] | None) -> Any:
-    """What ``work`` returns; None (``work`` cancelled) when the client goes away first."""
-    task = asyncio.ensure_future(work)
-    if disconnected is None:
-        return await task
-    gone = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    return None if task.cancelled() else task.result()
+    return Reply(status, body, responder.error_media_type, dict(err.headers or {}))
 
 
 async def run_to_end(
@@ -194,28 +137,25 @@ async def respond(
     except LmiServeError as err:
         return error_reply(responder, err)
     outs = [g.output for g in gens]
-    if hasattr(responder, "start"):
-        responder.start(outs)
+    responder.start(outs)
     if responder.stream:
         return await _streamed(model, gens, responder, seconds, observer)
-    collect = getattr(responder, "collect", None)
     try:
-        done = await run_to_end(model, gens, seconds, observer, disconnected, collect)
+        done = await run_to_end(model, gens, seconds, observer, disconnected, responder.collect)
     except DeadlinePassed:
-        if getattr(responder, "truncate_on_timeout", False):
-            truncate(outs)
-            return Reply(body=responder.body(outs), headers=timing_headers(outs))
-        return error_reply(responder, expired(outs, seconds))
+        if not responder.truncate_on_timeout:
+            return error_reply(responder, expired(outs, seconds))
+        truncate(outs)
     except LmiServeError as err:
         return error_reply(responder, err)
-    if done is None:
-        return Reply(status=CLIENT_GONE)
-    failed = next((o for o in outs if o.error is not None), None)
-    if failed is not None:
-        status, body = responder.error_body(output_error(failed))
-        return Reply(status, body)
-    media_type = getattr(responder, "body_media_type", JSON)
-    return Reply(body=responder.body(outs), media_type=media_type, headers=timing_headers(outs))
+    else:
+        if done is None:
+            return Reply(status=CLIENT_GONE)
+        failed = next((o for o in outs if o.error is not None), None)
+        if failed is not None:
+            return error_reply(responder, output_error(failed))
+    body = responder.body(outs)
+    return Reply(body=body, media_type=responder.body_media_type, headers=responder.headers(outs))
 
 
 def _expire_at(ends: float, gens: list[Generation]) -> asyncio.TimerHandle:
@@ -239,7 +179,7 @@ async def _streamed(
     timer = _expire_at(ends, gens)
     outs = [g.output for g in gens]
     stream = updates(model, gens, observer)
-    hold = getattr(responder, "hold_headers", False)
+    hold = responder.hold_headers
     head: list[bytes] = []
     chunks = None  # the body, which then owns the timer
     try:
@@ -260,7 +200,7 @@ async def _streamed(
         return Reply(media_type=responder.media_type, chunks=chunks)
     except DeadlinePassed:
         await stream.aclose()
-        if getattr(responder, "truncate_on_timeout", False):
+        if responder.truncate_on_timeout:
             return Reply(media_type=responder.media_type, chunks=truncated_stream(responder, outs))
         return error_reply(responder, expired(outs, seconds))
     except LmiServeError as err:
@@ -293,7 +233,7 @@ async def _chunks(
         if tail := responder.end(outs):
             yield tail
     except DeadlinePassed:
-        if getattr(responder, "truncate_on_timeout", False):
+        if responder.truncate_on_timeout:
             async for data in truncated_stream(responder, outs):
                 yield data
             return

@@ -23,6 +23,7 @@ from lmiserve.formatters import (
     tgi,
 )
 from lmiserve.formatters import kserve_generate as generate_extension
+from lmiserve.formatters import kserve_infer as infer_extension
 from lmiserve.generation import limits
 from lmiserve.generation.request import GenerationRequest
 
@@ -151,7 +152,7 @@ def embeddings_(body: bytes) -> None:
 
 def kserve_infer(body: bytes) -> None:
     data, binary = kserve.split_binary(body, None)
-    engine_ready(kserve.plan(kserve.parse_infer(data, binary)).generation_requests())
+    engine_ready(infer_extension.plan(kserve.parse_infer(data, binary)).generation_requests())
 
 
 def kserve_generate(body: bytes) -> None:

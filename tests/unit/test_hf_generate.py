@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from lmiserve.formatters.lmi_dynamic import DynamicParameters
 from lmiserve.handlers.hf_generate import BatchGenerator, GenRow
 
 PROMPTS = ["What is Deep Learning?", "The quick brown fox", "Paged attention stores the key value cache in blocks."]
@@ -26,7 +27,7 @@ def test_greedy_batch_matches_generate_alone(model_and_tokenizer):
     model, tok = model_and_tokenizer
     gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
     lengths = [12, 5, 20]
-    rows = [GenRow(tok(p)["input_ids"], max_new_tokens=n) for p, n in zip(PROMPTS, lengths)]
+    rows = [GenRow(tok(p)["input_ids"], DynamicParameters(max_new_tokens=n)) for p, n in zip(PROMPTS, lengths)]
     results = gen.run(rows)
     for prompt, n, res in zip(PROMPTS, lengths, results):
         expected = reference(model, tok, prompt, n)
@@ -41,19 +42,21 @@ def test_seeded_sampling_is_independent_of_batch_composition(model_and_tokenizer
     model, tok = model_and_tokenizer
     gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
     sampled = GenRow(
-        tok(PROMPTS[0])["input_ids"], max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=42
+        tok(PROMPTS[0])["input_ids"],
+        DynamicParameters(max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=42),
     )
     alone = gen.run([sampled])[0].token_ids
     mixed = gen.run(
         [
-            GenRow(tok(PROMPTS[1])["input_ids"], max_new_tokens=15),
+            GenRow(tok(PROMPTS[1])["input_ids"], DynamicParameters(max_new_tokens=15)),
             sampled,
-            GenRow(tok(PROMPTS[2])["input_ids"], max_new_tokens=3, do_sample=True, seed=1),
+            GenRow(tok(PROMPTS[2])["input_ids"], DynamicParameters(max_new_tokens=3, do_sample=True, seed=1)),
         ]
     )[1].token_ids
     assert alone == mixed
     other_seed = GenRow(
-        tok(PROMPTS[0])["input_ids"], max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=43
+        tok(PROMPTS[0])["input_ids"],
+        DynamicParameters(max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, seed=43),
     )
     assert gen.run([other_seed])[0].token_ids != alone
 
@@ -62,10 +65,10 @@ def test_stop_sequence_ends_a_row_and_is_cut(model_and_tokenizer):
     model, tok = model_and_tokenizer
     gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
     ids = tok(PROMPTS[0])["input_ids"]
-    full = gen.run([GenRow(ids, max_new_tokens=20)])[0]
+    full = gen.run([GenRow(ids, DynamicParameters(max_new_tokens=20))])[0]
     assert len(full.text) > 4
     stop = full.text[3:5]
-    res = gen.run([GenRow(ids, max_new_tokens=20, stop_sequences=[stop])])[0]
+    res = gen.run([GenRow(ids, DynamicParameters(max_new_tokens=20, stop_sequences=[stop]))])[0]
     assert res.finish_reason == "stop_sequence"
     assert res.text == full.text[: full.text.index(stop)]
 
@@ -73,7 +76,7 @@ def test_stop_sequence_ends_a_row_and_is_cut(model_and_tokenizer):
 def test_streamed_deltas_join_to_final_text(model_and_tokenizer):
     model, tok = model_and_tokenizer
     gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
-    rows = [GenRow(tok(p)["input_ids"], max_new_tokens=n) for p, n in zip(PROMPTS, [7, 15, 3])]
+    rows = [GenRow(tok(p)["input_ids"], DynamicParameters(max_new_tokens=n)) for p, n in zip(PROMPTS, [7, 15, 3])]
     steps = []
     results = gen.run(rows, on_step=steps.append)
     for i, res in enumerate(results):

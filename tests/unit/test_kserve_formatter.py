@@ -9,7 +9,7 @@ import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from lmiserve.errors import BadRequest, NotFound, ValidationFailed
-from lmiserve.formatters import errors, kserve, kserve_generate
+from lmiserve.formatters import errors, kserve, kserve_generate, kserve_infer
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 
@@ -18,7 +18,7 @@ def text_input(data, shape=None, **extra):
 
 
 def plan_of(body, binary=b""):
-    return kserve.plan(kserve.parse_infer(body, binary))
+    return kserve_infer.plan(kserve.parse_infer(body, binary))
 
 
 # --- parsing -----------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def binary_body(prompts, extra_inputs=(), trailing=b""):
 def test_binary_request_body_is_split_and_decoded():
     body, length = binary_body(["one", "twö"])
     data, binary = kserve.split_binary(body, length)
-    p = kserve.plan(kserve.parse_infer(data, binary))
+    p = kserve_infer.plan(kserve.parse_infer(data, binary))
     assert p.prompts == ["one", "twö"] and p.outputs == [("text_output", True)]
     assert "binary_data_size" not in p.request.inputs[0].parameters
 
@@ -261,7 +261,7 @@ def test_binary_errors():
 
 def test_json_response_body():
     p = plan_of({"id": "7", "inputs": [text_input(["a", "b"])], "outputs": [{"name": "text_output"}]})
-    body, length = kserve.rest_body(p.response("tiny", ["x", "ÿ"]))
+    body, length = kserve_infer.rest_body(p.response("tiny", ["x", "ÿ"]))
     assert length is None
     assert orjson.loads(body) == {
         "model_name": "tiny",
@@ -273,7 +273,7 @@ def test_json_response_body():
 
 def test_binary_response_body():
     p = plan_of({"inputs": [text_input(["a", "b"])], "parameters": {"binary_data_output": True}})
-    body, length = kserve.rest_body(p.response("tiny", ["x", "ÿ"]))
+    body, length = kserve_infer.rest_body(p.response("tiny", ["x", "ÿ"]))
     header = orjson.loads(body[:length])
     assert len(header["id"]) == 32  # the protocol always answers an id
     out = header["outputs"][0]

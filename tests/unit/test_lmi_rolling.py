@@ -7,6 +7,7 @@ import pytest
 
 from lmiserve.errors import BadRequest, ValidationFailed
 from lmiserve.formatters import lmi_rolling as fmt
+from lmiserve.formatters import lmi_rolling_output as out_fmt
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lmi_rolling"
@@ -67,32 +68,32 @@ def stream_bytes(out: RequestOutput, req: fmt.ParsedRequest) -> bytes:
         seq.tokens = tokens[: i + 1]
         seq.text = "".join(t.text for t in seq.tokens)
         seq.finish_reason = final if i == len(tokens) - 1 else None
-        chunks.append(fmt.stream_chunks(out, req, first=i == 0))
+        chunks.append(out_fmt.stream_chunks(out, req, first=i == 0))
     return b"".join(chunks)
 
 
 def test_plain_json():
-    golden("plain.json", fmt.final_body(output(), parse({"inputs": PROMPT})))
+    golden("plain.json", out_fmt.final_body(output(), parse({"inputs": PROMPT})))
 
 
 def test_details_with_prefill_and_top_tokens():
     req = parse({"inputs": PROMPT, "parameters": {"details": True, "decoder_input_details": True, "top_n_tokens": 2}})
-    golden("details.json", fmt.final_body(output(prefill=True, top=True), req))
+    golden("details.json", out_fmt.final_body(output(prefill=True, top=True), req))
 
 
 def test_best_of_sequences():
     req = parse({"inputs": PROMPT, "parameters": {"details": True, "n": 2, "do_sample": True}})
-    golden("best_of.json", fmt.final_body(output(sequences=2), req))
+    golden("best_of.json", out_fmt.final_body(output(sequences=2), req))
 
 
 def test_return_full_text():
     req = parse({"inputs": PROMPT, "parameters": {"return_full_text": True}})
-    assert fmt.final_body(output(), req) == b'{"generated_text":"What is Deep Learning?Deep Learning is a"}'
+    assert out_fmt.final_body(output(), req) == b'{"generated_text":"What is Deep Learning?Deep Learning is a"}'
 
 
 def test_tgi_compat_json_is_a_list_with_logprob():
     req = parse({"inputs": PROMPT, "parameters": {"details": True}}, tgi_compat=True)
-    golden("tgi_compat.json", fmt.final_body(output(finish="eos_token"), req))
+    golden("tgi_compat.json", out_fmt.final_body(output(finish="eos_token"), req))
 
 
 def test_jsonlines_stream():
@@ -123,12 +124,11 @@ def test_streaming_configuration():
 
 
 def test_error_payloads():
-    golden("validation_error.json", fmt.validation_error_body("parameters.top_p: bad"))
-    golden("generation_error.json", fmt.generation_error_body(parse({"inputs": "x"})))
-    golden("stream_error.jsonl", fmt.stream_error_chunk(parse({"inputs": "x", "stream": True}), "boom"))
-    golden(
-        "tgi_stream_error.sse", fmt.stream_error_chunk(parse({"inputs": "x", "stream": True}, tgi_compat=True), "boom")
-    )
+    golden("validation_error.json", out_fmt.validation_error_body("parameters.top_p: bad"))
+    golden("generation_error.json", out_fmt.generation_error_body(parse({"inputs": "x"})))
+    golden("stream_error.jsonl", out_fmt.stream_error_chunk(parse({"inputs": "x", "stream": True}), "boom"))
+    tgi_stream = parse({"inputs": "x", "stream": True}, tgi_compat=True)
+    golden("tgi_stream_error.sse", out_fmt.stream_error_chunk(tgi_stream, "boom"))
 
 
 def test_parameters_map_to_sampling():
@@ -208,7 +208,7 @@ def refusal(body, **defaults):
     try:
         fmt.parse_request(raw, fmt.Defaults(**defaults))
     except (BadRequest, ValidationFailed) as err:
-        return fmt.refusal(raw, fmt.Defaults(**defaults), err)
+        return out_fmt.refusal(raw, fmt.Defaults(**defaults), err)
     raise AssertionError("the request was accepted")
 
 
@@ -238,11 +238,11 @@ def test_responder_refusals_are_the_documents_error_response():
     from lmiserve.errors import GenerationError
 
     req = parse({"inputs": "x"})
-    status, body = fmt.LmiResponder(req).error_body(ValidationFailed("n (200) is more than max_n (128)"))
+    status, body = out_fmt.LmiResponder(req).error_body(ValidationFailed("n (200) is more than max_n (128)"))
     assert status == 400
     golden("bad_parameter.json", body)
     req = parse({"inputs": "x", "stream": True})
-    responder = fmt.LmiResponder(req)
+    responder = out_fmt.LmiResponder(req)
     assert responder.error_media_type == "application/jsonlines"
     status, body = responder.error_body(GenerationError("boom"))
     assert status == 500
@@ -252,7 +252,7 @@ def test_responder_refusals_are_the_documents_error_response():
 def test_tgi_compat_turns_details_on_unless_asked_not_to():
     req = parse({"inputs": PROMPT}, tgi_compat=True)
     assert req.parameters.details
-    golden("tgi_compat_default.json", fmt.final_body(output(finish="eos_token"), req))
+    golden("tgi_compat_default.json", out_fmt.final_body(output(finish="eos_token"), req))
     assert not parse({"inputs": PROMPT, "parameters": {"details": False}}, tgi_compat=True).parameters.details
     assert not parse({"inputs": PROMPT}).parameters.details
 
@@ -261,7 +261,7 @@ def test_beam_search_returns_the_other_beams_as_best_of_sequences():
     req = parse({"inputs": PROMPT, "parameters": {"details": True, "num_beams": 3}})
     p = req.generation.params
     assert (p.num_beams, p.n, p.best_of) == (3, 3, 3)
-    golden("beams.json", fmt.final_body(output(sequences=3), req))
+    golden("beams.json", out_fmt.final_body(output(sequences=3), req))
 
 
 def test_temperature_zero_is_greedy():

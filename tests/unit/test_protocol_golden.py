@@ -208,7 +208,7 @@ def test_databricks_embeddings(monkeypatch):
 
 
 def v2_request(binary_output: bool):
-    from lmiserve.formatters import kserve
+    from lmiserve.formatters import kserve, kserve_infer
 
     data = {
         "id": "req-7",
@@ -216,17 +216,17 @@ def v2_request(binary_output: bool):
         "outputs": [{"name": "text_output", "parameters": {"binary_data": binary_output}}],
         "parameters": {"max_tokens": 4},
     }
-    return kserve.plan(kserve.parse_infer(data))
+    return kserve_infer.plan(kserve.parse_infer(data))
 
 
 def test_kserve_infer_json_and_binary():
-    from lmiserve.formatters import kserve
+    from lmiserve.formatters import kserve, kserve_infer
 
     text = output().sequences[0].text
-    body, header = kserve.rest_body(v2_request(False).response("tiny", [text]))
+    body, header = kserve_infer.rest_body(v2_request(False).response("tiny", [text]))
     assert header is None
     golden("kserve/infer.json", body)
-    body, header = kserve.rest_body(v2_request(True).response("tiny", [text]))
+    body, header = kserve_infer.rest_body(v2_request(True).response("tiny", [text]))
     golden("kserve/infer_binary.bin", body)
     assert body[header:] == kserve.encode_bytes([text.encode()])
 

@@ -140,13 +140,14 @@ def test_kserve_handler_answer_is_the_documents_response(monkeypatch):
 
 
 def test_kserve_response_id_is_always_present(monkeypatch):
-    from lmiserve.formatters import kserve
+    from lmiserve.formatters import kserve, kserve_infer
 
-    monkeypatch.setattr(kserve, "new_request_id", lambda: "generated-id")
+    monkeypatch.setattr(kserve_infer, "new_request_id", lambda: "generated-id")
     data = {
         "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["What is Deep Learning?"]}],
         "parameters": {"max_tokens": 4},
     }
-    body, header = kserve.rest_body(kserve.plan(kserve.parse_infer(data)).response("tiny", ["Deep Learning is a"]))
+    plan = kserve_infer.plan(kserve.parse_infer(data))
+    body, header = kserve_infer.rest_body(plan.response("tiny", ["Deep Learning is a"]))
     golden("kserve/infer_without_id.json", body)
     assert orjson.loads(body)["id"] == "generated-id"

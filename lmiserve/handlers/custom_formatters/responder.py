@@ -17,6 +17,7 @@ import orjson
 
 from ...errors import GenerationError, LmiServeError, ValidationFailed
 from ...formatters.lmi_rolling import JSON
+from ...formatters.responder import Responder
 from ...formatters.request_io import TextInput, generation_output
 from ...generation.request import RequestOutput
 
@@ -47,7 +48,7 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"returned {type(value).__name__}; return str or bytes")
 
 
-class CustomResponder:
+class CustomResponder(Responder):
     """A :class:`~lmiserve.serving.Responder` whose every piece is the output formatter's."""
 
     hold_headers = True
@@ -72,9 +73,6 @@ class CustomResponder:
     def collect(self, index: int, out: RequestOutput) -> None:
         if out.error is None:
             self._parts.append(self.chunk(index, out))
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        return b""
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return b"".join(self._parts)

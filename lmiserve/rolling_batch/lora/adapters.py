@@ -25,11 +25,27 @@ log = logging.getLogger("lmiserve.engine")
 
 
 class AdapterError(Exception):
-    """An adapter operation that cannot be done, with the status the management API answers."""
+    """An adapter operation that cannot be done, and its kind (one of the names below); the
+    server decides how each kind is answered."""
 
-    def __init__(self, status: int, message: str):
+    NOT_FOUND = "not_found"
+    """No adapter by that name is registered."""
+    CONFLICT = "conflict"
+    """The name is registered already."""
+    INVALID = "invalid"
+    """The options contradict each other (pin without preload)."""
+    UNLOADABLE = "unloadable"
+    """The adapter's files cannot be read as an adapter of this model."""
+    NO_CAPACITY = "no_capacity"
+    """Every device slot is pinned already."""
+    DISABLED = "disabled"
+    """LoRA is not enabled in this engine."""
+    UNKNOWN_ACTION = "unknown_action"
+    """The command names no action the engine knows."""
+
+    def __init__(self, kind: str, message: str):
         super().__init__(message)
-        self.status = status
+        self.kind = kind
         self.message = message
 
 
@@ -70,14 +86,14 @@ class AdapterBook:
     def get(self, name: str) -> Adapter:
         adapter = self.adapters.get(name)
         if adapter is None:
-            raise AdapterError(404, f"Adapter {name} is not registered")
+            raise AdapterError(AdapterError.NOT_FOUND, f"Adapter {name} is not registered")
         return adapter
 
     def register(self, name: str, src: str, preload: bool = True, pin: bool = False) -> Adapter:
         if name in self.adapters:
-            raise AdapterError(409, f"Adapter {name} is already registered")
+            raise AdapterError(AdapterError.CONFLICT, f"Adapter {name} is already registered")
         if pin and not preload:
-            raise AdapterError(424, "Can not set preload to false and pin to true")
+            raise AdapterError(AdapterError.INVALID, "Can not set preload to false and pin to true")
         adapter = Adapter(name, src, next(self._keys), preload, False)
         if preload:
             self._load(adapter)
@@ -91,7 +107,7 @@ class AdapterBook:
         preload = adapter.preload if preload is None else preload
         pin = adapter.pin if pin is None else pin
         if pin and not preload:
-            raise AdapterError(424, "Can not set preload to false and pin to true")
+            raise AdapterError(AdapterError.INVALID, "Can not set preload to false and pin to true")
         if preload and adapter.weights is None:
             self._load(adapter)
         if pin and not adapter.pin:
@@ -113,7 +129,8 @@ class AdapterBook:
         pinned = sum(1 for a in self.adapters.values() if a.pin)
         if pinned >= self.max_loras:
             raise AdapterError(
-                507, f"{pinned} adapters are pinned already, as many as option.max_loras ({self.max_loras}) slots"
+                AdapterError.NO_CAPACITY,
+                f"{pinned} adapters are pinned already, as many as option.max_loras ({self.max_loras}) slots",
             )
         adapter.pin = True
 
@@ -127,7 +144,7 @@ class AdapterBook:
         except AdapterError:
             raise
         except Exception as exc:  # noqa: BLE001 - any reason the adapter cannot be read
-            raise AdapterError(424, str(exc)) from None
+            raise AdapterError(AdapterError.UNLOADABLE, str(exc)) from None
         self.loads += 1
         adapter.used_at = next(self._clock)
 

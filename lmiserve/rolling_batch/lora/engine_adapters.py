@@ -65,7 +65,7 @@ class EngineAdapters:
     def adapter_command(self, cmd: wire.AdapterCommand) -> wire.AdapterResult:
         """Carry out a register, update or unregister command; the result says how it went."""
         if self.book is None:
-            return wire.AdapterResult(op_id=cmd.op_id, status=400, error="LoRA is not enabled.")
+            return wire.AdapterResult(op_id=cmd.op_id, kind=AdapterError.DISABLED, error="LoRA is not enabled.")
         try:
             if cmd.action == "register":
                 self.book.register(cmd.name, cmd.src, cmd.preload is not False, bool(cmd.pin))
@@ -74,9 +74,10 @@ class EngineAdapters:
             elif cmd.action == "unregister":
                 self.book.unregister(cmd.name)
             else:
-                return wire.AdapterResult(op_id=cmd.op_id, status=400, error=f"unknown action {cmd.action!r}")
+                error = f"unknown action {cmd.action!r}"
+                return wire.AdapterResult(op_id=cmd.op_id, kind=AdapterError.UNKNOWN_ACTION, error=error)
         except AdapterError as exc:
-            return wire.AdapterResult(op_id=cmd.op_id, status=exc.status, error=exc.message)
+            return wire.AdapterResult(op_id=cmd.op_id, kind=exc.kind, error=exc.message)
         return wire.AdapterResult(op_id=cmd.op_id)
 
     # --- requests -----------------------------------------------------------------------

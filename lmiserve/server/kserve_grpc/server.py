@@ -2,7 +2,7 @@
 HTTP server's event loop on ``grpc_port``.
 
 Messages are translated to and from :mod:`lmiserve.formatters.kserve` structures and answered
-by the :class:`~.dataplane.DataPlane`; errors become gRPC status codes in :func:`grpc_status`.
+by the :class:`~lmiserve.server.data_plane.DataPlane`; errors become gRPC status codes in :func:`grpc_status`.
 A request that sends ``raw_input_contents`` gets ``raw_output_contents`` back.
 """
 
@@ -30,7 +30,7 @@ from ..security import ApiKeys
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
 from .auth import ApiKeyInterceptor
-from .dataplane import DataPlane
+from ..data_plane import DataPlane
 
 log = logging.getLogger("lmiserve.grpc")
 

@@ -21,17 +21,14 @@ router = APIRouter()
 
 
 def _model(request: Request, name: str | None) -> EngineModel:
-    registry = request.app.state.registry
-    if name is None:
-        if len(registry.models) != 1:
+    try:
+        model = request.app.state.registry.model(name)
+    except LmiServeError:  # in DJL's words
+        if name is None:
             raise BadRequest(
                 "The adapter must be prefixed with a model unless there is only a single startup model used."
-            )
-        model = next(iter(registry.models.values()))
-    elif name not in registry.models:
-        raise NotFound(f"The model {name} was not found")
-    else:
-        model = registry.models[name]
+            ) from None
+        raise NotFound(f"The model {name} was not found") from None
     if not isinstance(model, EngineModel):
         raise BadRequest("LoRA is not enabled.")
     model.adapters.check_enabled()
@@ -91,52 +88,40 @@ async def _unregister(request: Request, model_name: str | None, name: str) -> JS
     return JSONResponse({"status": f"Adapter {name} unregistered"})
 
 
+# each route twice: under /models/{model_name}, and without it for the server's only model
+
+
+def _names(request: Request) -> tuple[str | None, str]:
+    """The model the path names (None: the only one) and the adapter it names ("" for none)."""
+    return request.path_params.get("model_name"), request.path_params.get("name", "")
+
+
 @router.post("/models/{model_name}/adapters")
-async def register(model_name: str, request: Request) -> JSONResponse:
-    return await _register(request, model_name)
+@router.post("/adapters")
+async def register(request: Request) -> JSONResponse:
+    return await _register(request, _names(request)[0])
 
 
 @router.get("/models/{model_name}/adapters")
-async def list_adapters(model_name: str, request: Request) -> JSONResponse:
-    return await _list(request, model_name)
+@router.get("/adapters")
+async def list_adapters(request: Request) -> JSONResponse:
+    return await _list(request, _names(request)[0])
 
 
 @router.get("/models/{model_name}/adapters/{name}")
-async def describe(model_name: str, name: str, request: Request) -> JSONResponse:
+@router.get("/adapters/{name}")
+async def describe(request: Request) -> JSONResponse:
+    model_name, name = _names(request)
     return JSONResponse(_model(request, model_name).adapters.get(name).describe())
 
 
 @router.post("/models/{model_name}/adapters/{name}/update")
-async def update(model_name: str, name: str, request: Request) -> JSONResponse:
-    return await _update(request, model_name, name)
+@router.post("/adapters/{name}/update")
+async def update(request: Request) -> JSONResponse:
+    return await _update(request, *_names(request))
 
 
 @router.delete("/models/{model_name}/adapters/{name}")
-async def unregister(model_name: str, name: str, request: Request) -> JSONResponse:
-    return await _unregister(request, model_name, name)
-
-
-# the same without /models/{model_name}: the server's only model
-@router.post("/adapters")
-async def register_single(request: Request) -> JSONResponse:
-    return await _register(request, None)
-
-
-@router.get("/adapters")
-async def list_single(request: Request) -> JSONResponse:
-    return await _list(request, None)
-
-
-@router.get("/adapters/{name}")
-async def describe_single(name: str, request: Request) -> JSONResponse:
-    return JSONResponse(_model(request, None).adapters.get(name).describe())
-
-
-@router.post("/adapters/{name}/update")
-async def update_single(name: str, request: Request) -> JSONResponse:
-    return await _update(request, None, name)
-
-
 @router.delete("/adapters/{name}")
-async def unregister_single(name: str, request: Request) -> JSONResponse:
-    return await _unregister(request, None, name)
+async def unregister(request: Request) -> JSONResponse:
+    return await _unregister(request, *_names(request))

@@ -11,7 +11,7 @@ from ...errors import ValidationFailed
 from ...formatters import bedrock
 from ...formatters.shapes import UNDECODABLE
 from ...serving import EngineModel
-from ..generation import respond
+from ..http_reply import respond
 
 
 def is_bedrock_body(data: object) -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from ...errors import NotFound
 from ...formatters import databricks, openai_chat, openai_completions
 from ...formatters.openai_common import Style
 from ...formatters.shapes import json_object
 from ...serving import EngineModel, ServedModel
 from ..bodies import read_body
-from ..generation import respond
+from ..http_reply import respond
 from .openai import chat_prompt, embeddings, engine_model
 
 router = APIRouter()
@@ -26,11 +27,12 @@ def _endpoint_model(request: Request, name: str) -> tuple[ServedModel, str | Non
     """The model an endpoint name (or a body's ``model``) names, and the LoRA adapter when the
     name is an adapter's."""
     registry = request.app.state.registry
-    if name and name not in registry.models and registry.adapter_owner(name) is not None:
-        return registry.adapter_owner(name), name
-    if name in registry.models or len(registry.models) != 1:
-        return registry.get(name), None
-    return registry.resolve(None), None
+    try:
+        return registry.resolve(name)
+    except NotFound:
+        if len(registry.models) != 1:
+            raise
+        return registry.resolve(None)
 
 
 async def _completions(request: Request, model: EngineModel, data: dict, adapter: str | None) -> Response:
@@ -80,7 +82,7 @@ async def _openai_path(request: Request, task: str) -> Response:
     request.state.protocol = "databricks"
     data = json_object(await read_body(request))
     name = data.get("model") if isinstance(data.get("model"), str) else ""
-    found = _endpoint_model(request, name) if name else (request.app.state.registry.resolve(None), None)
+    found = _endpoint_model(request, name) if name else request.app.state.registry.resolve(None)
     return await _task(request, found, data, task, databricks.OPENAI_CHAT)
 
 

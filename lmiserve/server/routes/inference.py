@@ -183,7 +183,7 @@ async def invocations(request: Request) -> Response:
         return await invoke_pooled(pool, request, _named_model(request), load=True)
     registry = request.app.state.registry
     name = _named_model(request) or _component(request, lambda n: n in registry.models)
-    return await invoke(registry.resolve(name), request)
+    return await invoke(registry.model(name), request)
 
 
 @router.post("/models/{model_name}/invoke")
@@ -191,7 +191,7 @@ async def invoke_loaded(model_name: str, request: Request) -> Response:
     """SageMaker's multi-model invoke call: 404 when the model is not loaded."""
     pool = request.app.state.pool
     if pool is None:
-        return await invoke(request.app.state.registry.get(model_name), request)
+        return await invoke(request.app.state.registry.model(model_name), request)
     return await invoke_pooled(pool, request, model_name, load=False)
 
 
@@ -200,7 +200,7 @@ async def predictions(model_name: str, request: Request) -> Response:
     pool = request.app.state.pool
     if pool is not None:
         return await invoke_pooled(pool, request, model_name, load=True)
-    return await invoke(request.app.state.registry.get(model_name), request)
+    return await invoke(request.app.state.registry.model(model_name), request)
 
 
 @router.post("/predictions/{model_name}/{version}")

@@ -14,9 +14,10 @@ from starlette.responses import Response
 from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
 from ...formatters import kserve, kserve_generate, kserve_handler
 from ...serving import HandlerModel
-from .. import deadline, handler_response
-from ..generation import respond, wait_for_disconnect
-from ..kserve_grpc.dataplane import DataPlane
+from .. import deadline
+from ..data_plane import DataPlane
+from ..handler_response import handler_reply
+from ..http_reply import http_response, respond, wait_for_disconnect
 from ..metrics import STATE_KEY
 
 router = APIRouter()
@@ -26,7 +27,7 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 def _plane(request: Request) -> DataPlane:
     request.state.protocol = "kserve"
-    return DataPlane(request.app.state.registry, getattr(request.app.state, "metrics", None))
+    return request.app.state.plane
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -59,14 +60,8 @@ async def _infer(request: Request, name: str | None, version: str, req: kserve.I
     model = plane.engine_model(name, version)
     setattr(request.state, STATE_KEY, model.name)  # the metrics' model label
     seconds = deadline.budget(request, float(model.settings.model.predict_timeout))
-    answer = await plane.infer(name, version, req, seconds, lambda: wait_for_disconnect(request))
-    if answer is None:  # the client went away: what ran for it was stopped
-        return Response(status_code=499)
-    body, header_length = kserve.rest_body(answer)
-    if header_length is None:
-        return Response(body, media_type="application/json")
-    headers = {kserve.HEADER_LENGTH: str(header_length)}
-    return Response(body, media_type="application/octet-stream", headers=headers)
+    reply, _ = await plane.infer_reply(model, req, seconds, lambda: wait_for_disconnect(request))
+    return http_response(reply)
 
 
 async def kserve_infer(request: Request, model_name: str | None, data: dict) -> Response:
@@ -126,12 +121,12 @@ async def _infer_handler(request: Request, model: HandlerModel) -> Response:
     """A user's handler gets the V2 request as it came and answers with output tensors."""
     body = await _body(request)
     kserve.parse_infer(*kserve.split_binary(body, request.headers.get(kserve.HEADER_LENGTH)))  # a V2 request?
-    answer = await handler_response.invoke_handler(model, request, body)
-    if answer.status_code != 200:
-        return answer  # the handler's own error
-    if not hasattr(answer, "body"):
+    reply = await handler_reply(model, request, body)
+    if reply.status != 200:
+        return http_response(reply)  # the handler's own error
+    if reply.chunks is not None:
         raise HandlerFailure("the handler streamed its answer; V2 inference needs one body of output tensors")
-    data = kserve_handler.handler_response(model.name, kserve_handler.request_id(body), bytes(answer.body))
+    data = kserve_handler.handler_response(model.name, kserve_handler.request_id(body), bytes(reply.body))
     return Response(data, media_type="application/json")
 
 

@@ -10,32 +10,30 @@ from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ...formatters.shapes import json_object
-from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel
+from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, ServedModel
 from ..bodies import read_body
 from ..errors import error_response
-from ..generation import respond
-from ..handler_response import invoke_handler
+from ..handler_response import handler_reply
+from ..http_reply import http_response, respond
 
 router = APIRouter()
 
 
-def engine_model(request: Request, name: str | None) -> EngineModel:
-    registry = request.app.state.registry
-    model = registry.get(name) if name and name in registry.models else registry.resolve(None if name is None else name)
+def _on_engine(model: ServedModel) -> EngineModel:
     if not isinstance(model, EngineModel):
         raise NotFound(f"model {model.name} does not generate text through the engine")
     return model
 
 
+def engine_model(request: Request, name: str | None) -> EngineModel:
+    return _on_engine(request.app.state.registry.model(name))
+
+
 def model_and_adapter(request: Request, name: str | None) -> tuple[EngineModel, str | None]:
     """The model a request's ``model`` names, or, where it names a LoRA adapter, the adapter's
-    base model and the adapter (as vLLM serves adapters under their own names)."""
-    registry = request.app.state.registry
-    if name and name not in registry.models:
-        owner = registry.adapter_owner(name)
-        if isinstance(owner, EngineModel):
-            return owner, name
-    return engine_model(request, name), None
+    base model and the adapter (see :meth:`~lmiserve.serving.ModelRegistry.resolve`)."""
+    model, adapter = request.app.state.registry.resolve(name)
+    return _on_engine(model), adapter
 
 
 def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
@@ -82,7 +80,7 @@ async def v1_chat_completions(request: Request) -> Response:
 
 
 def embedding_model(request: Request, name: str | None) -> HandlerModel:
-    model = request.app.state.registry.resolve(name)
+    model = request.app.state.registry.model(name)
     if not (isinstance(model, HandlerModel) and model.entry_point == EMBEDDING_HANDLER):
         raise NotFound(f"model {model.name} is not an embedding model")
     return model
@@ -93,16 +91,16 @@ async def embeddings(request: Request, data: dict, with_id: bool = False) -> Res
     protocol = request.state.protocol
     model = embedding_model(request, data.get("model") if isinstance(data.get("model"), str) else None)
     body = orjson.dumps({**data, "_with_id": with_id})
-    response = await invoke_handler(model, request, body)
-    if response.status_code >= 400:  # the handler's error, in this protocol's shape
-        payload = orjson.loads(response.body)
+    reply = await handler_reply(model, request, body)
+    if reply.status >= 400:  # the handler's error, in this protocol's shape
+        payload = orjson.loads(reply.body)
         err = (
             ValidationFailed(payload.get("error", "invalid request"))
-            if response.status_code < 500
-            else LmiServeError(payload.get("error", "failed"), status=response.status_code)
+            if reply.status < 500
+            else LmiServeError(payload.get("error", "failed"), status=reply.status)
         )
         return error_response(err, protocol)
-    return response
+    return http_response(reply)
 
 
 @router.post("/v1/embeddings")

@@ -9,13 +9,13 @@ from fastapi import Request
 from starlette.responses import Response
 
 from ...errors import BadRequest, ValidationFailed
-from ...formatters import lmi_rolling
+from ...formatters import lmi_rolling, lmi_rolling_output
 from ...formatters.request_io import TextInput
 from ...formatters.shapes import UNDECODABLE
 from ...handlers.custom_formatters import CustomResponder, error_payload, parse_custom
 from ...serving import EngineModel, Responder
 from ..bodies import read_body, request_properties, requested_adapter
-from ..generation import respond
+from ..http_reply import respond
 
 
 def defaults(model: EngineModel) -> lmi_rolling.Defaults:
@@ -43,10 +43,10 @@ async def invoke_rolling(
                 body = await read_body(request)
             req = lmi_rolling.parse_request(body, defaults(model), data)
         except (BadRequest, ValidationFailed) as err:
-            status, data, media_type = lmi_rolling.refusal(body, defaults(model), err)
+            status, data, media_type = lmi_rolling_output.refusal(body, defaults(model), err)
             return Response(data, status_code=status, media_type=media_type)
     req.generation.adapter = requested_adapter(request) or req.generation.adapter  # the header wins, as in DJL
-    responder: Responder = lmi_rolling.LmiResponder(req)
+    responder: Responder = lmi_rolling_output.LmiResponder(req)
     if custom and custom.output is not None:
         text_input = TextInput(
             parameters=req.parameters.model_dump(exclude_defaults=True),

@@ -12,13 +12,13 @@ from ...errors import BadRequest, ModelNotReady, NotFound
 from ...formatters import mindie_tgi, tgi
 from ...serving import EngineModel
 from ..bodies import read_body
-from ..generation import respond
+from ..http_reply import respond
 
 router = APIRouter()
 
 
 def engine_model(request: Request, name: str | None = None) -> EngineModel:
-    model = request.app.state.registry.resolve(name)
+    model = request.app.state.registry.model(name)
     if not isinstance(model, EngineModel):
         raise NotFound(f"model {model.name} is served by a handler, not a text-generation engine")
     return model

@@ -69,7 +69,7 @@ def test_unregistering_lets_requests_in_flight_finish():
     b.unregister("a")
     with pytest.raises(AdapterError) as err:
         b.use("a")
-    assert err.value.status == 404
+    assert err.value.kind == "not_found"
     assert a.weights is not None and a.slot is not None  # still in use
     b.release(held)
     b.done(held)
@@ -79,21 +79,21 @@ def test_unregistering_lets_requests_in_flight_finish():
 
 
 @pytest.mark.parametrize(
-    "call,status",
+    "call,kind",
     [
-        (lambda b: b.register("a", "a"), 409),
-        (lambda b: b.register("z", "broken"), 424),
-        (lambda b: b.register("z", "z", preload=False, pin=True), 424),
-        (lambda b: b.update("missing"), 404),
-        (lambda b: [b.register(n, n, pin=True) for n in "pqr"], 507),  # 2 slots: 2 pins
+        (lambda b: b.register("a", "a"), "conflict"),
+        (lambda b: b.register("z", "broken"), "unloadable"),
+        (lambda b: b.register("z", "z", preload=False, pin=True), "invalid"),
+        (lambda b: b.update("missing"), "not_found"),
+        (lambda b: [b.register(n, n, pin=True) for n in "pqr"], "no_capacity"),  # 2 slots: 2 pins
     ],
 )
-def test_refusals(call, status):
+def test_refusals(call, kind):
     b = book()
     b.register("a", "a")
     with pytest.raises(AdapterError) as err:
         call(b)
-    assert err.value.status == status
+    assert err.value.kind == kind
 
 
 def test_not_preloaded_adapters_load_on_first_use_and_unload_when_idle():

@@ -47,7 +47,7 @@ def adapter_sets(tmp_path_factory, tiny_model_dirs):
 def _register(engine, adapters):
     for i, (name, path) in enumerate(adapters.items()):
         result = engine.adapter_command(wire.AdapterCommand(op_id=i, action="register", name=name, src=str(path)))
-        assert result.status == 200, result.error
+        assert result.kind is None, result.error
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -99,7 +99,7 @@ def test_requests_wait_for_a_slot_and_unregistering_lets_running_requests_finish
     engine.step()
     assert [s.request_id for s in engine.scheduler.running] == ["x"]  # one slot: "qv" waits
     result = engine.adapter_command(wire.AdapterCommand(op_id=9, action="unregister", name="all"))
-    assert result.status == 200
+    assert result.kind is None
     with pytest.raises(ValueError, match="Adapter all is not registered"):
         engine.add_request("z", ids, SamplingParams(max_new_tokens=8), "all")
     tokens, finish, _ = run(engine, {0: []})
@@ -111,15 +111,15 @@ def test_management_answers(tiny_model_dirs, adapter_sets):
     model_dir, adapters = tiny_model_dirs["llama"], adapter_sets["llama"]
     engine = make_engine(model_dir, enable_lora=True, max_loras=1)
     command = lambda **kw: engine.adapter_command(wire.AdapterCommand(op_id=1, **kw))  # noqa: E731
-    assert command(action="register", name="a", src=str(adapters["all"]), pin=True).status == 200
-    assert command(action="register", name="a", src=str(adapters["all"])).status == 409
-    assert command(action="register", name="b", src=str(adapters["qv"]), pin=True).status == 507
-    assert command(action="register", name="c", src=str(adapters["qv"]), preload=False, pin=True).status == 424
-    assert command(action="register", name="d", src=str(model_dir)).status == 424  # not an adapter
-    assert command(action="update", name="nope").status == 404
-    assert command(action="unregister", name="nope").status == 404
+    assert command(action="register", name="a", src=str(adapters["all"]), pin=True).kind is None
+    assert command(action="register", name="a", src=str(adapters["all"])).kind == "conflict"
+    assert command(action="register", name="b", src=str(adapters["qv"]), pin=True).kind == "no_capacity"
+    assert command(action="register", name="c", src=str(adapters["qv"]), preload=False, pin=True).kind == "invalid"
+    assert command(action="register", name="d", src=str(model_dir)).kind == "unloadable"  # not an adapter
+    assert command(action="update", name="nope").kind == "not_found"
+    assert command(action="unregister", name="nope").kind == "not_found"
     off = make_engine(model_dir)
     result = off.adapter_command(wire.AdapterCommand(op_id=1, action="register", name="a", src=str(adapters["all"])))
-    assert result.status == 400 and result.error == "LoRA is not enabled."
+    assert result.kind == "disabled" and result.error == "LoRA is not enabled."
     with pytest.raises(ValueError, match="LoRA is not enabled"):
         off.add_request("r", [1, 2, 3], SamplingParams(max_new_tokens=2), "a")
