@@ -17,8 +17,8 @@ import orjson
 
 from ...errors import GenerationError, LmiServeError, ValidationFailed
 from ...formatters.lmi_rolling import JSON
-from ...formatters.responder import Responder
 from ...formatters.request_io import TextInput, generation_output
+from ...formatters.responder import Responder
 from ...generation.request import RequestOutput
 
 log = logging.getLogger("lmiserve.formatters")

@@ -25,12 +25,12 @@ from ...config import Settings
 from ...errors import BadRequest, LmiServeError
 from ...formatters import kserve
 from ...serving import ModelRegistry
+from ..data_plane import DataPlane
 from ..metrics import ServerMetrics
 from ..security import ApiKeys
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
 from .auth import ApiKeyInterceptor
-from ..data_plane import DataPlane
 
 log = logging.getLogger("lmiserve.grpc")
 
