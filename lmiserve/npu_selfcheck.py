@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 
+from .config.device_defaults import device_defaults
 from .rolling_batch.ops.metadata import PagedAttentionInputs
 
 LENGTHS = (1, 15, 16, 17, 127, 128, 129)
 GQA = ((8, 2), (32, 8))
 CHUNKS = ((17, 17), (129, 1), (40, 25), (16, 16))  # (sequence length, new query rows)
 TOLERANCE = 1e-2
-BLOCK_SIZE = 128
+BLOCK_SIZE = device_defaults("npu").block_size
 PROMPTS = ([1, 17, 33, 49, 65], [7, 300, 21, 99, 5, 254, 18, 3, 77, 140, 41, 8] * 12, [400])
 NEW_TOKENS = 16
 # a greedy token may differ from the CPU's only where the CPU's top two logits are this close
