@@ -12,19 +12,17 @@ from ..attention_calls import decode, prefill
 LENGTHS = [1, 15, 16, 17, 127, 128, 129]
 
 
+DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"
+"""Where the kernel runs: compiled on a GPU, else under Triton's interpreter on the CPU."""
+
+
 def _run(q, k_cache, v_cache, tables, q_lens, lengths, window=0):
+    """The kernel over CPU-built inputs, run on the test device; its output back on the CPU."""
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    return paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        tables,
-        cu,
-        torch.tensor(lengths, dtype=torch.int32),
-        max(q_lens),
-        q.shape[-1] ** -0.5,
-        window,
-    )
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q, k_cache, v_cache, tables, cu, seq_lens = (t.to(DEVICE) for t in (q, k_cache, v_cache, tables, cu, seq_lens))
+    out = paged_attention(q, k_cache, v_cache, tables, cu, seq_lens, max(q_lens), q.shape[-1] ** -0.5, window)
+    return out.cpu()
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (32, 8), (4, 4), (9, 3)])
