@@ -1,10 +1,14 @@
-"""How each client protocol asks for a streamed generation and reports its tokens."""
+"""How each client protocol asks for a streamed generation and reports its tokens (lines of the
+stream as bytes, parsed with orjson)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
+
+DATA = b"data:"
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,7 @@ class Api:
         """The request; ``adapter`` names a LoRA adapter in the protocol's way ("" for none)."""
         raise NotImplementedError
 
-    def tokens_in(self, line: str) -> int:
+    def tokens_in(self, line: bytes) -> int:
         """Generated tokens carried by one line of the stream (0 for framing)."""
         raise NotImplementedError
 
@@ -32,11 +36,11 @@ class LmiApi(Api):
             body["adapters"] = adapter
         return body
 
-    def tokens_in(self, line: str) -> int:
-        line = line.removeprefix("data:").strip()
+    def tokens_in(self, line: bytes) -> int:
+        line = line.removeprefix(DATA).strip()
         if not line:
             return 0
-        data = json.loads(line)
+        data = orjson.loads(line)
         if data.get("details", {}) and (data.get("details") or {}).get("finish_reason") == "error":
             raise RuntimeError("the server reported a generation error")
         return 1 if "token" in data else 0
@@ -49,10 +53,10 @@ class TgiApi(Api):
             parameters["adapter_id"] = adapter
         return {"inputs": prompt, "parameters": parameters}
 
-    def tokens_in(self, line: str) -> int:
-        if not line.startswith("data:"):
+    def tokens_in(self, line: bytes) -> int:
+        if not line.startswith(DATA):
             return 0
-        data = json.loads(line[len("data:") :])
+        data = orjson.loads(line[len(DATA) :])
         if "error" in data:
             raise RuntimeError(data["error"])
         return 1 if "token" in data else 0
@@ -69,13 +73,13 @@ class OpenAiApi(Api):
             "stream": True,
         }
 
-    def tokens_in(self, line: str) -> int:
-        if not line.startswith("data:"):
+    def tokens_in(self, line: bytes) -> int:
+        if not line.startswith(DATA):
             return 0
-        payload = line[len("data:") :].strip()
-        if payload == "[DONE]":
+        payload = line[len(DATA) :].strip()
+        if payload == b"[DONE]":
             return 0
-        data = json.loads(payload)
+        data = orjson.loads(payload)
         if "error" in data:
             raise RuntimeError(str(data["error"]))
         return 1 if data.get("choices") and data["choices"][0].get("text") is not None else 0

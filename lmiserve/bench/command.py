@@ -4,7 +4,6 @@ transformers generate on the same prompts, and write the report."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import sys
 import time
@@ -41,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
     parser.add_argument("--device", default=None, help="baseline device (default: the server's, e.g. cuda:0)")
     parser.add_argument("--out", default="bench-results", help="directory for report.json and report.png")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes the concurrent clients are spread over (raise it when a level is flagged client-bound)",
+    )
 
 
 def _server_model(url: str, name: str | None) -> dict:
@@ -104,7 +109,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
         batch = texts[used : used + warmup + n]
         used += warmup + n
-        row = asyncio.run(run_level(args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"], adapters))
+        row = run_level(
+            args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"], adapters, args.client_procs
+        )
+        if row["client_bound"]:
+            print(
+                f"warning: at concurrency {c} a client process was busy {max(row['client_cpu_per_proc']):.0%} of "
+                "the time: the figure may be the client's limit, not the server's (try --client-procs)",
+                file=sys.stderr,
+                flush=True,
+            )
         report["server"].append(row)
     if args.baseline:
         from .baseline import run_baseline

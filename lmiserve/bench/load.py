@@ -1,41 +1,94 @@
 """A closed-loop load generator: ``concurrency`` clients, each sending its next request as
 soon as the previous one has finished. The first ``warmup`` requests are sent but not
-measured, so measured requests meet a server already under steady load."""
+measured, so measured requests meet a server already under steady load.
+
+The clients may be spread over several processes (``client_procs``), each with its own event
+loop, so that a fast server is measured rather than the client: each process reports the CPU
+it used, and a level whose client processes were busy most of the time is flagged."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
-import httpx
+import orjson
 
-from .apis import Api
+from .apis import APIS, Api
+from .http_stream import Connection, HttpError
 from .stats import RequestRecord, level_report
 
+CLIENT_BOUND = 0.8
+"""Share of one core above which a client process likely held the measurement back."""
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, api: Api) -> RequestRecord:
+
+@dataclass
+class Share:
+    """What one client process sends: its clients and its part of the requests, in order."""
+
+    base_url: str
+    api: str
+    items: list[tuple[bool, str, str]]
+    """(warm-up, prompt, adapter) per request."""
+    clients: int
+    max_new_tokens: int
+    model: str
+
+
+async def _one(conn: Connection, path: str, body: bytes, api: Api) -> RequestRecord:
     record = RequestRecord(start=time.perf_counter())
+
+    def on_line(line: bytes) -> None:
+        n = api.tokens_in(line) if line else 0
+        if n:
+            now = time.perf_counter()
+            if record.first_token is None:
+                record.first_token = now
+            record.token_times.append(now)
+            record.tokens += n
+
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                await response.aread()
-                record.error = f"HTTP {response.status_code}: {response.text[:200]}"
-            else:
-                async for line in response.aiter_lines():
-                    n = api.tokens_in(line) if line else 0
-                    if n:
-                        now = time.perf_counter()
-                        if record.first_token is None:
-                            record.first_token = now
-                        record.token_times.append(now)
-                        record.tokens += n
-    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        status, error_body = await conn.post(path, body, on_line)
+        if status != 200:
+            record.error = f"HTTP {status}: {error_body.decode('utf-8', 'replace')}"
+    except (HttpError, RuntimeError, ValueError) as exc:  # orjson's error is a ValueError
+        conn.close()
         record.error = f"{type(exc).__name__}: {exc}"
     record.end = time.perf_counter()
     return record
 
 
-async def run_level(
+async def _send_share(share: Share) -> list[RequestRecord]:
+    api = APIS[share.api]
+    queue = list(share.items)
+    measured: list[RequestRecord] = []
+
+    async def client() -> None:
+        conn = Connection(share.base_url)
+        try:
+            while queue:
+                is_warmup, prompt, adapter = queue.pop(0)
+                body = orjson.dumps(api.body(prompt, share.max_new_tokens, share.model, adapter))
+                record = await _one(conn, api.path, body, api)
+                if not is_warmup:
+                    measured.append(record)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client() for _ in range(share.clients)))
+    return measured
+
+
+def _run_share(share: Share) -> tuple[list[RequestRecord], float, float]:
+    """One client process: its records, the CPU seconds it used and the seconds it ran."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    records = asyncio.run(_send_share(share))
+    return records, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def run_level(
     base_url: str,
     api: Api,
     prompts: list[str],
@@ -44,22 +97,26 @@ async def run_level(
     max_new_tokens: int,
     model: str,
     adapters: list[str] | None = None,
+    client_procs: int = 1,
 ) -> dict[str, object]:
-    """Send one request per prompt with ``concurrency`` clients; the first ``warmup`` are not
-    measured. With ``adapters``, request ``i`` uses adapter ``i mod len(adapters)`` (an even mix)."""
-    url = base_url.rstrip("/") + api.path
+    """Send one request per prompt with ``concurrency`` clients over ``client_procs`` processes;
+    the first ``warmup`` are not measured. With ``adapters``, request ``i`` uses adapter
+    ``i mod len(adapters)`` (an even mix)."""
     names = adapters or [""]
-    queue = [(i < warmup, prompt, names[i % len(names)]) for i, prompt in enumerate(prompts)]
-    measured: list[RequestRecord] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-
-        async def worker() -> None:
-            while queue:
-                is_warmup, prompt, adapter = queue.pop(0)
-                record = await _one(client, url, api.body(prompt, max_new_tokens, model, adapter), api)
-                if not is_warmup:
-                    measured.append(record)
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return level_report(concurrency, measured)
+    items = [(i < warmup, prompt, names[i % len(names)]) for i, prompt in enumerate(prompts)]
+    procs = max(1, min(client_procs, concurrency))
+    shares = [
+        Share(base_url, api.name, items[k::procs], len(range(k, concurrency, procs)), max_new_tokens, model)
+        for k in range(procs)
+    ]
+    if procs == 1:
+        results = [_run_share(shares[0])]
+    else:
+        with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_run_share, shares))
+    row = level_report(concurrency, [r for records, _, _ in results for r in records])
+    busy = [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall in results]
+    row["client_procs"] = procs
+    row["client_cpu_per_proc"] = busy
+    row["client_bound"] = max(busy) > CLIENT_BOUND
+    return row

@@ -30,11 +30,11 @@ def test_prompts_have_the_requested_length_and_are_seeded(tiny_tokenizer):
 
 
 def test_stream_lines_are_counted_per_protocol():
-    assert APIS["lmi"].tokens_in('{"token": {"id": 1, "text": "a", "log_prob": -1}}') == 1
-    assert APIS["lmi"].tokens_in('data:{"token": {"id": 1}}') == 1
-    assert APIS["tgi"].tokens_in('data:{"token": {"id": 1}, "generated_text": null}') == 1
-    assert APIS["openai"].tokens_in('data: {"choices": [{"text": "a"}]}') == 1
-    assert APIS["openai"].tokens_in("data: [DONE]") == 0
+    assert APIS["lmi"].tokens_in(b'{"token": {"id": 1, "text": "a", "log_prob": -1}}') == 1
+    assert APIS["lmi"].tokens_in(b'data:{"token": {"id": 1}}') == 1
+    assert APIS["tgi"].tokens_in(b'data:{"token": {"id": 1}, "generated_text": null}') == 1
+    assert APIS["openai"].tokens_in(b'data: {"choices": [{"text": "a"}]}') == 1
+    assert APIS["openai"].tokens_in(b"data: [DONE]") == 0
 
 
 def test_salt_starts_every_prompt(tiny_tokenizer):
