@@ -17,3 +17,18 @@ def fake_npu(monkeypatch):
     torch_npu.CALLS.clear()
     yield torch_npu
     sys.modules.pop("torch_npu", None)
+
+
+@pytest.fixture(scope="module")
+def tp_models(tmp_path_factory):
+    """Tiny checkpoints of the layouts tensor parallelism splits differently."""
+    from . import tp_helpers
+
+    root = tmp_path_factory.mktemp("tp-models")
+    build = tp_helpers.build
+    return {
+        "gqa": build(root / "gqa", "llama"),  # 4 query heads, 2 KV heads
+        "replicated": build(root / "replicated", "qwen2", num_key_value_heads=1),  # biases, 1 KV head
+        "wide": build(root / "wide", "llama", num_attention_heads=8, num_key_value_heads=2),  # head_dim 8
+        "qwen3": build(root / "qwen3", "qwen3", attention_bias=True),  # q/k norms, o_proj bias
+    }

@@ -38,18 +38,6 @@ def spec(heads: int, kv: int, intermediate: int = 128, head_dim: int = 16) -> Mo
     )
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tp-models")
-    build = tp_helpers.build
-    return {
-        "gqa": build(root / "gqa", "llama"),  # 4 query heads, 2 KV heads
-        "replicated": build(root / "replicated", "qwen2", num_key_value_heads=1),  # biases, 1 KV head
-        "wide": build(root / "wide", "llama", num_attention_heads=8, num_key_value_heads=2),  # head_dim 8
-        "qwen3": build(root / "qwen3", "qwen3", attention_bias=True),  # q/k norms, o_proj bias
-    }
-
-
 # --- sharding arithmetic --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("heads", "kv", "world", "queries", "kvs"),
@@ -125,8 +113,8 @@ def test_shards_put_together_are_the_whole_weights(heads, kv, world):
         assert all(t.is_contiguous() for t in sh.values())
 
 
-def test_loading_a_shard_reads_what_sharding_the_whole_gives(models):
-    model_dir = models["replicated"]
+def test_loading_a_shard_reads_what_sharding_the_whole_gives(tp_models):
+    model_dir = tp_models["replicated"]
     s = tp_helpers.spec_of(model_dir)
     full = load_state_dict(model_dir, torch.float32)
     for rank in range(2):
@@ -164,8 +152,8 @@ def test_check_shardable_accepts_even_splits(heads, kv, world):
 # --- the sharded forward pass, ranks on threads ----------------------------------------------
 @pytest.mark.parametrize("ops", ["reference", "cpu"])
 @pytest.mark.parametrize(("layout", "world"), [("gqa", 2), ("replicated", 2), ("wide", 4), ("qwen3", 2)])
-def test_sharded_forward_equals_the_whole_model(models, layout, world, ops):
-    model_dir = models[layout]
+def test_sharded_forward_equals_the_whole_model(tp_models, layout, world, ops):
+    model_dir = tp_models[layout]
     steps, prompt = tp_helpers.batch_steps(tp_helpers.spec_of(model_dir).vocab_size)
     whole = tp_helpers.sharded_logits(model_dir, 1, ops, steps)
     sharded = tp_helpers.sharded_logits(model_dir, world, ops, steps)
@@ -179,8 +167,8 @@ def test_sharded_forward_equals_the_whole_model(models, layout, world, ops):
 
 @pytest.mark.parametrize("ops", ["reference", "cpu"])  # cpu: the fused bf16 kernels on shard-sized inputs
 @pytest.mark.parametrize(("layout", "world"), [("gqa", 2), ("replicated", 2), ("wide", 4)])
-def test_sharded_forward_in_bf16_stays_within_bf16_rounding(models, layout, world, ops):
-    model_dir = models[layout]
+def test_sharded_forward_in_bf16_stays_within_bf16_rounding(tp_models, layout, world, ops):
+    model_dir = tp_models[layout]
     steps, _ = tp_helpers.batch_steps(tp_helpers.spec_of(model_dir).vocab_size)
     exact = tp_helpers.sharded_logits(model_dir, 1, ops, steps)
     sharded = tp_helpers.sharded_logits(model_dir, world, ops, steps, torch.bfloat16)

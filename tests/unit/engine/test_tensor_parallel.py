@@ -11,23 +11,8 @@ from lmiserve.rolling_batch.engine import Engine, EngineConfig
 from lmiserve.rolling_batch.parallel import TensorParallelError
 from lmiserve.wire import SamplingParams
 
-from . import tp_helpers
 from .engine_helpers import hf_greedy, run
 from .test_beam_search import hf_beams
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tp-models")
-    build = tp_helpers.build
-    return {
-        "gqa": build(root / "gqa", "llama"),  # 4 query heads, 2 KV heads
-        "replicated": build(root / "replicated", "qwen2", num_key_value_heads=1),  # biases, 1 KV head
-        "wide": build(root / "wide", "llama", num_attention_heads=8, num_key_value_heads=2),  # head_dim 8
-        "qwen3": build(root / "qwen3", "qwen3", attention_bias=True),  # q/k norms, o_proj bias
-    }
-
-
 
 # --- the engine, ranks in processes -----------------------------------------------------------
 PROMPTS = [
@@ -92,10 +77,10 @@ def arrivals(tokenizer):
 
 @pytest.mark.parametrize("ops", ["cpu", "reference"])
 @pytest.mark.parametrize("layout", ["gqa", "replicated"])
-def test_two_ranks_generate_what_one_process_and_transformers_generate(models, layout, ops):
+def test_two_ranks_generate_what_one_process_and_transformers_generate(tp_models, layout, ops):
     from transformers import AutoTokenizer
 
-    model_dir = models[layout]
+    model_dir = tp_models[layout]
     wanted = arrivals(AutoTokenizer.from_pretrained(model_dir))
     prompts = {rid: prompt for batch in wanted.values() for rid, prompt, _ in batch}
     lengths = {rid: params.max_new_tokens for batch in wanted.values() for rid, _, params in batch}
@@ -125,13 +110,13 @@ def test_two_ranks_generate_what_one_process_and_transformers_generate(models, l
     assert [beams_two["beam"][i] for i in range(2)] == [beams_one["beam"][i] for i in range(2)] == expected_beams
 
 
-def test_an_indivisible_degree_is_refused_before_any_rank_starts(models):
+def test_an_indivisible_degree_is_refused_before_any_rank_starts(tp_models):
     with pytest.raises(ValueError, match="num_attention_heads 4 is not divisible by tensor_parallel_degree 3"):
-        engine(models["gqa"], tensor_parallel_degree=3)
+        engine(tp_models["gqa"], tensor_parallel_degree=3)
 
 
-def test_ranks_run_until_close_stops_them(models):
-    e = engine(models["replicated"], tensor_parallel_degree=2)
+def test_ranks_run_until_close_stops_them(tp_models):
+    e = engine(tp_models["replicated"], tensor_parallel_degree=2)
     pids = rank_pids(e)
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a process group's signals: rank 0 decides
@@ -145,8 +130,8 @@ def test_ranks_run_until_close_stops_them(models):
     assert not any(alive(pid) for pid in pids)
 
 
-def test_a_dead_rank_makes_the_next_step_raise(models):
-    e = engine(models["gqa"], tensor_parallel_degree=2)
+def test_a_dead_rank_makes_the_next_step_raise(tp_models):
+    e = engine(tp_models["gqa"], tensor_parallel_degree=2)
     try:
         e.add_request("a", [5, 6, 7, 8], SamplingParams(max_new_tokens=50, ignore_eos=True))
         guarded(e.step)
@@ -159,7 +144,7 @@ def test_a_dead_rank_makes_the_next_step_raise(models):
         guarded(e.close)
 
 
-def test_a_dead_rank_calls_on_rank_failure(models):
+def test_a_dead_rank_calls_on_rank_failure(tp_models):
     reasons: list[str] = []
     called = threading.Event()
 
@@ -167,7 +152,7 @@ def test_a_dead_rank_calls_on_rank_failure(models):
         reasons.append(reason)
         called.set()
 
-    e = engine(models["gqa"], on_rank_failure=on_failure, tensor_parallel_degree=2)
+    e = engine(tp_models["gqa"], on_rank_failure=on_failure, tensor_parallel_degree=2)
     try:
         (pid,) = rank_pids(e)
         os.kill(pid, signal.SIGKILL)
@@ -180,8 +165,8 @@ def test_a_dead_rank_calls_on_rank_failure(models):
         guarded(e.close)
 
 
-def test_a_step_failing_on_rank_0_stops_the_group_instead_of_desynchronising_it(models):
-    e = engine(models["gqa"], tensor_parallel_degree=2)
+def test_a_step_failing_on_rank_0_stops_the_group_instead_of_desynchronising_it(tp_models):
+    e = engine(tp_models["gqa"], tensor_parallel_degree=2)
     pids = rank_pids(e)
     forward = e.runner.model.forward
 
