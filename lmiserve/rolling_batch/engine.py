@@ -38,9 +38,10 @@ class Engine:
         started = time.monotonic()
         self.config = config
         loaded = start(config, on_rank_failure)
-        self.close = loaded.close
+        self._loaded = loaded
         self.spec, self.max_model_len, self.eos_token_ids = loaded.spec, loaded.max_model_len, loaded.eos_token_ids
         self.runner, self.lora, self.guided, self.ranks = loaded.runner, loaded.lora, loaded.guided, loaded.ranks
+        self.sampler = loaded.sampler
         self.blocks = BlockManager(loaded.num_blocks, config.block_size, config.enable_prefix_caching)
         limits = SchedulerConfig(
             config.max_num_seqs,
@@ -58,11 +59,6 @@ class Engine:
         self.last_step_seconds = self._step_started = 0.0
         self._batch_size = 0
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
-
-    @property
-    def adapters(self):  # type: ignore[no-untyped-def]
-        """The adapters' book (:class:`.lora.adapters.AdapterBook`), None when LoRA is off."""
-        return self.lora.book
 
     # --- requests -----------------------------------------------------------------------
     def add_request(
@@ -102,6 +98,10 @@ class Engine:
         for seq in group.sequences:
             if index is None or seq.index == index:
                 self._finish(seq, "abort")
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (a single-process engine holds nothing)."""
+        self._loaded.close()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -198,7 +198,7 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
-        self.runner.sampler.forget(seq)  # type: ignore[union-attr]
+        self.sampler.forget(seq)
         self._maybe_done(seq.group)
 
     def _maybe_done(self, group: Group) -> None:

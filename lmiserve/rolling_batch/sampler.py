@@ -142,7 +142,7 @@ class Sampler:
         """The step's tokens from its logits (rows as ``rows`` chose them)."""
         result = StepResult(prompt_logprobs=self._prompt_logprobs(logits, rows, prefills))
         sample_logits = logits[: len(rows.sampled)]
-        index = {item.seq.seq_id: i for i, item in enumerate(rows.sampled)}
+        index: dict[int, int] = {}  # seq_id -> row, made when a beam search needs it
         keep: list[int] = []
         for i, item in enumerate(rows.sampled):
             group = item.seq.group
@@ -150,6 +150,7 @@ class Sampler:
                 result.seqs.append(item.seq)
                 keep.append(i)
             elif group not in result.beams:
+                index = index or {item.seq.seq_id: i for i, item in enumerate(rows.sampled)}
                 beams = torch.tensor([index[s.seq_id] for s in group.beam.running], device=logits.device)
                 result.beams[group] = torch.log_softmax(sample_logits.index_select(0, beams).float(), dim=-1)
         if result.seqs:

@@ -35,6 +35,7 @@ class Loaded:
     runner: ModelRunner
     lora: EngineAdapters
     guided: GuidedDecoder
+    sampler: Sampler
     num_blocks: int
     block_bytes: int
     ranks: WorkerRanks | None
@@ -98,9 +99,9 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
             runner.capture_graphs(config.max_num_seqs, backend)
     eos = eos_token_ids(config.model_dir, spec.eos_token_ids)
     guided = GuidedDecoder(config.model_dir, spec.vocab_size, eos)
-    runner.sampler = Sampler(config.device, runner.ops, guided)
+    runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
     runner.eos_token_ids = eos
-    return Loaded(spec, max_model_len, eos, runner, lora, guided, num_blocks, block_bytes, ranks)
+    return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
 
 
 def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: float) -> dict[str, Any]:

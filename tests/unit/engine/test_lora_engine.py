@@ -68,8 +68,8 @@ def test_mixed_adapters_in_one_batch_match_peft(arch, tiny_model_dirs, tiny_toke
     for i, (name, p) in enumerate(plan):
         want = peft_greedy(model_dir, adapters[name] if name else None, ids[p], 16)
         assert tokens[f"r{i}"][0] == want, (arch, name, p)
-    assert engine.adapters.loads > len(adapters)  # two host copies for three adapters: some were read again
-    assert all(a.refs == 0 and a.running == 0 for a in engine.adapters.adapters.values())
+    assert engine.lora.book.loads > len(adapters)  # two host copies for three adapters: some were read again
+    assert all(a.refs == 0 and a.running == 0 for a in engine.lora.book.adapters.values())
     assert engine.blocks.num_used_blocks == 0
 
 
