@@ -125,6 +125,8 @@ class InitEngine(Msg):
     model_path: str
     options: dict[str, str]
     log_level: str = "info"
+    listen_path: str = ""
+    """A Unix socket path where other API processes may connect to the engine ("" : none)."""
 
 
 class EngineReady(Msg):

@@ -10,6 +10,8 @@ the calling process instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -25,6 +27,7 @@ from ..child import EXIT_GRACE_S, run_child
 from ..errors import WorkerDied
 from .client import EngineClient, EngineStartError
 from .engine import Engine, RequestRejected
+from .outbox import Outbox
 from .placement import engine_config
 
 log = logging.getLogger("lmiserve.engine")
@@ -34,32 +37,75 @@ HEARTBEAT_SECONDS = 1.0
 produce no token (prompt chunks): the server takes silence with requests in flight for a stall."""
 
 
-class EngineLoop:
-    """Feeds an engine from an inbox and sends each step's output through ``send``."""
+class Connection:
+    """One API process's link to the engine: where its messages go, and the requests it sent."""
 
-    def __init__(self, engine: Engine, send):  # type: ignore[no-untyped-def]
-        self.engine = engine
+    def __init__(self, send: Callable[[wire.Msg], None], name: str = "api"):
         self.send = send
-        self.inbox: queue.Queue[wire.Message | None] = queue.Queue()
+        self.name = name
+        self.requests: set[str] = set()
+
+
+class EngineLoop:
+    """Feeds an engine from an inbox and sends each step's output to the connection that owns it.
+
+    The first connection (``send``) is the API process that started the engine: when it goes,
+    the loop stops. Others join with :meth:`connect` (API processes beside it); each owns the
+    requests it sent, its aborts reach only those, and when it goes they are aborted.
+    """
+
+    def __init__(self, engine: Engine, send: Callable[[wire.Msg], None]):
+        self.engine = engine
+        self.primary = Connection(send, "primary")
+        self.inbox: queue.Queue[tuple[Connection, wire.Message | None]] = queue.Queue()
+        self.owners: dict[str, Connection] = {}
+        self.steps = 0
+        """Engine steps taken that scheduled work (for tests and logs)."""
+        self._connections = [self.primary]
         self._last_sent = time.monotonic()
 
-    def _handle(self, msg: wire.Message | None) -> bool:
+    def post(self, msg: wire.Message | None, conn: Connection | None = None) -> None:
+        """Hand the loop a message from ``conn`` (the primary connection by default); None: it closed."""
+        self.inbox.put((conn or self.primary, msg))
+
+    def connect(self, send: Callable[[wire.Msg], None], name: str) -> Connection:
+        conn = Connection(send, name)
+        self._connections.append(conn)  # only ever appended from the accepting thread
+        return conn
+
+    def _refuse(self, conn: Connection, request_id: str, error: str) -> None:
+        refused = wire.SeqDelta(request_id=request_id, finish_reason="error", error=error, error_kind="validation")
+        conn.send(wire.EngineStep(deltas=[refused]))
+
+    def _handle(self, conn: Connection, msg: wire.Message | None) -> bool:
         """Apply one message; False when the loop should stop."""
+        if msg is None and conn is not self.primary:  # another API process went: end its requests
+            for request_id in list(conn.requests):
+                self.engine.abort(request_id)
+                self.owners.pop(request_id, None)
+            conn.requests.clear()
+            if conn in self._connections:
+                self._connections.remove(conn)
+            return True
         if msg is None or isinstance(msg, wire.Shutdown):
             return False
         if isinstance(msg, wire.GenerateRequest):
+            if msg.request_id in self.owners:
+                self._refuse(conn, msg.request_id, f"request id {msg.request_id!r} is already running")
+                return True
             try:
                 self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params, msg.adapter)
             except RequestRejected as exc:
-                refused = wire.SeqDelta(
-                    request_id=msg.request_id, finish_reason="error", error=str(exc), error_kind="validation"
-                )
-                self.send(wire.EngineStep(deltas=[refused]))
+                self._refuse(conn, msg.request_id, str(exc))
+                return True
+            self.owners[msg.request_id] = conn
+            conn.requests.add(msg.request_id)
         elif isinstance(msg, wire.AdapterCommand):
-            self.send(self.engine.adapter_command(msg))
+            conn.send(self.engine.adapter_command(msg))
         elif isinstance(msg, wire.AbortRequest):
             for request_id in msg.request_ids:
-                self.engine.abort(request_id, msg.index)
+                if self.owners.get(request_id) is conn:
+                    self.engine.abort(request_id, msg.index)
         return True
 
     def run(self) -> None:
@@ -73,23 +119,45 @@ class EngineLoop:
             # wait for work when idle; otherwise take whatever arrived since the last step
             block = not self.engine.has_work()
             try:
-                msg = self.inbox.get(block=block)
+                item = self.inbox.get(block=block)
             except queue.Empty:
-                msg = ...
+                item = None
             aborted = False
-            while msg is not ...:
-                if not self._handle(msg):  # type: ignore[arg-type]
+            while item is not None:
+                conn, msg = item
+                if not self._handle(conn, msg):
                     return
                 aborted = aborted or isinstance(msg, wire.AbortRequest)
                 try:
-                    msg = self.inbox.get_nowait()
+                    item = self.inbox.get_nowait()
                 except queue.Empty:
-                    msg = ...
+                    item = None
             deltas = self.engine.step()
+            if deltas:
+                self.steps += 1
             now = time.monotonic()
-            if deltas or aborted or now - self._last_sent >= HEARTBEAT_SECONDS:
-                self.send(wire.EngineStep(deltas=deltas, stats=self.engine.stats()))
+            heartbeat = now - self._last_sent >= HEARTBEAT_SECONDS
+            if deltas or aborted or heartbeat:
+                self._dispatch(deltas, self.engine.stats(), heartbeat)
                 self._last_sent = now
+
+    def _dispatch(self, deltas: list[wire.SeqDelta], stats: wire.EngineStats, heartbeat: bool) -> None:
+        """Each connection's deltas to it (the primary always hears of a step; others when they
+        have deltas, or on a heartbeat)."""
+        if len(self._connections) == 1:
+            routed = {self.primary: deltas}
+        else:
+            routed = {conn: [] for conn in self._connections if heartbeat or conn is self.primary}
+            for delta in deltas:
+                owner = self.owners.get(delta.request_id, self.primary)
+                routed.setdefault(owner, []).append(delta)
+        for delta in deltas:
+            if delta.finish_reason is not None and delta.request_id not in self.engine.groups:
+                owner = self.owners.pop(delta.request_id, None)
+                if owner is not None:
+                    owner.requests.discard(delta.request_id)
+        for conn, own in routed.items():
+            conn.send(wire.EngineStep(deltas=own, stats=stats))
 
 
 class InProcessEngineClient(EngineClient):
@@ -135,12 +203,12 @@ class InProcessEngineClient(EngineClient):
     def _send(self, msg: wire.Msg) -> None:
         if self._loop_obj is None:
             raise WorkerDied("the engine is not running")
-        self._loop_obj.inbox.put(msg)
+        self._loop_obj.post(msg)
 
     async def stop(self, grace: float = 2 * EXIT_GRACE_S) -> None:
         self.alive = False
         if self._loop_obj is not None:
-            self._loop_obj.inbox.put(wire.Shutdown())
+            self._loop_obj.post(wire.Shutdown())
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, grace)
         self.alive = False
@@ -153,28 +221,64 @@ def _rank_failed(reason: str) -> None:
     os._exit(1)
 
 
+def _read_into(loop: EngineLoop, sock: socket.socket, conn: Connection) -> None:
+    """Feed ``loop`` from ``sock`` until it closes (then post None for it)."""
+    while True:
+        try:
+            msg = wire.recv(sock)
+        except OSError:
+            msg = None
+        loop.post(msg, conn)
+        if msg is None:
+            return
+
+
+def listen(loop: EngineLoop, path: str) -> socket.socket:
+    """Accept API processes beside the first on the Unix socket ``path``: each connection gets
+    an outbox and a reader of its own."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o600)
+    server.listen(64)
+    count = itertools.count(1)
+
+    def accept() -> None:
+        while True:
+            try:
+                peer, _ = server.accept()
+            except OSError:
+                return
+            name = f"api-{next(count)}"
+            outbox = Outbox(peer, f"engine-outbox-{name}")
+            conn = loop.connect(outbox.put, name)
+            threading.Thread(target=_read_into, args=(loop, peer, conn), name=f"engine-inbox-{name}", daemon=True).start()
+
+    threading.Thread(target=accept, name="engine-accept", daemon=True).start()
+    return server
+
+
 def _start(sock: socket.socket, init: wire.InitEngine) -> Callable[[], None]:
     """Build the engine, say it is ready, and hand back its loop; a reader thread feeds the
-    loop's inbox from the socket."""
+    loop's inbox from the socket, an outbox sends to it, and with ``init.listen_path`` other
+    API processes may connect."""
     engine = Engine(engine_config(init.model_path, init.options), on_rank_failure=_rank_failed)
-    lock = threading.Lock()
+    outbox = Outbox(sock)
+    loop = EngineLoop(engine, outbox.put)
+    threading.Thread(target=_read_into, args=(loop, sock, loop.primary), name="engine-inbox", daemon=True).start()
+    if init.listen_path:
+        listen(loop, init.listen_path)
+    outbox.put(wire.EngineReady(info=engine.info))
 
-    def send(msg: wire.Msg) -> None:
-        with lock:
-            wire.send(sock, msg)
+    def serve() -> None:
+        try:
+            loop.run()
+        finally:  # what the last steps produced still reaches the API process
+            outbox.close()
+            outbox.join(EXIT_GRACE_S)
 
-    loop = EngineLoop(engine, send)
-
-    def read() -> None:
-        while True:
-            msg = wire.recv(sock)
-            loop.inbox.put(msg)
-            if msg is None:
-                return
-
-    threading.Thread(target=read, name="engine-inbox", daemon=True).start()
-    send(wire.EngineReady(info=engine.info))
-    return loop.run
+    return serve
 
 
 def main(argv: list[str] | None = None) -> int:
