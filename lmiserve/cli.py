@@ -49,9 +49,15 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return load_settings(args.model_dir, args.properties, cli=cli)
 
 
+def settings_of(serve_argv: list[str]):  # type: ignore[no-untyped-def]
+    """The settings ``lmiserve serve SERVE_ARGV`` resolves (the other API processes build theirs so)."""
+    return _settings(_parser().parse_args(["serve", *serve_argv]))
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded from a model hub at run time
-    args = _parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(raw)
     if args.command == "bench":
         from .bench.command import run as run_bench
 
@@ -74,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
     from .server.runner import run
 
     logs.configure(settings.server.log_level)
-    return run(settings)
+    return run(settings, raw[raw.index("serve") + 1 :])

@@ -50,6 +50,17 @@ class ServerSettings(Area):
         ge=0,
         le=3600,
     )
+    api_processes: int = setting(
+        0,
+        "api_processes",
+        "HTTP API processes sharing the port (SO_REUSEPORT), so that tokenizing, detokenizing and formatting "
+        "are spread over CPU cores. The first owns the models, their engines, the management API and the "
+        "metrics; the others serve inference requests for engine models through the same engines and pass "
+        "everything else to the first. Each response names the process that answered in X-Api-Process. "
+        "0: one per 4 CPUs, at least 1 and at most 8.",
+        ge=0,
+        le=64,
+    )
     api_keys: SecretStr | None = setting(
         None,
         "api_keys",
@@ -110,6 +121,12 @@ class ServerSettings(Area):
         "still does not fit gets 507. 0: 80% of the machine's memory.",
         ge=0,
     )
+
+    def api_process_count(self, cpus: int | None) -> int:
+        """How many API processes run: ``api_processes``, or one per 4 of ``cpus`` (1 to 8) when 0."""
+        if self.api_processes:
+            return self.api_processes
+        return max(1, min(8, (cpus or 1) // 4))
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -253,7 +253,9 @@ def listen(loop: EngineLoop, path: str) -> socket.socket:
             name = f"api-{next(count)}"
             outbox = Outbox(peer, f"engine-outbox-{name}")
             conn = loop.connect(outbox.put, name)
-            threading.Thread(target=_read_into, args=(loop, peer, conn), name=f"engine-inbox-{name}", daemon=True).start()
+            threading.Thread(
+                target=_read_into, args=(loop, peer, conn), name=f"engine-inbox-{name}", daemon=True
+            ).start()
 
     threading.Thread(target=accept, name="engine-accept", daemon=True).start()
     return server

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -12,8 +13,10 @@ from .. import __version__
 from ..config import Settings
 from ..serving import ModelAdmin, ModelPool, ModelRegistry
 from . import errors
+from .api_processes import MainProcessMiddleware
 from .data_plane import DataPlane
 from .drain import Drain, DrainMiddleware
+from .forward import Forward, ProcessHeader
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
@@ -24,17 +27,33 @@ from .security import ApiKeys, SecurityMiddleware, management_reach
 StartupHook = Callable[[], Awaitable[None]]
 
 
-def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupHook | None = None) -> FastAPI:
+def create_app(
+    registry: ModelRegistry,
+    settings: Settings,
+    on_startup: StartupHook | None = None,
+    api_processes: Any = None,
+    link: Any = None,
+    process_index: int = 0,
+) -> FastAPI:
     """Build the app. ``on_startup`` runs in the background once the server listens, so
-    that ``/ping`` answers 503 while models load."""
+    that ``/ping`` answers 503 while models load. With several API processes, the main one
+    passes its :class:`~.api_processes.ApiProcesses`, another its :class:`~.forward.MainLink`
+    and index."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         grpc_server = await start_grpc(registry, settings, app.state.metrics)
+        if api_processes is not None:
+            await api_processes.start()
         task = asyncio.create_task(on_startup()) if on_startup else None
         try:
             yield
         finally:
+            if api_processes is not None:
+                await api_processes.close()
+            if link is not None:
+                await link.models.close()
+                await link.close()
             await stop_grpc(grpc_server)
             if task is not None and not task.done():
                 task.cancel()
@@ -52,6 +71,7 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     multi = settings.server.multi_model
     app.state.pool = ModelPool(registry, settings, app.state.metrics.registry) if multi else None
     app.state.drain = Drain()
+    app.state.api_processes = api_processes
     errors.install(app)
     app.include_router(ping.router)
     app.include_router(inference.router)
@@ -71,5 +91,11 @@ def create_app(registry: ModelRegistry, settings: Settings, on_startup: StartupH
     )
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: refusals cost nothing
+    if link is not None:  # another API process: inference here, the rest to the main process
+        app.add_middleware(Forward, link=link)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # refusals cost nothing
+    if api_processes is not None:
+        app.add_middleware(MainProcessMiddleware, registry=registry)
+    elif link is not None:
+        app.add_middleware(ProcessHeader, index=process_index)
     return app

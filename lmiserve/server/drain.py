@@ -25,6 +25,8 @@ from .asgi import HttpMiddleware, refuse
 log = logging.getLogger("lmiserve")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CONNECTION_CLOSE_GRACE_S = 3.0
+"""What the other API processes get beyond the drain to close their connections and exit."""
 REFUSAL = json.dumps(
     {"code": 503, "message": "Service Unavailable", "error": "the server is shutting down; retry on another instance"}
 ).encode()
@@ -70,11 +72,14 @@ class DrainingServer(uvicorn.Server):
     requests in flight finish (new ones get 503), and the signal is not raised again.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout: float):
+    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout: float, api_processes=None):  # type: ignore[no-untyped-def]
         super().__init__(config)
         self.drain = drain
         self.drain_timeout = drain_timeout
         self.stop_signal: str | None = None
+        self.api_processes = api_processes
+        """The other API processes (main process only): they drain at the same time, and the
+        models stop only once they have exited."""
 
     def handle_exit(self, sig: int, frame) -> None:  # type: ignore[no-untyped-def]
         # runs in the main thread between two bytecodes: set flags only, log later
@@ -97,6 +102,8 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self.drain.begin()
+        if self.api_processes is not None:
+            self.api_processes.begin_drain()
         started = self.drain.since or time.monotonic()
         why = f"{self.stop_signal} received" if self.stop_signal else "stopping"
         if self.drain.in_flight:
@@ -119,4 +126,6 @@ class DrainingServer(uvicorn.Server):
             )
         elif self.stop_signal:
             log.info("drained in %.1f s", time.monotonic() - started)
+        if self.api_processes is not None:  # their requests still need the engines
+            await self.api_processes.wait_drained(deadline - time.monotonic() + CONNECTION_CLOSE_GRACE_S)
         await super().shutdown(sockets=sockets)

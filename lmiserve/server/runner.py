@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,7 @@ import uvicorn
 from .. import __version__
 from ..config import ConfigError, Settings
 from ..serving import MIB, ModelLoadError, ModelRegistry, build_model, memory_budget
+from .api_processes import ApiProcesses
 from .app import StartupHook, create_app
 from .drain import DrainingServer
 
@@ -21,21 +23,26 @@ log = logging.getLogger("lmiserve")
 CONNECTION_CLOSE_S = 2
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, argv: list[str] | None = None) -> int:
     """Serve until stopped. Returns the process exit status: 0 after a stop signal (the requests in
-    flight drained first), 1 when the model failed to load."""
+    flight drained first), 1 when the model failed to load. ``argv``: the serve command's
+    arguments, which the other API processes (``api_processes``) are started with."""
     began = time.monotonic()
     for warning in settings.warnings:
         log.warning(warning)
     registry = ModelRegistry()
+    count = settings.server.api_process_count(os.cpu_count())
+    processes = ApiProcesses(settings, count, argv or []) if count > 1 else None
     if settings.server.multi_model:  # no model at start-up: each loads on demand
         root, budget = settings.server.multi_model_root, memory_budget(settings) // MIB
         log.info("multi-model mode: the models under %s load on demand, within %d MiB", root, budget)
-        return _serve(settings, registry, None, lambda: False, f"multi-model, models under {root}")
+        return _serve(settings, registry, None, lambda: False, f"multi-model, models under {root}", processes=processes)
     try:
         model = build_model(settings)
     except ModelLoadError as exc:
         log.error("cannot start model %s: %s", settings.model_name, exc)
+        if processes is not None:
+            processes.remove_directory()
         return 1
     registry.add(model)
     failures: list[str] = []
@@ -60,7 +67,7 @@ def run(settings: Settings) -> int:
             _loaded(model),
         )
 
-    return _serve(settings, registry, load_models, lambda: bool(failures), f"model {model.name}", servers)
+    return _serve(settings, registry, load_models, lambda: bool(failures), f"model {model.name}", servers, processes)
 
 
 def _serve(
@@ -70,13 +77,29 @@ def _serve(
     failed: Callable[[], bool],
     what: str,
     servers: list[DrainingServer] | None = None,
+    processes: ApiProcesses | None = None,
 ) -> int:
     try:
-        app = create_app(registry, settings, on_startup=on_startup)
+        app = create_app(registry, settings, on_startup=on_startup, api_processes=processes)
     except ConfigError as exc:  # an api_keys_file that cannot be read
         log.error("cannot start: %s", exc)
         return 2
-    config = uvicorn.Config(
+    server = DrainingServer(uvicorn_config(app, settings), app.state.drain, settings.server.drain_timeout, processes)
+    if servers is not None:
+        servers.append(server)
+    log.info("lmiserve %s: %s on http://%s:%s", __version__, what, settings.server.host, settings.server.port)
+    if processes is None:
+        server.run()
+    else:
+        log.info("%d API processes share the port", processes.count)
+        processes.follow(registry)
+        server.run(sockets=processes.sockets())
+    log.info("server stopped")
+    return 1 if failed() else 0
+
+
+def uvicorn_config(app, settings: Settings) -> uvicorn.Config:  # type: ignore[no-untyped-def]
+    return uvicorn.Config(
         app,
         host=settings.server.host,
         port=settings.server.port,
@@ -87,13 +110,6 @@ def _serve(
         timeout_graceful_shutdown=CONNECTION_CLOSE_S,
         log_config=None,
     )
-    server = DrainingServer(config, app.state.drain, settings.server.drain_timeout)
-    if servers is not None:
-        servers.append(server)
-    log.info("lmiserve %s: %s on http://%s:%s", __version__, what, settings.server.host, settings.server.port)
-    server.run()
-    log.info("server stopped")
-    return 1 if failed() else 0
 
 
 def _what(settings: Settings, model) -> str:  # type: ignore[no-untyped-def]

@@ -5,16 +5,23 @@ It knows no HTTP framework: ``lmiserve.server`` turns requests into calls on the
 their :class:`Reply` into responses.
 """
 
+from .attached_models import AttachedModels
 from .engine_model import EngineModel
+from .engine_sockets import share_in as share_engine_sockets
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
 from .model_pool import MIB, Lease, ModelPool, memory_budget
 from .registry import ModelRegistry, ServedModel
 from .respond import Reply, Responder, error_reply, respond
+from .shared_state import VersionFile, describe_models
 from .snapshot import ModelSnapshot
 
 __all__ = [
+    "AttachedModels",
+    "VersionFile",
+    "describe_models",
+    "share_engine_sockets",
     "EMBEDDING_HANDLER",
     "MIB",
     "TEXT_GENERATION_HANDLER",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class ModelAdapters:
         self.model_name = model_name
         self.entries: dict[str, AdapterInfo] = {}
         self._lock = asyncio.Lock()
+        self.on_change: Callable[[], None] = lambda: None
+        """Called after an adapter is registered, updated or unregistered."""
 
     @property
     def enabled(self) -> bool:
@@ -115,6 +118,7 @@ class ModelAdapters:
             _raise_for(await client.adapter_command("register", name, str(path), preload, pin))
             info = AdapterInfo(name, src, str(path), preload, pin)
             self.entries[name] = info
+        self.on_change()
         log.info("model %s: adapter %s registered from %s", self.model_name, name, path)
         return info
 
@@ -126,6 +130,7 @@ class ModelAdapters:
                 info.preload = preload
             if pin is not None:
                 info.pin = pin
+        self.on_change()
         return info
 
     async def unregister(self, client: Any, name: str) -> None:
@@ -133,6 +138,7 @@ class ModelAdapters:
             self.get(name)
             _raise_for(await client.adapter_command("unregister", name))
             del self.entries[name]
+        self.on_change()
         log.info("model %s: adapter %s unregistered", self.model_name, name)
 
     # --- start and restart ----------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngine
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.sharding import check_shardable
-from . import heap
+from . import engine_sockets, heap
 from .adapters import ModelAdapters
 from .handler_model import ModelLoadError
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -66,6 +67,14 @@ class EngineModel:
         """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
         self.adapters = ModelAdapters(settings, self.name, backend)
         """The model's LoRA adapters (option.enable_lora)."""
+        self.on_change: Callable[[], None] = lambda: None
+        """Called when the engine starts or exits and when an adapter changes (the registry's
+        version counts it: API processes beside this one attach again)."""
+        self.adapters.on_change = lambda: self.on_change()
+        self.id_prefix = ""
+        """Before each request id: unique across the API processes that share the engine."""
+        self.registration: dict[str, Any] | None = None
+        """How the management API registered the model (url and parameters), else None."""
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -117,6 +126,7 @@ class EngineModel:
             model_path=str(self.path),
             options=engine_options(self.settings.model, self.settings.engine),
             log_level=self.settings.server.log_level,
+            listen_path=engine_sockets.next_path(),
         )
         heartbeat = float(self.settings.engine.engine_heartbeat_timeout)
         return ProcessEngineClient(init, env=engine_env(self.settings), heartbeat_timeout=heartbeat)
@@ -132,6 +142,7 @@ class EngineModel:
         self.client = client
         self.max_model_len = int(client.info["max_model_len"])
         self._ever_ready = True
+        self.on_change()
 
     async def start(self) -> None:
         try:
@@ -148,6 +159,7 @@ class EngineModel:
         # a restarted engine counts from zero: keep what this one counted, and forget its state
         self.counters.engine_exited(client.stats)
         client.stats = None
+        self.on_change()
         if self._closing:
             return
         task = asyncio.create_task(self._restart())
@@ -206,7 +218,7 @@ class EngineModel:
             raise ValidationFailed(f"the chat template cannot render these messages: {exc}") from None
 
     def new_request_id(self) -> str:
-        return f"{self.name}-{next(self._ids)}"
+        return f"{self.name}-{self.id_prefix}{next(self._ids)}"
 
     def submit(self, request: GenerationRequest) -> tuple[str, OutputProcessor, Any]:
         """Validate, tokenize and hand to the engine; errors raise before anything is sent."""

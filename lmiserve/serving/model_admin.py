@@ -86,6 +86,7 @@ class ModelAdmin:
             model = build_model(settings)
         except ModelLoadError as exc:
             raise BadRequest(f"model {settings.model_name!r} cannot be served: {exc}") from None
+        model.registration = {"url": url, "params": dict(params)}  # type: ignore[attr-defined]
         self.registry.add(model)
         log.info("registering model %s from %s", model.name, settings.model_dir)
         if synchronous:
@@ -102,7 +103,8 @@ class ModelAdmin:
         except ModelLoadError as exc:
             log.error("model %s failed to load: %s", model.name, exc)
             if not keep_failed:  # a synchronous caller hears of it; an asynchronous one sees "Failed"
-                self.registry.models.pop(model.name, None)
+                if self.registry.models.get(model.name) is model:
+                    self.registry.remove(model.name)
                 raise LmiServeError(f"model {model.name!r} failed to load: {exc}", status=500) from None
             return
         log.info("model %s registered", model.name)

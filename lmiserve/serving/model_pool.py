@@ -259,7 +259,7 @@ class ModelPool:
         if self._entries.get(entry.name) is entry:
             del self._entries[entry.name]
         if entry.model is not None and self.registry.models.get(entry.name) is entry.model:
-            del self.registry.models[entry.name]
+            self.registry.remove(entry.name)
         elif entry.model is None:
             self.registry.models.pop(entry.name, None)
 

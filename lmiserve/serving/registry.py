@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import BadRequest, NotFound
@@ -24,12 +25,26 @@ class ServedModel(Protocol):
 class ModelRegistry:
     def __init__(self) -> None:
         self.models: dict[str, ServedModel] = {}
+        self.version = 0
+        """Counts the changes: a model added or removed, an engine (re)started, an adapter
+        registered or unregistered (models with an ``on_change`` attribute report theirs)."""
+        self.listeners: list[Callable[[int], None]] = []
+
+    def changed(self) -> None:
+        self.version += 1
+        for listener in self.listeners:
+            listener(self.version)
 
     def add(self, model: ServedModel) -> None:
         self.models[model.name] = model
+        if hasattr(model, "on_change"):
+            model.on_change = self.changed  # type: ignore[attr-defined]
+        self.changed()
 
     def remove(self, name: str) -> ServedModel:
-        return self.models.pop(name)
+        model = self.models.pop(name)
+        self.changed()
+        return model
 
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name)

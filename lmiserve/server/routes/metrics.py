@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..metrics import CONTENT_TYPE
+from ..metrics_merge import merge_expositions
 
 router = APIRouter()
 
@@ -16,4 +17,9 @@ _TEXT = {200: {"description": "Prometheus text exposition format", "content": {"
 @router.get("/metrics", response_class=Response, responses=_TEXT)
 @router.get("/server/metrics", response_class=Response, responses=_TEXT)
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.expose(), media_type=CONTENT_TYPE)
+    own = request.app.state.metrics.expose()
+    processes = getattr(request.app.state, "api_processes", None)
+    if processes is None:
+        return Response(own, media_type=CONTENT_TYPE)
+    # several API processes: what each counted, added up
+    return Response(merge_expositions([own, *await processes.collect_metrics()]), media_type=CONTENT_TYPE)
