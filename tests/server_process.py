@@ -45,6 +45,8 @@ class ServerProcess:
         full_env = dict(os.environ)
         # each test server gets a gRPC port of its own (the default 8081 may be taken by another)
         full_env.setdefault("SERVING_GRPC_PORT", str(free_port()))
+        # one API process whatever the CPUs, unless a test asks for more (tests/integration/test_api_processes.py)
+        full_env.setdefault("SERVING_API_PROCESSES", "1")
         full_env.update(env or {})
         cmd = [
             sys.executable,

@@ -91,9 +91,15 @@ def _serve(
     if processes is None:
         server.run()
     else:
+        try:
+            sockets = processes.sockets()
+        except OSError as exc:
+            log.error("cannot listen on %s:%s: %s", settings.server.host, settings.server.port, exc)
+            processes.remove_directory()
+            return 1
         log.info("%d API processes share the port", processes.count)
         processes.follow(registry)
-        server.run(sockets=processes.sockets())
+        server.run(sockets=sockets)
     log.info("server stopped")
     return 1 if failed() else 0
 

@@ -4,9 +4,9 @@ metrics sum, and which requests another process answers itself."""
 from __future__ import annotations
 
 from lmiserve.config import load_settings
-from lmiserve.serving import ModelRegistry, VersionFile
 from lmiserve.server.forward import is_data_plane, private
 from lmiserve.server.metrics_merge import merge_expositions
+from lmiserve.serving import ModelRegistry, VersionFile
 
 MAIN = b"""# HELP lmiserve_requests_total HTTP requests.
 # TYPE lmiserve_requests_total counter
@@ -37,7 +37,9 @@ def test_expositions_add_up_sample_by_sample():
     assert lines.count("# TYPE lmiserve_requests_total counter") == 1
     # each family's samples follow its own HELP and TYPE lines
     start = lines.index("# TYPE lmiserve_requests_total counter")
-    assert lines[start + 1].startswith("lmiserve_requests_total") and lines[start + 2].startswith("lmiserve_requests_total")
+    assert lines[start + 1].startswith("lmiserve_requests_total") and lines[start + 2].startswith(
+        "lmiserve_requests_total"
+    )
     assert merge_expositions([MAIN]).decode() == MAIN.decode()
 
 
