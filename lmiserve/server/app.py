@@ -68,7 +68,7 @@ def create_app(
     app.state.admin = ModelAdmin(registry, settings)
     app.state.metrics = ServerMetrics(registry)
     app.state.plane = DataPlane(registry, app.state.metrics)
-    multi = settings.server.multi_model
+    multi = settings.server.multi_model and link is None  # the main process owns the pool
     app.state.pool = ModelPool(registry, settings, app.state.metrics.registry) if multi else None
     app.state.drain = Drain()
     app.state.api_processes = api_processes
