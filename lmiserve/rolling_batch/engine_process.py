@@ -3,8 +3,10 @@
 Started as ``python -m lmiserve.rolling_batch.engine_process --fd N`` with one end of a
 socket pair; the first message is :class:`~lmiserve.wire.InitEngine`. A reader thread
 queues incoming messages so that requests join the batch at the next step without ever
-waiting for a step to finish. :class:`InProcessEngineClient` runs the same loop on a thread of
-the calling process instead.
+waiting for a step to finish, and an outbox (:mod:`.outbox`) sends, so that a step never waits
+for an API process to read. With ``InitEngine.listen_path`` the engine also accepts the API
+processes beside the first (``api_processes``) on that Unix socket. :class:`InProcessEngineClient`
+runs the same loop on a thread of the calling process instead.
 """
 
 from __future__ import annotations

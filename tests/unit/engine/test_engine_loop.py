@@ -216,3 +216,30 @@ def test_each_connection_gets_its_own_requests_deltas(primary, tmp_path):
         _wait(lambda: "other-2" not in loop.owners)
     finally:
         server.close()
+
+
+def test_an_attached_client_streams_the_requests_it_sent(primary, tmp_path):
+    import asyncio
+
+    from lmiserve.rolling_batch.attached_client import AttachedEngineClient
+
+    _, engine, loop, _ = primary
+    path = tmp_path / "engine.sock"
+    server = listen(loop, str(path))
+
+    async def generate() -> tuple[list[int], bool]:
+        client = AttachedEngineClient(str(path), {"max_model_len": 256})
+        await client.start()
+        stream = client.submit("p1-0", [1, 2], wire.SamplingParams(max_new_tokens=130))
+        tokens = []
+        async for delta in stream:
+            tokens.extend(delta.token_ids)
+        await client.stop()
+        return tokens, client.alive
+
+    try:
+        tokens, alive = asyncio.run(generate())
+        assert tokens == list(range(130)) and not alive
+        _wait(lambda: len(loop._connections) == 1)  # the closed connection is forgotten
+    finally:
+        server.close()
