@@ -230,15 +230,24 @@ class EngineModel:
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
         limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
-        if len(client.streams) >= limit:
+        in_flight = self._in_flight(client)
+        if in_flight >= limit:
             raise Overloaded(
-                f"model {self.name} has {len(client.streams)} requests in flight, as many as "
+                f"model {self.name} has {in_flight} requests in flight, as many as "
                 "max_rolling_batch_size + job_queue_size allow; retry later"
             )
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
         stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params, adapter)
         return request_id, processor, stream
+
+    def _in_flight(self, client: EngineClient) -> int:
+        """This process's requests on the engine; where other API processes share the engine, what
+        the engine last reported (running and waiting) when that is more."""
+        own = len(client.streams)
+        shared = self.id_prefix or getattr(getattr(client, "init", None), "listen_path", "")
+        stats = client.stats
+        return max(own, stats.running + stats.waiting) if shared and stats is not None else own
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         if self.client is not None:

@@ -84,3 +84,32 @@ def test_api_processes_default_to_one_per_four_cpus(tmp_path):
     assert [server.api_process_count(cpus) for cpus in (None, 2, 4, 16, 64)] == [1, 1, 1, 4, 8]
     fixed = load_settings(tmp_path, env={"SERVING_API_PROCESSES": "3"}).server
     assert fixed.api_process_count(2) == 3
+
+
+def test_a_shared_engine_counts_the_requests_of_every_process_against_the_limit(tmp_path):
+    from types import SimpleNamespace
+
+    from lmiserve import wire
+    from lmiserve.serving import EngineModel
+
+    settings = load_settings(tmp_path, env={})
+    stats = wire.EngineStats(
+        running=5,
+        waiting=2,
+        kv_blocks_used=0,
+        kv_blocks_total=1,
+        prefix_cache_hit_tokens=0,
+        preemptions=0,
+        prompt_tokens=0,
+        generated_tokens=0,
+        step_seconds=0.0,
+    )
+    own_two = {"a": None, "b": None}
+    alone = SimpleNamespace(streams=own_two, stats=stats, init=SimpleNamespace(listen_path=""))
+    shared = SimpleNamespace(streams=own_two, stats=stats, init=SimpleNamespace(listen_path="/tmp/x/engine-1.sock"))
+    model = EngineModel(settings)
+    assert model._in_flight(alone) == 2  # one API process: its own requests, as before
+    assert model._in_flight(shared) == 7  # the engine's count, other processes' requests included
+    model.id_prefix = "p1-"
+    assert model._in_flight(SimpleNamespace(streams=own_two, stats=stats)) == 7
+    assert model._in_flight(SimpleNamespace(streams=own_two, stats=None)) == 2
