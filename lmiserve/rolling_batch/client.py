@@ -33,17 +33,21 @@ class RequestStream:
         self._pending = set(range(sequences))
         self._queue: asyncio.Queue[wire.SeqDelta | Exception] = asyncio.Queue()
         self.done = False
+        self.ended_in_engine = False
+        """Every sequence finished in the engine (``done`` alone may be this side's doing: a
+        deadline, a dead engine; the engine then still runs it until aborted)."""
 
     def put(self, delta: wire.SeqDelta) -> None:
-        if self.done:
+        if self.ended_in_engine:
             return
         if delta.error is not None:
             self._pending.clear()
         elif delta.finish_reason is not None:
             self._pending.discard(delta.index)
-        self._queue.put_nowait(delta)
+        if not self.done:
+            self._queue.put_nowait(delta)
         if not self._pending:
-            self.done = True
+            self.done = self.ended_in_engine = True
 
     def fail(self, error: Exception) -> None:
         """End the stream with ``error``, raised to its reader after the deltas already queued
@@ -112,7 +116,7 @@ class EngineClient:
         stream = self.streams.get(request_id)
         if index is None:
             self.streams.pop(request_id, None)
-        if self.alive and (stream is not None and not stream.done):
+        if self.alive and (stream is not None and not stream.ended_in_engine):
             self._send(wire.AbortRequest(request_ids=[request_id], index=index))
 
     def _on_step(self, step: wire.EngineStep) -> None:
@@ -124,7 +128,7 @@ class EngineClient:
             if stream is None:
                 continue
             stream.put(delta)
-            if stream.done:
+            if stream.ended_in_engine:
                 self.streams.pop(delta.request_id, None)
 
     def _gone(self, reason: str, restart: bool | None = None) -> None:

@@ -108,6 +108,9 @@ class EngineLoop:
             for request_id in msg.request_ids:
                 if self.owners.get(request_id) is conn:
                     self.engine.abort(request_id, msg.index)
+                    if request_id not in self.engine.groups:  # ended without a delta
+                        del self.owners[request_id]
+                        conn.requests.discard(request_id)
         return True
 
     def run(self) -> None:
