@@ -6,6 +6,10 @@ Every sequence of the step is a run of query tokens (one for a decode) at the en
 ``BLOCK_M`` query tokens of one sequence and every query head of one KV head, and walks that
 sequence's blocks in position order with an online softmax (in fp32). Nothing is split across
 programs along the keys, so a token's result does not depend on what else is in the step.
+
+``max_q_len`` only sizes the launch: a captured step passes its bucket's bound, and programs
+past a sequence's own run of query rows return at once, so the launch (grid, tile size,
+compile-time constants) depends on the bucket alone (:mod:`...mixed_graphs`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,13 @@ products are formed in fp32 from the same rounded operands: what the matrix unit
 up to the order of the fp32 accumulation."""
 
 
-@triton.jit
+VARYING = ("scale", "window", "table_stride")
+"""Integer and float arguments that change with the step or the model: never specialised on,
+so one compiled kernel serves every step (Triton would otherwise compile again when one of
+them happens to be 1 or a multiple of 16)."""
+
+
+@triton.jit(do_not_specialize=VARYING)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
