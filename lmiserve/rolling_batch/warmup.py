@@ -13,17 +13,25 @@ stores nothing, and returns the kinds it ran.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from .step_inputs import StepArrays
 
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
-
 StepKey = tuple[Any, ...]
+
+
+class Runner(Protocol):
+    """What the warm-up needs of the model runner."""
+
+    model: Any
+    block_size: int
+    max_model_len: int
+    device: str
+
+    def run_eager(self, arrays: StepArrays) -> torch.Tensor: ...
 
 PROMPT_ROWS = 32
 """Query rows of the prompt warm-up step: past the small tiles (16 rows) of every kernel."""
@@ -51,7 +59,7 @@ def padding_step(num_seqs: int, q_len: int, block_size: int, adapter_slot: int |
 
 
 @torch.inference_mode()
-def warm_up(runner: ModelRunner, lora: bool) -> set[StepKey]:
+def warm_up(runner: Runner, lora: bool) -> set[StepKey]:
     """One eager decode step and one eager prompt step, each also with an adapter where
     ``lora``; the LM head runs on their last rows. The kinds run are returned."""
     q_len = max(2, min(PROMPT_ROWS, runner.max_model_len))

@@ -128,3 +128,25 @@ def test_deterministic_mode_captures_decodes_only(monkeypatch, tiny_model_dirs):
     engine, _ = _engine(monkeypatch, tiny_model_dirs["llama"], deterministic=True)
     assert engine.runner.graphs is not None and engine.runner.mixed_graphs is None
     assert engine.info["mixed_graphs"] == "off"
+
+
+def test_steps_with_adapters_run_eagerly_in_kinds_warmed_at_start(monkeypatch, tmp_path, tiny_model_dirs, tiny_tokenizer):
+    """With LoRA on, the warm-up also ran a decode and a prompt with an adapter (the pool's
+    holds are as they were after it); a request with an adapter then runs eagerly in those kinds."""
+    from tests.lora_adapters import build_adapter
+
+    model_dir = tiny_model_dirs["llama"]
+    engine, _ = _engine(monkeypatch, model_dir, enable_lora=True, max_loras=1)
+    runner = engine.runner
+    assert {("eager", "decode", True), ("eager", "prompt", True)} <= runner.warm_keys
+    assert all(not slots for slots in runner.model.lora.holds.values())
+    path = build_adapter(model_dir, tmp_path / "adapter", seed=5, rank=4)
+    from lmiserve import wire
+
+    assert engine.adapter_command(wire.AdapterCommand(op_id=1, action="register", name="ad", src=str(path))).kind is None
+    engine.add_request("x", tiny_tokenizer("What is Deep Learning?")["input_ids"], SamplingParams(max_new_tokens=3), "ad")
+    while engine.has_work():
+        engine.step()
+    adapted = {key for key in runner.steps if key[0] == "eager" and key[2]}
+    assert adapted == {("eager", "decode", True), ("eager", "prompt", True)}
+    assert set(runner.steps) <= runner.warm_keys
