@@ -128,7 +128,9 @@ def _aligned(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return packed, offsets
 
 
-def step_tensors(arrays: StepArrays, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+def step_tensors(
+    arrays: StepArrays, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Input ids, positions and attention metadata on ``device``, in two copies."""
     t, s, w = arrays.num_tokens, arrays.num_seqs, arrays.block_tables.shape[1]
     packed, (_, at_pos, at_slots) = _aligned([arrays.input_ids, arrays.positions, arrays.slots])

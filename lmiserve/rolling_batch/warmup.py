@@ -33,6 +33,7 @@ class Runner(Protocol):
 
     def run_eager(self, arrays: StepArrays) -> torch.Tensor: ...
 
+
 PROMPT_ROWS = 32
 """Query rows of the prompt warm-up step: past the small tiles (16 rows) of every kernel."""
 

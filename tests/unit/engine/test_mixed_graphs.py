@@ -17,7 +17,8 @@ PROMPTS = ("What is Deep Learning?", "The quick brown fox " * 6, "Hi", "A b c d 
 
 
 @pytest.mark.parametrize(
-    "max_num_seqs,expected", [(1, [1]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8]), (600, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])]
+    "max_num_seqs,expected",
+    [(1, [1]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8]), (600, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])],
 )
 def test_sequence_buckets(max_num_seqs, expected):
     assert mixed_seq_buckets(max_num_seqs) == expected
@@ -25,7 +26,13 @@ def test_sequence_buckets(max_num_seqs, expected):
 
 @pytest.mark.parametrize(
     "limit,expected",
-    [(512, [64, 128, 256, 512]), (24, [16, 32]), (16, [16]), (1000, [128, 256, 512, 1008]), (10**6, [256, 512, 1024, 2048])],
+    [
+        (512, [64, 128, 256, 512]),
+        (24, [16, 32]),
+        (16, [16]),
+        (1000, [128, 256, 512, 1008]),
+        (10**6, [256, 512, 1024, 2048]),
+    ],
 )
 def test_prompt_token_buckets(limit, expected):
     buckets = prompt_token_buckets(limit)
@@ -130,7 +137,9 @@ def test_deterministic_mode_captures_decodes_only(monkeypatch, tiny_model_dirs):
     assert engine.info["mixed_graphs"] == "off"
 
 
-def test_steps_with_adapters_run_eagerly_in_kinds_warmed_at_start(monkeypatch, tmp_path, tiny_model_dirs, tiny_tokenizer):
+def test_steps_with_adapters_run_eagerly_in_kinds_warmed_at_start(
+    monkeypatch, tmp_path, tiny_model_dirs, tiny_tokenizer
+):
     """With LoRA on, the warm-up also ran a decode and a prompt with an adapter (the pool's
     holds are as they were after it); a request with an adapter then runs eagerly in those kinds."""
     from tests.lora_adapters import build_adapter
@@ -143,8 +152,12 @@ def test_steps_with_adapters_run_eagerly_in_kinds_warmed_at_start(monkeypatch, t
     path = build_adapter(model_dir, tmp_path / "adapter", seed=5, rank=4)
     from lmiserve import wire
 
-    assert engine.adapter_command(wire.AdapterCommand(op_id=1, action="register", name="ad", src=str(path))).kind is None
-    engine.add_request("x", tiny_tokenizer("What is Deep Learning?")["input_ids"], SamplingParams(max_new_tokens=3), "ad")
+    assert (
+        engine.adapter_command(wire.AdapterCommand(op_id=1, action="register", name="ad", src=str(path))).kind is None
+    )
+    engine.add_request(
+        "x", tiny_tokenizer("What is Deep Learning?")["input_ids"], SamplingParams(max_new_tokens=3), "ad"
+    )
     while engine.has_work():
         engine.step()
     adapted = {key for key in runner.steps if key[0] == "eager" and key[2]}
