@@ -6,6 +6,10 @@ Every sequence of the step is a run of query tokens (one for a decode) at the en
 ``BLOCK_M`` query tokens of one sequence and every query head of one KV head, and walks that
 sequence's blocks in position order with an online softmax (in fp32). Nothing is split across
 programs along the keys, so a token's result does not depend on what else is in the step.
+
+The CUDA ops launch it with ``skip_decodes``: decodes (one query row) then take the split-KV
+kernel (:mod:`.split_kv`), which spreads a long context over many programs, and this one
+attends the prompt chunks only.
 """
 
 from __future__ import annotations
