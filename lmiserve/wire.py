@@ -213,6 +213,13 @@ class EngineStats(msgspec.Struct, kw_only=True):
     adapter_loads: int = 0
     """Times an adapter's weights were read from its directory (at registration or again after
     being unloaded)."""
+    graph_steps: int = 0
+    """Engine steps replayed from a captured device graph (cumulative)."""
+    eager_steps: int = 0
+    """Engine steps run eagerly, kernel by kernel (cumulative)."""
+    kernel_compiles: int = 0
+    """Device kernels compiled since the engine said it was ready (each one stalls every
+    stream while it compiles; the warm-up is meant to leave none)."""
 
 
 class EngineStep(Msg):

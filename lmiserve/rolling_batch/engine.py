@@ -59,6 +59,7 @@ class Engine:
         self.last_step_seconds = self._step_started = 0.0
         self._batch_size = 0
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
+        self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
     def add_request(
@@ -216,5 +217,8 @@ class Engine:
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
             step_seconds=self.last_step_seconds,
+            graph_steps=self.runner.graph_steps,
+            eager_steps=self.runner.eager_steps,
+            kernel_compiles=self.runner.kernel_compiles() - self._compiles_at_ready,
             **self.lora.stats(),
         )

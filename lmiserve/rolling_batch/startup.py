@@ -1,5 +1,6 @@
 """Starting an engine: the model's weights, the other tensor-parallel ranks, the adapters' slots,
-the KV cache in the memory left, the decode graphs, and the line that says what runs."""
+the KV cache in the memory left, the step graphs, the warm-up of every kernel a request can
+reach, and the line that says what runs."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from .engine_config import EngineConfig
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
 from .lora.engine_adapters import EngineAdapters
+from .mixed_graphs import MAX_PROMPT_TOKENS
 from .model_runner import ModelRunner
 from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .sharding import Shard, check_shardable
+from .warmup import warm_up
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -81,7 +84,8 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     )
     lora = EngineAdapters(config, spec, runner.model, dtype)
     block_bytes = runner.block_bytes
-    num_blocks = kv_cache_blocks(config, max_model_len, block_bytes, config.device)
+    workspace = _attention_workspace(config, runner, max_model_len)
+    num_blocks = kv_cache_blocks(config, max_model_len, block_bytes, config.device, workspace)
     if ranks is not None:
         ranks.join()
         num_blocks = agree_min(num_blocks, config.device)
@@ -93,15 +97,34 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     runner.allocate_cache(num_blocks)
     if ranks is not None:
         runner.channel = ranks.ready()
-    elif not config.enforce_eager:
-        backend = graphs.backend_for(config.device)
+    else:
+        backend = None if config.enforce_eager else graphs.backend_for(config.device)
         if backend is not None:
-            runner.capture_graphs(config.max_num_seqs, backend)
+            runner.capture_graphs(config.max_num_seqs, backend, _decode_step_prompt_tokens(config))
+        if backend is not None or runner.ops.name == "cuda":
+            runner.warm_keys |= warm_up(runner, lora=lora.book is not None)
     eos = eos_token_ids(config.model_dir, spec.eos_token_ids)
     guided = GuidedDecoder(config.model_dir, spec.vocab_size, eos)
     runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
     runner.eos_token_ids = eos
     return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
+
+
+def _attention_workspace(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> int:
+    """Bytes of the CUDA split-KV decode kernel's scratch at the largest batch a step or a
+    captured graph runs (its launch covers the block tables' whole width); 0 elsewhere."""
+    if runner.ops.name != "cuda":
+        return 0
+    from .ops.triton_kernels.split_kv import scratch_bytes
+
+    keys = max(max_model_len, MAX_PROMPT_TOKENS + 1) + config.block_size  # mixed graphs' padding run
+    return scratch_bytes(config.max_num_seqs + 1, keys, runner.spec.num_heads, runner.spec.head_dim)
+
+
+def _decode_step_prompt_tokens(config: EngineConfig) -> int:
+    """The most prompt tokens a step that decodes takes (the scheduler's limit)."""
+    budget = max(config.max_num_batched_tokens, config.max_num_seqs)
+    return config.max_decode_step_prefill_tokens or budget
 
 
 def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: float) -> dict[str, Any]:
@@ -125,6 +148,7 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
         "tensor_parallel_degree": cfg.tensor_parallel_degree,
         "deterministic": "on" if cfg.deterministic else "off",
         "decode_graphs": ",".join(map(str, runner.graphs.buckets)) if runner.graphs else "off",
+        "mixed_graphs": _mixed(runner),
         **loaded.lora.info(),
     }
     if loaded.ranks is not None:
@@ -155,3 +179,11 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
             spec.num_kv_heads,
         )
     return info
+
+
+def _mixed(runner: ModelRunner) -> str:
+    """``sequences x prompt tokens`` of the mixed-step graphs, or ``off``."""
+    mixed = runner.mixed_graphs
+    if mixed is None:
+        return "off"
+    return f"{','.join(map(str, mixed.seq_buckets))} x {','.join(map(str, mixed.token_buckets))}"

@@ -57,6 +57,7 @@ class AttachedEngineModel(EngineModel):
             self.failure = str(exc)
             raise ModelLoadError(self.failure) from None
         client.on_exit = self._detached
+        client.on_deltas = self._decode_step  # each step's text decoded at once, as in the main process
         self.client = client
         self._ever_ready = True
 
