@@ -168,6 +168,8 @@ class DecodeGraphs:
         self.longs[:, :b].copy_(_host(longs), non_blocking=True)
         self.seq_lens[:b].copy_(_host(padded_lens), non_blocking=True)
         self.tables[:b, : tables.shape[1]].copy_(_host(tables), non_blocking=True)
+        if arrays.fill is not None:
+            arrays.fill.apply(self.longs[0, :n])
         graph, out = self.graphs[b]
         self.backend.replay(graph)
         self.replays += 1

@@ -33,6 +33,29 @@ class SampleResult:
 
 
 @dataclass
+class DeviceSamples:
+    """Sampled tokens still on the device: ``tokens`` (int64, a row each) for a step that takes them
+    as its input ids, and ``packed`` (float64) holding everything the host reads, so that one copy
+    brings it over: the tokens, their log-probabilities, then, when ``k > 0``, each row's ``k`` most
+    likely token ids and their log-probabilities."""
+
+    tokens: torch.Tensor
+    packed: torch.Tensor
+    k: int = 0
+
+    def on_host(self, values: list[float], seqs: Seq[Sequence]) -> SampleResult:
+        """The result from ``packed`` read back as ``values`` (row i belongs to ``seqs[i]``)."""
+        n, k = len(seqs), self.k
+        top = None
+        if k > 0:
+            ids, lps = values[2 * n : 2 * n + n * k], values[2 * n + n * k :]
+            top = [
+                [(int(ids[i * k + j]), lps[i * k + j]) for j in range(seqs[i].params.logprobs)] for i in range(n)
+            ]
+        return SampleResult([int(t) for t in values[:n]], values[n : 2 * n], top)
+
+
+@dataclass
 class LogitRows:
     """Which rows of a step's hidden states get logits: first one per sequence that samples
     (in ``sampled`` order), then the prompt rows of sequences that asked for prompt log-probabilities."""
@@ -182,6 +205,13 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()) -> SampleResult:
         """One token per row of ``logits`` (row i belongs to ``seqs[i]``)."""
+        drawn = self.sample_on_device(logits, seqs, eos_token_ids)
+        return drawn.on_host(drawn.packed.tolist(), seqs)  # one read of the device
+
+    def sample_on_device(
+        self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()
+    ) -> DeviceSamples:
+        """:meth:`sample` without reading the device: the tokens stay where the logits are."""
         argmax, lse = self.ops.argmax_logsumexp(logits) if self.ops else _argmax_logsumexp(logits)
         lse = lse.unsqueeze(1)
         scores = logits
@@ -201,18 +231,12 @@ class Sampler:
         if sampled:
             tokens[sampled] = self._draw(scores[sampled], [seqs[i] for i in sampled])
         chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
-        # one read of the device for both (token ids are exact in float64)
-        token_ids, chosen_values = torch.stack((tokens.double(), chosen.double())).tolist()
-        top = None
+        parts = [tokens.double(), chosen.double()]  # token ids are exact in float64
         k = max(s.params.logprobs for s in seqs)
         if k > 0:
             values, indices = logits.topk(k, dim=-1)
-            values = values - lse
-            top = [
-                list(zip(indices[i, : seqs[i].params.logprobs].tolist(), values[i, : seqs[i].params.logprobs].tolist()))
-                for i in range(len(seqs))
-            ]
-        return SampleResult([int(t) for t in token_ids], chosen_values, top)
+            parts += [indices.double().ravel(), (values - lse).double().ravel()]
+        return DeviceSamples(tokens, torch.cat(parts), k)
 
     def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = scores.device
