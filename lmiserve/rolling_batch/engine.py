@@ -67,6 +67,7 @@ class Engine:
         """Set when steps overlap (``option.async_scheduling``): the next step is launched before
         this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
+        self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
 
     # --- requests -----------------------------------------------------------------------
     def add_request(
