@@ -128,6 +128,10 @@ class OverlappedSteps:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.pending: InFlight | None = None
+        self.overlapped = 0
+        """Steps launched before their predecessor's tokens were read back."""
+        self.serial = 0
+        """Steps run serially (the module's description says which)."""
 
     def has_results(self) -> bool:
         """Whether the step in flight has tokens some running sequence still waits for."""
@@ -139,6 +143,7 @@ class OverlappedSteps:
         if batch and overlappable(batch):
             launched = self._launch(batch)
             if launched is not None:
+                self.overlapped += 1
                 deltas = self.collect()
                 self._advance(launched)
                 return deltas
@@ -149,6 +154,7 @@ class OverlappedSteps:
             prefills = [i for i in batch.prefills if not i.seq.finished]
             live = SchedulerOutput(decodes=decodes, prefills=prefills, copies=batch.copies)
             if live:
+                self.serial += 1
                 deltas += engine.run_serial(live)
         return deltas
 

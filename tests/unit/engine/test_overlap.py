@@ -45,12 +45,17 @@ def drive(engine, arrivals, abort_after=None, eos=None, max_steps=500):
     return seen
 
 
-def both(model_dir, arrivals, **kwargs):
+def both(model_dir, arrivals, serial_steps=0, **kwargs):
+    """The deltas of a serial and an overlapped engine; ``serial_steps``: how many steps the
+    overlapped engine must run serially (None: some)."""
     options = kwargs.pop("options", {})
     serial = drive(make_engine(model_dir, async_scheduling="false", **options), arrivals, **kwargs)
-    overlapped_engine = make_engine(model_dir, async_scheduling="true", **options)
-    assert overlapped_engine.overlap is not None
-    return serial, drive(overlapped_engine, arrivals, **kwargs)
+    engine = make_engine(model_dir, async_scheduling="true", **options)
+    assert engine.overlap is not None
+    overlapped = drive(engine, arrivals, **kwargs)
+    assert engine.overlap.overlapped > 0
+    assert engine.overlap.serial > 0 if serial_steps is None else engine.overlap.serial == serial_steps
+    return serial, overlapped
 
 
 def same(serial, overlapped, exact):
@@ -112,7 +117,7 @@ def test_requests_that_end_together_and_preemption(tiny_model_dirs, tiny_tokeniz
     overlapped = make_engine(model_dir, max_num_batched_tokens=64, max_model_len=128, async_scheduling="true")
     got_serial = drive(small_cache(serial), arrivals)
     got = drive(small_cache(overlapped), arrivals)
-    assert overlapped.scheduler.num_preemptions > 0
+    assert overlapped.scheduler.num_preemptions > 0 and overlapped.overlap.serial == 0
     tokens = lambda seen: {k: [t for r in v for t in r[0]] for k, v in seen.items()}  # noqa: E731
     assert tokens(got) == tokens(got_serial)
 
@@ -137,7 +142,7 @@ def test_steps_that_run_serially_still_give_the_serial_answers(tiny_model_dirs, 
         7: [("penalty", p[4], SamplingParams(max_new_tokens=6, repetition_penalty=1.3, min_new_tokens=2))],
         12: [("after", p[3], SamplingParams(max_new_tokens=6, do_sample=True, seed=5))],
     }
-    serial, overlapped = both(model_dir, arrivals)
+    serial, overlapped = both(model_dir, arrivals, serial_steps=None)
     assert same(serial, overlapped, exact=False)
     text = tiny_tokenizer.decode([t for r in serial[("guided", 0)] for t in r[0]], skip_special_tokens=True)
     assert text[:-1] in ("yes", "no") and text[-1].isdigit()
@@ -166,6 +171,7 @@ def test_a_failing_request_ends_alone_with_overlap(tiny_model_dirs, tiny_tokeniz
     tokens, finish, deltas = run(engine, {0: [(r, q, SamplingParams(max_new_tokens=10)) for r, q in prompts.items()]})
     reference, _, _ = run(make_engine(model_dir), {0: [("a", prompts["a"], SamplingParams(max_new_tokens=10))]})
     assert finish["bad"][0] == "error" and tokens["a"] == reference["a"]
+    assert engine.overlap.serial == 1 and engine.overlap.overlapped > 2  # the failing step, retried in halves
     assert engine.blocks.num_used_blocks == 0
 
 
@@ -215,3 +221,24 @@ def test_engine_loop_with_requests_joining_between_steps(arch, tiny_model_dirs, 
     serial = loop_tokens("false")
     assert loop_tokens("true") == serial
     assert {k: len(v) for k, v in serial.items()} == {"a": 12, "b": 7, "c": 9, "d": 3}
+
+
+def test_decode_graphs_take_their_input_ids_from_the_step_before(monkeypatch, tiny_model_dirs, tiny_tokenizer):
+    """The recording stand-in for device graphs: an overlapped decode step replays a graph whose
+    input ids are filled from the previous step's samples, and gives the serial tokens."""
+    from lmiserve.rolling_batch import graphs
+
+    from .recording_graphs import RecordingBackend
+
+    recorder = RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    model_dir = tiny_model_dirs["llama"]
+    p = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    arrivals = {0: [("a", p[0], SamplingParams(max_new_tokens=9, do_sample=True, seed=1))],
+                2: [(str(i), q, SamplingParams(max_new_tokens=6, logprobs=1)) for i, q in enumerate(p[1:4])]}  # fmt: skip
+    options = {"max_num_seqs": 6, "max_num_batched_tokens": 64}
+    serial = drive(make_engine(model_dir, async_scheduling="false", **options), arrivals)
+    del recorder.log[:]
+    engine = make_engine(model_dir, async_scheduling="true", **options)
+    assert same(serial, drive(engine, arrivals), exact=False)
+    assert engine.overlap.serial == 0 and ("replay", 4) in recorder.log
