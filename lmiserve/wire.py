@@ -211,6 +211,10 @@ class EngineStats(msgspec.Struct, kw_only=True):
     adapter_loads: int = 0
     """Times an adapter's weights were read from its directory (at registration or again after
     being unloaded)."""
+    graph_steps: int = 0
+    """Engine steps replayed from a captured device graph (cumulative)."""
+    eager_steps: int = 0
+    """Engine steps run eagerly, kernel by kernel (cumulative)."""
 
 
 class EngineStep(Msg):

@@ -3,14 +3,18 @@
 #   scripts/gpu_bench.sh [SHAPE] [CONCURRENCY]
 # SHAPE: llama-1b (default), llama-8b, smollm2 (random weights of that shape, SmolLM2's
 # tokenizer) or default (the embedded SmolLM2-135M-Instruct itself). CONCURRENCY: the sweep,
-# default 1,8,32,128. Load: streaming LMI requests, 190-token prompts, 128 new tokens,
-# ignore_eos, greedy; bf16 on cuda:0. Environment: PYTHON (default python3), PORT (8090),
-# WORK (a directory for the model and report; default a new temporary one), BENCH_ARGS
-# (more `lmiserve bench` arguments). The report lands in $WORK/report.
+# default 1,32,128,256. Load: streaming requests, 190-token prompts, 128 new tokens,
+# ignore_eos, greedy; bf16 on cuda:0. Right after start-up one c=128 level runs (LMI), then the
+# sweep with LMI streaming and the baseline, then the sweep with OpenAI streaming; one table
+# of all of it is printed at the end (scripts/bench_table.py). Environment: PYTHON (default
+# python3), PORT (8090), WORK (a directory for the model and reports; default a new temporary
+# one), BENCH_ARGS (more `lmiserve bench` arguments), COLD_C (the first level, 128; empty: none).
+# The reports land in $WORK/cold, $WORK/lmi and $WORK/openai.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHAPE=${1:-llama-1b}
-CONCURRENCY=${2:-1,8,32,128}
+CONCURRENCY=${2:-1,32,128,256}
+COLD_C=${COLD_C-128}
 PY=${PYTHON:-python3}
 PORT=${PORT:-8090}
 WORK=${WORK:-$(mktemp -d)}
@@ -36,6 +40,18 @@ for _ in $(seq 600); do
   sleep 1
 done
 grep -E "engine ready|decode graphs" "$WORK/server.log" >&2 || true
-# shellcheck disable=SC2086
-"$PY" -m lmiserve bench --url "http://127.0.0.1:$PORT" --api lmi --concurrency "$CONCURRENCY" \
-  --baseline --out "$WORK/report" ${BENCH_ARGS:-}
+bench() { # API CONCURRENCY OUT [ARGS...]
+  local api=$1 levels=$2 out=$3
+  shift 3
+  # shellcheck disable=SC2086
+  "$PY" -m lmiserve bench --url "http://127.0.0.1:$PORT" --api "$api" --concurrency "$levels" \
+    --out "$out" "$@" ${BENCH_ARGS:-} >&2
+}
+cold=()
+if [ -n "$COLD_C" ]; then
+  bench lmi "$COLD_C" "$WORK/cold" --warmup 0
+  cold=(--cold "$WORK/cold")
+fi
+bench lmi "$CONCURRENCY" "$WORK/lmi" --baseline
+bench openai "$CONCURRENCY" "$WORK/openai"
+"$PY" scripts/bench_table.py --run "lmi=$WORK/lmi" --run "openai=$WORK/openai" "${cold[@]}"

@@ -141,7 +141,8 @@ class EngineSettings(Area):
         False,
         "option.enforce_eager",
         "Run every engine step kernel by kernel. By default, on CUDA GPUs, decode steps are captured as "
-        "CUDA graphs for batch sizes up to max_rolling_batch_size (at most 512) and replayed.",
+        "CUDA graphs for batch sizes up to max_rolling_batch_size (at most 512), and steps with prompt "
+        "tokens for buckets of sequences and prompt tokens, and replayed.",
     )
     async_scheduling: Literal["auto", "true", "false"] = setting(
         "auto",

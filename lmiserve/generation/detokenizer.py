@@ -9,7 +9,7 @@ incomplete character (U+FFFD).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 CONTEXT_TOKENS = 5
@@ -59,7 +59,25 @@ class IncrementalDetokenizer:
         """Feed new token ids; returns the text they complete (may be empty)."""
         self._ids.extend(token_ids)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset :])
+        return self._advance(prefix, self._decode(self._ids[self._prefix_offset :]))
+
+    def windows(self, token_id: int) -> tuple[list[int], list[int]] | None:
+        """The two windows of ids that ``add([token_id])`` decodes (before and with the token), for
+        a caller that decodes many sequences' windows at once; None when this detokenizer must
+        decode itself (special tokens joined by :func:`decode_pieces`)."""
+        prefix = self._ids[self._prefix_offset : self._read_offset]
+        full = self._ids[self._prefix_offset :]
+        full.append(token_id)
+        if self.spaces is not None and self._added.intersection(full):
+            return None
+        return prefix, full
+
+    def add_decoded(self, token_id: int, prefix: str, full: str) -> str:
+        """``add([token_id])`` given the decoded :meth:`windows`."""
+        self._ids.append(token_id)
+        return self._advance(prefix, full)
+
+    def _advance(self, prefix: str, full: str) -> str:
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
             delta = full[len(prefix) :]
             self._prefix_offset = self._read_offset
@@ -105,3 +123,47 @@ def decode_pieces(tokenizer: Any, ids: Sequence[int], added: frozenset[int], ski
     if run:
         pieces.append(tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False))
     return (" " if spaces else "").join(pieces)
+
+
+def batch_decoder(tokenizer: Any) -> Callable[[list[list[int]], bool], list[str]] | None:
+    """One call that decodes many id lists exactly as ``tokenizer.decode`` does each (without
+    clean-up): the Rust tokenizer's ``decode_batch`` behind a transformers tokenizer that adds
+    nothing of its own to decoding; None for any other tokenizer."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "decode_batch"):
+        return None
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # an older transformers
+        return None
+    cls = type(tokenizer)
+    if not isinstance(tokenizer, TokenizersBackend) or any(
+        getattr(cls, name) is not getattr(TokenizersBackend, name) for name in ("decode", "_decode")
+    ):
+        return None
+    return lambda lists, skip: backend.decode_batch(lists, skip_special_tokens=skip)
+
+
+def decode_step(items: Sequence[tuple[IncrementalDetokenizer, int]]) -> list[str]:
+    """``detok.add([token])`` for each pair, with the decodes of every detokenizer that shares a
+    tokenizer done in one call: one engine step's text for all its sequences at once. Each
+    detokenizer appears at most once."""
+    pieces: list[str | None] = [None] * len(items)
+    groups: dict[tuple[int, bool], list[tuple[int, list[int], list[int]]]] = {}
+    decoders: dict[int, Callable[[list[list[int]], bool], list[str]] | None] = {}
+    for k, (detok, token) in enumerate(items):
+        key = id(detok.tokenizer)
+        if key not in decoders:
+            decoders[key] = batch_decoder(detok.tokenizer)
+        windows = detok.windows(token) if decoders[key] is not None else None
+        if windows is None:
+            pieces[k] = detok.add([token])
+        else:
+            groups.setdefault((key, detok.skip_special_tokens), []).append((k, *windows))
+    for (key, skip), group in groups.items():
+        lists = [ids for _, prefix, full in group for ids in (prefix, full)]
+        texts = decoders[key](lists, skip)  # type: ignore[misc]
+        for n, (k, _, _) in enumerate(group):
+            detok, token = items[k]
+            pieces[k] = detok.add_decoded(token, texts[2 * n], texts[2 * n + 1])
+    return pieces  # type: ignore[return-value]

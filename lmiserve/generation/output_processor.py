@@ -8,10 +8,12 @@ the pieces always join to ``generated_text``.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from ..wire import SeqDelta, TopLogprob
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, decode_step
 from .request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from .stop_strings import StopAutomaton, StopStringMatcher
 
@@ -37,6 +39,8 @@ class OutputProcessor:
             )
             for _ in range(count)
         ]
+        self._decoded: list[deque[tuple[SeqDelta, list[str]]]] = [deque() for _ in range(count)]
+        """Per sequence, the text of deltas decoded when their step arrived (:func:`detokenize_step`)."""
         stops = StopAutomaton(request.stop)  # compiled once, shared by every sequence
         self._stops = [StopStringMatcher(stops, request.include_stop_str_in_output) for _ in range(count)]
 
@@ -78,8 +82,11 @@ class OutputProcessor:
         seq = out.sequences[delta.index]
         out.last_index = delta.index
         seq.new_tokens = []
+        decoded = self._decoded[delta.index]
         if seq.finished:
+            decoded.clear()
             return False
+        pieces = decoded.popleft()[1] if decoded and decoded[0][0] is delta else None
         if out.first_token_at is None:
             out.first_token_at = time.monotonic()
         if delta.num_prompt_tokens:
@@ -93,7 +100,7 @@ class OutputProcessor:
         detok, stops = self._detok[delta.index], self._stops[delta.index]
         stopped_here = False
         for i, token_id in enumerate(delta.token_ids):
-            piece = stops.feed(detok.add([token_id]))
+            piece = stops.feed(pieces[i] if pieces is not None else detok.add([token_id]))
             top = self._alternatives(delta.top_logprobs[i]) if delta.top_logprobs else None
             lp = delta.logprobs[i] if i < len(delta.logprobs) else None
             token = TokenOutput(token_id, piece, lp, token_id in self.special, top)
@@ -120,3 +127,24 @@ class OutputProcessor:
         if out.finished:
             out.finished_at = time.monotonic()
         return stopped_here
+
+
+def detokenize_step(pairs: Iterable[tuple[OutputProcessor, SeqDelta]]) -> None:
+    """The text of one engine step's tokens for every sequence at once (one tokenizer call per
+    round rather than two per token), kept for :meth:`OutputProcessor.apply`. Deltas must come
+    in the order the engine sent them. Each sequence's tokens are decoded in order, a round
+    taking the next token of every sequence, so a delta decoded here gets exactly the text
+    ``apply`` would have decoded."""
+    queues: dict[tuple[int, int], list[tuple[IncrementalDetokenizer, int, list[str]]]] = {}
+    for processor, delta in pairs:
+        if delta.error is not None or not delta.token_ids or processor.output.sequences[delta.index].finished:
+            continue
+        pieces: list[str] = []
+        processor._decoded[delta.index].append((delta, pieces))
+        detok = processor._detok[delta.index]
+        queue = queues.setdefault((id(processor), delta.index), [])
+        queue.extend((detok, token, pieces) for token in delta.token_ids)
+    for r in range(max(map(len, queues.values()), default=0)):
+        items = [q[r] for q in queues.values() if r < len(q)]
+        for (_, _, pieces), piece in zip(items, decode_step([(d, t) for d, t, _ in items])):
+            pieces.append(piece)

@@ -52,6 +52,11 @@ class RequestStream:
             self.done = True
             self._queue.put_nowait(error)
 
+    @property
+    def ready(self) -> bool:
+        """Something has arrived that the reader has not taken yet."""
+        return not self._queue.empty()
+
     async def __aiter__(self) -> AsyncIterator[wire.SeqDelta]:
         while True:
             item = await self._queue.get()
@@ -71,6 +76,9 @@ class EngineClient:
         self.stats: wire.EngineStats | None = None
         self.alive = False
         self.on_exit: Callable[[EngineClient, str], None] | None = None
+        self.on_deltas: Callable[[list[wire.SeqDelta]], None] | None = None
+        """Sees each step's deltas, in order, before they reach their requests (the text of the
+        whole step is decoded at once there)."""
         self.last_progress = time.monotonic()
         """When the engine last reported a step (see ``engine_process.HEARTBEAT_SECONDS``)."""
         self._op_ids = itertools.count(1)
@@ -119,6 +127,11 @@ class EngineClient:
         self.last_progress = time.monotonic()
         if step.stats is not None:
             self.stats = step.stats
+        if self.on_deltas is not None and step.deltas:
+            try:
+                self.on_deltas(step.deltas)
+            except Exception:  # noqa: BLE001 - the requests then decode their own text
+                log.exception("processing a step's deltas failed")
         for delta in step.deltas:
             stream = self.streams.get(delta.request_id)
             if stream is None:

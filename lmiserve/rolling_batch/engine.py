@@ -252,5 +252,7 @@ class Engine:
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
             step_seconds=self.last_step_seconds,
+            graph_steps=self.runner.graph_steps,
+            eager_steps=self.runner.eager_steps,
             **self.lora.stats(),
         )

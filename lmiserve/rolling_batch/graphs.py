@@ -4,7 +4,8 @@ A decode step of ``n`` sequences runs the graph of the smallest bucket ``b >= n`
 inputs are copied into the graph's fixed buffers, rows ``n..b`` padded (token 0, position 0,
 KV slot -1 so nothing is stored, length 1), the graph replays every kernel of the forward pass
 in one launch, and the first ``n`` rows of its output are the step's hidden states. Steps with
-prompt tokens, and batches above the largest bucket, run eagerly.
+prompt tokens replay the graphs of :mod:`.mixed_graphs`; batches above the largest bucket run
+eagerly.
 
 Which device captures graphs is :func:`backend_for`'s choice: CUDA does (``torch.cuda.CUDAGraph``).
 Ascend NPUs run eagerly: torch_npu's fused attention takes the sequence lengths as host
@@ -34,6 +35,13 @@ log = logging.getLogger("lmiserve.engine")
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 """Batch sizes that get a graph (vLLM captures a similar ladder): fine steps at small batches,
 where padding costs most, coarser ones above."""
+
+
+def aligned_rows(n: int, itemsize: int) -> int:
+    """``n`` rounded up so that rows of ``n`` items of ``itemsize`` bytes each start 16 bytes
+    apart: views of a buffer's rows then have the alignment Triton specialises on in every step."""
+    per = max(1, 16 // itemsize)
+    return -(-n // per) * per
 
 
 def graph_buckets(max_num_seqs: int, limit: int = 512) -> list[int]:
@@ -100,11 +108,12 @@ class DecodeGraphs:
         top = self.buckets[-1]
         self.width = max_blocks_per_seq
         # fixed buffers: the graphs read their inputs from here
-        self.longs = torch.zeros((3, top), dtype=torch.long, device=device)  # ids, positions, slots
+        self.longs = torch.zeros((3, aligned_rows(top, 8)), dtype=torch.long, device=device)  # ids, positions, slots
         self.seq_lens = torch.ones(top, dtype=torch.int32, device=device)
         self.tables = torch.zeros((top, self.width), dtype=torch.int32, device=device)
         self.cu = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.metas: dict[int, AttentionMetadata] = {}
         self.replays = 0
 
     def capture(self) -> float:
@@ -132,6 +141,7 @@ class DecodeGraphs:
                 num_decodes=b,
             ),
         )
+        self.metas[b] = meta
         ids, positions = self.longs[0, :b], self.longs[1, :b]
         return lambda: self.model.forward(ids, positions, meta, self.kv_caches)
 
@@ -168,6 +178,9 @@ class DecodeGraphs:
         self.longs[:, :b].copy_(_host(longs), non_blocking=True)
         self.seq_lens[:b].copy_(_host(padded_lens), non_blocking=True)
         self.tables[:b, : tables.shape[1]].copy_(_host(tables), non_blocking=True)
+        # the host copy of the lengths follows the buffer, for ops that read it where a
+        # backend runs the forward pass again on replay (a device graph never reads it)
+        self.metas[b].paged.host_seq_lens = padded_lens.tolist()
         if arrays.fill is not None:
             arrays.fill.apply(self.longs[0, :n])
         graph, out = self.graphs[b]

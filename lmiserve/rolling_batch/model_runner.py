@@ -4,11 +4,13 @@ or from a captured graph), logits for the rows that need them, and the sampled t
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from .graphs import DecodeGraphs, GraphBackend
+from .mixed_graphs import MixedGraphs
 from .models.decoder import DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
@@ -18,7 +20,8 @@ from .parallel import StepChannel, TensorParallelError
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
-from .step_inputs import TokenFill, build_step_arrays, step_tensors
+from .step_inputs import StepArrays, TokenFill, build_step_arrays, step_tensors
+from .warmup import StepKey, eager_key
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -40,6 +43,7 @@ class ModelRunner:
         part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head."""
         self.device = device
         self.dtype = dtype
+        self.deterministic = deterministic
         self.block_size = block_size
         self.ops = select_ops(device, ops_name, deterministic)
         self.channel: StepChannel | None = None
@@ -60,6 +64,12 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
         """Captured decode steps (CUDA graphs), once :meth:`capture_graphs` has run."""
+        self.mixed_graphs: MixedGraphs | None = None
+        """Captured steps with prompt tokens, likewise."""
+        self.steps: Counter[StepKey] = Counter()
+        """Forward passes run, by kind and bucket (:mod:`.warmup`)."""
+        self.warm_keys: set[StepKey] = set()
+        """The kinds and buckets of step run (or captured) before the engine was ready."""
         self.max_model_len = max_model_len
         self.sampler: Sampler | None = None
         """Set where this process samples (rank 0): with the guided decoder, once it is loaded."""
@@ -86,12 +96,36 @@ class ModelRunner:
         self.v_cache.zero_()
         self.kv_caches = [(self.k_cache[i], self.v_cache[i]) for i in range(spec.num_layers)]
 
-    def capture_graphs(self, max_num_seqs: int, backend: GraphBackend) -> None:
-        """Capture decode steps for every batch-size bucket up to ``max_num_seqs``."""
+    @property
+    def graph_steps(self) -> int:
+        return sum(n for key, n in self.steps.items() if key[0] != "eager")
+
+    @property
+    def eager_steps(self) -> int:
+        return sum(n for key, n in self.steps.items() if key[0] == "eager")
+
+    def capture_graphs(self, max_num_seqs: int, backend: GraphBackend, prompt_tokens: int = 0) -> None:
+        """Capture decode steps for every batch-size bucket up to ``max_num_seqs`` and, with
+        ``prompt_tokens`` (the prompt tokens a decoding step may take), steps with prompt
+        tokens for every bucket of :mod:`.mixed_graphs`, the largest first. Deterministic mode
+        captures decodes only: its attention splits a step by the lengths on the host."""
         width = -(-self.max_model_len // self.block_size)
+        if prompt_tokens > 0 and not self.deterministic:
+            mixed = MixedGraphs(
+                self.model, self.kv_caches, max_num_seqs, prompt_tokens, width, self.block_size, self.device, backend
+            )
+            mixed.capture()
+            self.mixed_graphs = mixed
+            self.warm_keys.update(("mixed", key) for key in mixed.buckets)
         graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, width, self.device, backend)
         graphs.capture()
         self.graphs = graphs
+        self.warm_keys.update(("decode", b) for b in graphs.buckets)
+
+    def run_eager(self, arrays: StepArrays) -> torch.Tensor:
+        """Hidden states of every token of the step, without a graph."""
+        input_ids, positions, meta = step_tensors(arrays, self.device)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -111,6 +145,7 @@ class ModelRunner:
         if channel.broken is not None:
             raise TensorParallelError(channel.broken)
         arrays = build_step_arrays(out, self.block_size)
+        self.steps[eager_key(arrays)] += 1
         copies, out.copies = out.copies, []  # a retried step must not copy again
         try:
             input_ids, pos, meta, block_copies = channel.send(arrays, copies)
@@ -162,6 +197,10 @@ class ModelRunner:
         arrays = build_step_arrays(out, self.block_size)
         arrays.fill = fill
         if self.graphs is not None and self.graphs.fits(arrays):
+            self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1
             return self.graphs.run(arrays)
-        input_ids, positions, meta = step_tensors(arrays, self.device)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches)
+        if self.mixed_graphs is not None and self.mixed_graphs.fits(arrays):
+            self.steps[("mixed", self.mixed_graphs.bucket_for(arrays))] += 1
+            return self.mixed_graphs.run(arrays)
+        self.steps[eager_key(arrays)] += 1
+        return self.run_eager(arrays)

@@ -1,5 +1,6 @@
 """Starting an engine: the model's weights, the other tensor-parallel ranks, the adapters' slots,
-the KV cache in the memory left, the decode graphs, and the line that says what runs."""
+the KV cache in the memory left, the step graphs, the warm-up of every kernel a request can
+reach, and the line that says what runs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
 from .sampler import Sampler
 from .sharding import Shard, check_shardable
+from .warmup import warm_up
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -93,15 +95,23 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     runner.allocate_cache(num_blocks)
     if ranks is not None:
         runner.channel = ranks.ready()
-    elif not config.enforce_eager:
-        backend = graphs.backend_for(config.device)
+    else:
+        backend = None if config.enforce_eager else graphs.backend_for(config.device)
         if backend is not None:
-            runner.capture_graphs(config.max_num_seqs, backend)
+            runner.capture_graphs(config.max_num_seqs, backend, _decode_step_prompt_tokens(config))
+        if backend is not None or runner.ops.name == "cuda":
+            runner.warm_keys |= warm_up(runner, lora=lora.book is not None)
     eos = eos_token_ids(config.model_dir, spec.eos_token_ids)
     guided = GuidedDecoder(config.model_dir, spec.vocab_size, eos)
     runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
     runner.eos_token_ids = eos
     return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
+
+
+def _decode_step_prompt_tokens(config: EngineConfig) -> int:
+    """The most prompt tokens a step that decodes takes (the scheduler's limit)."""
+    budget = max(config.max_num_batched_tokens, config.max_num_seqs)
+    return config.max_decode_step_prefill_tokens or budget
 
 
 def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: float) -> dict[str, Any]:
@@ -125,6 +135,7 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
         "tensor_parallel_degree": cfg.tensor_parallel_degree,
         "deterministic": "on" if cfg.deterministic else "off",
         "decode_graphs": ",".join(map(str, runner.graphs.buckets)) if runner.graphs else "off",
+        "mixed_graphs": _mixed(runner),
         **loaded.lora.info(),
     }
     if loaded.ranks is not None:
@@ -155,3 +166,11 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
             spec.num_kv_heads,
         )
     return info
+
+
+def _mixed(runner: ModelRunner) -> str:
+    """``sequences x prompt tokens`` of the mixed-step graphs, or ``off``."""
+    mixed = runner.mixed_graphs
+    if mixed is None:
+        return "off"
+    return f"{','.join(map(str, mixed.seq_buckets))} x {','.join(map(str, mixed.token_buckets))}"

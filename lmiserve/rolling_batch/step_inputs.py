@@ -3,7 +3,8 @@
 Each scheduled sequence is read once for its fields (start, token count, the token ids it
 runs, its block table); positions, KV slots, the padded block-table matrix and the lengths
 are then worked out for the whole step at once with numpy, never token by token, and reach
-the device in two copies (one int64 array, one int32 array).
+the device in two copies (one int64 array, one int32 array), each part of which starts 16-byte
+aligned.
 """
 
 from __future__ import annotations
@@ -128,15 +129,34 @@ def lora_runs(arrays: StepArrays) -> list[tuple[int, int, int]]:
     return runs
 
 
-def step_tensors(arrays: StepArrays, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+def _aligned(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """The parts end to end, each starting 16 bytes after a multiple of 16 from the first (the
+    alignment Triton specialises its pointer arguments on, so the same in every step); the
+    offset of each part."""
+    per = 16 // parts[0].itemsize
+    offsets, at = [], 0
+    for part in parts:
+        offsets.append(at)
+        at += -(-part.shape[0] // per) * per
+    packed = np.zeros(at, dtype=parts[0].dtype)
+    for part, offset in zip(parts, offsets):
+        packed[offset : offset + part.shape[0]] = part
+    return packed, offsets
+
+
+def step_tensors(
+    arrays: StepArrays, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Input ids, positions and attention metadata on ``device``, in two copies."""
     t, s, w = arrays.num_tokens, arrays.num_seqs, arrays.block_tables.shape[1]
-    longs = _to_device(np.concatenate([arrays.input_ids, arrays.positions, arrays.slots]), device)
-    ints = _to_device(np.concatenate([arrays.block_tables.ravel(), arrays.cu_q_lens, arrays.seq_lens]), device)
+    packed, (_, at_pos, at_slots) = _aligned([arrays.input_ids, arrays.positions, arrays.slots])
+    longs = _to_device(packed, device)
+    packed, (_, at_cu, at_lens) = _aligned([arrays.block_tables.ravel(), arrays.cu_q_lens, arrays.seq_lens])
+    ints = _to_device(packed, device)
     paged = PagedAttentionInputs(
         block_tables=ints[: s * w].view(s, w),
-        cu_q_lens=ints[s * w : s * w + s + 1],
-        seq_lens=ints[s * w + s + 1 :],
+        cu_q_lens=ints[at_cu : at_cu + s + 1],
+        seq_lens=ints[at_lens : at_lens + s],
         max_q_len=arrays.max_q_len,
         host_cu_q_lens=arrays.cu_q_lens.tolist(),
         host_seq_lens=arrays.seq_lens.tolist(),
@@ -145,7 +165,8 @@ def step_tensors(arrays: StepArrays, device: str | torch.device) -> tuple[torch.
     if arrays.fill is not None:
         arrays.fill.apply(longs[:t])
     runs = lora_runs(arrays)
-    return longs[:t], longs[t : 2 * t], AttentionMetadata(longs[2 * t :], paged, LoraStep(runs, device) if runs else None)
+    lora = LoraStep(runs, device) if runs else None
+    return longs[:t], longs[at_pos : at_pos + t], AttentionMetadata(longs[at_slots : at_slots + t], paged, lora)
 
 
 def _to_device(array: np.ndarray, device: str | torch.device) -> torch.Tensor:

@@ -68,6 +68,11 @@ class ModelStateCollector(Collector):
         preemptions = CounterMetricFamily(
             "lmiserve_preemptions", "Sequences preempted to free KV-cache blocks.", labels=["model"]
         )
+        steps = CounterMetricFamily(
+            "lmiserve_engine_steps",
+            "Engine steps by mode: replayed from a captured device graph, or run eagerly.",
+            labels=["model", "mode"],
+        )
         for name, model in sorted(dict(self.models.models).items()):
             snapshot_of = getattr(model, "metrics_snapshot", None)
             if snapshot_of is None:
@@ -84,7 +89,9 @@ class ModelStateCollector(Collector):
             if s.counters is not None:
                 hits.add_metric([name], s.counters.get("prefix_cache_hit_tokens", 0))
                 preemptions.add_metric([name], s.counters.get("preemptions", 0))
-        yield from (running, waiting, usage, used, total, hits, preemptions)
+                steps.add_metric([name, "graph"], s.counters.get("graph_steps", 0))
+                steps.add_metric([name, "eager"], s.counters.get("eager_steps", 0))
+        yield from (running, waiting, usage, used, total, hits, preemptions, steps)
 
 
 # --- per-request generation metrics ----------------------------------------------------

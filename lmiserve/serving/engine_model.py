@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from ..child import child_env
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded, ValidationFailed
 from ..generation.admission import Admission, Admitted
-from ..generation.output_processor import OutputProcessor
+from ..generation.output_processor import OutputProcessor, detokenize_step
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
@@ -61,6 +62,8 @@ class EngineModel:
         self._restarts = 0
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._processors: weakref.WeakValueDictionary[str, OutputProcessor] = weakref.WeakValueDictionary()
+        """The output processor of each request in flight (gone with its request)."""
         self.counters = EngineCounters()
         self.custom_formatters: Any = None
         """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
@@ -125,6 +128,7 @@ class EngineModel:
         client = self._make_client()
         await client.start(timeout=float(self.settings.model.model_loading_timeout))
         client.on_exit = self._on_exit
+        client.on_deltas = self._decode_step
         if self._ever_ready:  # a restarted engine: the adapters registered so far, again
             await self.adapters.replay(client)
         else:  # adapters/<name>/ next to the model
@@ -226,7 +230,15 @@ class EngineModel:
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
         stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params, adapter)
+        self._processors[request_id] = processor
         return request_id, processor, stream
+
+    def _decode_step(self, deltas: list[wire.SeqDelta]) -> None:
+        """One engine step's text, decoded for all its requests at once."""
+        get = self._processors.get
+        pairs = [(p, d) for d in deltas if d.token_ids and (p := get(d.request_id)) is not None]
+        if pairs:
+            detokenize_step(pairs)
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         if self.client is not None:

@@ -48,11 +48,13 @@ def submit_all(model: EngineModel, requests: list[GenerationRequest]) -> list[Ge
 
 async def updates(
     model: EngineModel, gens: list[Generation], observer: Observer | None = None
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Updates of every generation as they happen; raises the first error. Each delta is
-    applied just before its update is yielded, so the consumer sees every update in turn
-    (and so does ``observer``, which keeps the metrics). Closing the iterator (a client that
-    went away) aborts whatever is still running."""
+) -> AsyncIterator[tuple[int, RequestOutput, bool]]:
+    """Updates of every generation as they happen, as ``(index, output, more)``; raises the
+    first error. Each delta is applied just before its update is yielded, so the consumer sees
+    every update in turn (and so does ``observer``, which keeps the metrics). ``more`` says
+    that the next update has already arrived: a consumer that fell behind can write what it
+    has for all of them at once. Closing the iterator (a client that went away) aborts
+    whatever is still running."""
     if len(gens) == 1:  # one generation: its deltas in turn, without a task per delta
         async for update in _single(model, gens[0], observer):
             yield update
@@ -63,7 +65,8 @@ async def updates(
     try:
         while waiting:
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: waiting[t]):
+            ordered = sorted(done, key=lambda t: waiting[t])
+            for n, task in enumerate(ordered):
                 index = waiting.pop(task)
                 try:
                     delta = task.result()
@@ -71,7 +74,8 @@ async def updates(
                     continue
                 g = gens[index]
                 _apply(model, g, delta, observer)
-                yield index, g.output
+                more = n + 1 < len(ordered) or any(x.stream.ready for x in gens)
+                yield index, g.output, more
                 if not g.output.finished:
                     waiting[asyncio.ensure_future(iterators[index].__anext__())] = index
     except Exception:
@@ -83,13 +87,15 @@ async def updates(
         _close(model, gens, observer, failed)
 
 
-async def _single(model: EngineModel, g: Generation, observer: Observer | None) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _single(
+    model: EngineModel, g: Generation, observer: Observer | None
+) -> AsyncIterator[tuple[int, RequestOutput, bool]]:
     """:func:`updates` of one generation."""
     failed = False
     try:
         async for delta in g.stream:
             _apply(model, g, delta, observer)
-            yield 0, g.output
+            yield 0, g.output, g.stream.ready
             if g.output.finished:
                 break
     except Exception:

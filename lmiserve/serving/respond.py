@@ -21,6 +21,8 @@ from ..generation.request import GenerationRequest, RequestOutput
 from .in_flight import Generation, Observer, submit_all, updates
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
+COALESCE_MAX = 64
+"""The most updates a lagging stream joins into one write."""
 
 
 @dataclass
@@ -93,7 +95,7 @@ async def run_to_end(
     stream = updates(model, gens, observer)
 
     async def drain() -> None:
-        async for index, out in stream:
+        async for index, out, _ in stream:
             if on_update is not None:
                 on_update(index, out)
 
@@ -185,7 +187,7 @@ async def _streamed(
     try:
         while True:
             try:
-                index, out = await stream.__anext__()
+                index, out, _ = await stream.__anext__()
             except StopAsyncIteration:
                 break
             if out.error is not None:  # refused before the first byte
@@ -213,33 +215,43 @@ async def _streamed(
 
 async def _chunks(
     responder: Responder,
-    stream: AsyncIterator[tuple[int, RequestOutput]],
+    stream: AsyncIterator[tuple[int, RequestOutput, bool]],
     head: list[bytes],
     outs: list[RequestOutput],
     seconds: float,
     timer: asyncio.TimerHandle,
 ) -> AsyncIterator[bytes]:
-    """The streamed body; ``timer`` ends it after ``seconds`` (see :func:`_expire_at`)."""
+    """The streamed body; ``timer`` ends it after ``seconds`` (see :func:`_expire_at`).
+
+    A client that falls behind the engine gets the lines or events of every update that has
+    already arrived in one write: the same bytes in fewer, larger pieces."""
+    pending: list[bytes] = []
     try:
-        for data in head:
-            yield data
-        async for index, out in stream:
+        if head:
+            yield b"".join(head)
+        async for index, out, more in stream:
             if out.error is not None:
-                yield responder.error_chunk(out.error)
-                return
+                pending.append(responder.error_chunk(out.error))
+                break
             data = responder.chunk(index, out)
             if data:
-                yield data
-        if tail := responder.end(outs):
-            yield tail
+                pending.append(data)
+            if pending and (not more or len(pending) >= COALESCE_MAX):
+                yield b"".join(pending)
+                pending.clear()
+        else:
+            if tail := responder.end(outs):
+                pending.append(tail)
     except DeadlinePassed:
         if responder.truncate_on_timeout:
             async for data in truncated_stream(responder, outs):
-                yield data
-            return
-        yield responder.error_chunk(expired(outs, seconds).detail)
+                pending.append(data)
+        else:
+            pending.append(responder.error_chunk(expired(outs, seconds).detail))
     except LmiServeError as err:
-        yield responder.error_chunk(err.detail)
+        pending.append(responder.error_chunk(err.detail))
     finally:
         timer.cancel()
         await stream.aclose()  # type: ignore[attr-defined]
+    if pending:
+        yield b"".join(pending)

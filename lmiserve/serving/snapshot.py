@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-COUNTER_FIELDS = ("prefix_cache_hit_tokens", "preemptions")
+COUNTER_FIELDS = ("prefix_cache_hit_tokens", "preemptions", "graph_steps", "eager_steps")
 """Cumulative engine statistics (``wire.EngineStats``) exported as counters."""
 
 

@@ -22,8 +22,9 @@ def test_engine_on_cuda_gives_transformers_greedy_tokens(arch, eager, tiny_model
     tokens, _, _ = run(engine, arrivals)
     for i, prompt in enumerate(prompts):
         assert tokens[str(i)][0] == hf_greedy(model_dir, prompt, 10)
-    if not eager:
-        assert engine.runner.graphs.replays > 0
+    if not eager:  # decodes, and prompt chunks beside them, replayed from graphs
+        assert engine.runner.graphs.replays > 0 and engine.runner.mixed_graphs.replays > 0
+        assert set(engine.runner.steps) <= engine.runner.warm_keys
 
 
 def test_smollm2_bf16_on_cuda_matches_transformers_up_to_near_ties(smollm2_dir):

@@ -147,6 +147,9 @@ def test_metrics_mirror_the_requests_served(server, tiny_tokenizer):
     assert value(families, "lmiserve_requests_running", model="tiny") == 0
     assert value(families, "lmiserve_requests_waiting", model="tiny") == 0
     assert "lmiserve_preemptions" in families and "lmiserve_prefix_cache_hit_tokens" in families
+    steps = "lmiserve_engine_steps", "lmiserve_engine_steps_total"
+    assert value(families, *steps, model="tiny", mode="eager") > 0  # the CPU runs no graphs
+    assert value(families, *steps, model="tiny", mode="graph") == 0
 
     # /server/metrics: the same families; only the HTTP request series moved (the scrape itself)
     assert {(f.name, f.type) for f in again.values()} == {(f.name, f.type) for f in families.values()}

@@ -203,6 +203,7 @@ def test_client_disconnect_frees_its_blocks(server):
             time.sleep(0.1)
     assert stats["running"] == 0 and stats["waiting"] == 0
     assert stats["kv_blocks_used"] == 0
+    assert stats["eager_steps"] > 0 and stats["graph_steps"] == 0  # the CPU runs no graphs
 
 
 def test_tgi_compat(tiny_llama_dir, tmp_path, reference):

@@ -50,22 +50,21 @@ def registry(**models) -> SimpleNamespace:
 # --- engine counters ---------------------------------------------------------------------
 
 
+def counts(hits: int, preemptions: int, graph_steps: int = 0, eager_steps: int = 0) -> dict[str, int]:
+    return {"prefix_cache_hit_tokens": hits, "preemptions": preemptions, "graph_steps": graph_steps,
+            "eager_steps": eager_steps}  # fmt: skip
+
+
 def test_counters_add_the_counts_of_exited_engines():
     counters = EngineCounters()
-    assert counters.totals(None) == {"prefix_cache_hit_tokens": 0, "preemptions": 0}
-    assert counters.totals(stats(prefix_cache_hit_tokens=40, preemptions=2)) == {
-        "prefix_cache_hit_tokens": 40,
-        "preemptions": 2,
-    }
+    assert counters.totals(None) == counts(0, 0)
+    assert counters.totals(stats(prefix_cache_hit_tokens=40, preemptions=2)) == counts(40, 2)
     counters.engine_exited(stats(prefix_cache_hit_tokens=48, preemptions=3))
-    assert counters.totals(None) == {"prefix_cache_hit_tokens": 48, "preemptions": 3}
+    assert counters.totals(None) == counts(48, 3)
     # the restarted engine counts from zero
-    assert counters.totals(stats(prefix_cache_hit_tokens=16, preemptions=0)) == {
-        "prefix_cache_hit_tokens": 64,
-        "preemptions": 3,
-    }
+    assert counters.totals(stats(prefix_cache_hit_tokens=16, preemptions=0)) == counts(64, 3)
     counters.engine_exited(None)  # an engine that never reported
-    assert counters.totals(stats(prefix_cache_hit_tokens=16)) == {"prefix_cache_hit_tokens": 64, "preemptions": 3}
+    assert counters.totals(stats(prefix_cache_hit_tokens=16)) == counts(64, 3)
 
 
 def test_counters_never_go_backwards_even_when_an_exit_was_missed():
@@ -80,13 +79,20 @@ def test_engine_model_keeps_counting_across_a_restart():
     model._closing = True  # no restart task here: the test plays the new engine itself
     old = SimpleNamespace(stats=stats(prefix_cache_hit_tokens=32, preemptions=1, running=2), info={"kv_blocks": 100})
     model.client = old
-    assert model.metrics_snapshot().counters == {"prefix_cache_hit_tokens": 32, "preemptions": 1}
+    assert model.metrics_snapshot().counters == counts(32, 1)
     model._on_exit(old, "killed")
     gone = model.metrics_snapshot()
-    assert gone.counters == {"prefix_cache_hit_tokens": 32, "preemptions": 1}
+    assert gone.counters == counts(32, 1)
     assert (gone.running, gone.kv_blocks_used, gone.kv_blocks_total) == (0, 0, 100)
     model.client = SimpleNamespace(stats=stats(prefix_cache_hit_tokens=16), info={"kv_blocks": 100})
-    assert model.metrics_snapshot().counters == {"prefix_cache_hit_tokens": 48, "preemptions": 1}
+    assert model.metrics_snapshot().counters == counts(48, 1)
+
+
+def test_step_counters_survive_a_restart():
+    counters = EngineCounters()
+    assert counters.totals(stats(graph_steps=90, eager_steps=10)) == counts(0, 0, 90, 10)
+    counters.engine_exited(stats(graph_steps=95, eager_steps=12))
+    assert counters.totals(stats(graph_steps=3, eager_steps=1)) == counts(0, 0, 98, 13)
 
 
 def test_engine_snapshot_before_the_first_step():
@@ -139,8 +145,14 @@ def test_collector_mirrors_each_models_state():
     assert got[("lmiserve_time_to_first_token_seconds_count", llm)] == 0
     assert not any(name.endswith("_created") for name, _ in got)
 
-    client.stats = stats(running=0, kv_blocks_used=0, prefix_cache_hit_tokens=20, preemptions=4)
+    assert got[("lmiserve_engine_steps_total", (("mode", "graph"), ("model", "llm")))] == 0
+    assert ("lmiserve_engine_steps_total", (("mode", "graph"), ("model", "custom"))) not in got
+
+    client.stats = stats(running=0, kv_blocks_used=0, prefix_cache_hit_tokens=20, preemptions=4, graph_steps=7,
+                         eager_steps=2)  # fmt: skip
     got = samples(metrics)
+    assert got[("lmiserve_engine_steps_total", (("mode", "graph"), ("model", "llm")))] == 7
+    assert got[("lmiserve_engine_steps_total", (("mode", "eager"), ("model", "llm")))] == 2
     assert got[("lmiserve_requests_running", llm)] == 0
     assert got[("lmiserve_kv_cache_usage_ratio", llm)] == 0
     assert got[("lmiserve_prefix_cache_hit_tokens_total", llm)] == 20

@@ -43,6 +43,7 @@ def create_ops(device: str, name: str = "auto") -> Ops:
 
         return CpuOps()
     if name == "cuda":
+        _triton_cache_dir()
         from .cuda import CudaOps
 
         return CudaOps()
@@ -74,3 +75,13 @@ def _cuda_or_reference() -> str:
         return "cuda"
     logging.getLogger("lmiserve.ops").warning("Triton is not installed: the CUDA device runs the reference ops")
     return "reference"
+
+
+TRITON_CACHE = "~/.cache/lmiserve/triton"
+"""Where compiled Triton kernels are kept between starts, unless ``TRITON_CACHE_DIR`` says."""
+
+
+def _triton_cache_dir() -> None:
+    import os
+
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.expanduser(TRITON_CACHE))

@@ -9,7 +9,8 @@ What changes a token's rounding with the batch, and what is done about it here:
 - Attention over a prompt chunk is computed by tiles of queries, so a token's result depends on
   how its prompt was chunked and on whether its prefix came from the cache. Here every query
   token is attended on its own, as a decode would be: over its own keys in position order, with
-  the device's decode kernel (which splits work across sequences and heads, never along keys).
+  the device's decode kernel (which splits keys across programs, if at all, only at fixed
+  positions, and folds the parts in a fixed order).
 - Row-wise reductions (RMSNorm, log-sum-exp) are per row in the CPU and CUDA kernels; the plain
   torch versions (fp32, the reference ops) are given blocks of :data:`ROWS` rows too.
 

@@ -1,8 +1,13 @@
 """The device ops on CUDA GPUs: Triton kernels for the paged cache and the element-wise work.
 
-- Attention: one launch per layer for the whole step (decodes, prompt chunks and prompts that
-  continue a cached prefix together), reading keys and values straight from the paged cache
-  (:mod:`.triton_kernels.attention`). Its launch is sized from host integers only, so it can be
+- Attention reads keys and values straight from the paged cache, in two kernels per layer:
+  every decode row (a sequence with one query row, seen on the device) takes the split-KV
+  kernel (:mod:`.triton_kernels.split_kv`: fixed chunks of keys in parallel, then their fold),
+  whatever else is in the step; when the step has prompt rows (``max_q_len > 1``), one launch
+  of :mod:`.triton_kernels.attention` attends every sequence of more than one row (prompt
+  chunks and prompts that continue a cached prefix) and skips the decodes. So a decode's bits
+  do not depend on the batch size or on prompts beside it. Both are sized from host integers
+  only (the sequences, the block tables' width in keys, ``max_q_len``), so they can be
   captured in a CUDA graph.
 - K/V writes: one launch per layer; slot -1 (padding) stores nothing, without a host check.
 - RMSNorm with the residual add, rotary embedding and SwiGLU: one fused launch each, for fp16
@@ -35,9 +40,15 @@ class CudaOps(ReferenceOps):
         self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
-        return self.kernels.paged_attention(
-            q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, paged.max_q_len, scale, window
-        )
+        tables, cu, lens = paged.block_tables, paged.cu_q_lens, paged.seq_lens
+        out = torch.empty_like(q)
+        max_context = tables.shape[1] * k_cache.shape[1]
+        self.kernels.split_kv_decode(q, k_cache, v_cache, tables, cu, lens, scale, window, out, max_context)
+        if paged.max_q_len > 1:
+            self.kernels.paged_attention(
+                q, k_cache, v_cache, tables, cu, lens, paged.max_q_len, scale, window, out, skip_decodes=True
+            )
+        return out
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
         self.kernels.lora_add(y, x, a, b, lora.tensors(), lora.max_rows)

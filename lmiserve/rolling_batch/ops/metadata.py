@@ -16,6 +16,9 @@ class PagedAttentionInputs:
     ``seq_lens[s]`` tokens, whose blocks are row ``s`` of ``block_tables``. The host copies
     size kernel launches and feed the contract check without reading the device. Ops that run
     decodes and prompt chunks in kernels of their own take them apart with :meth:`parts`.
+    A captured device graph replays its launches as they were captured: there a launch may
+    depend on ``max_q_len`` and the tensors' shapes, never on the host copies or ``num_decodes``
+    (:mod:`..mixed_graphs`).
     """
 
     block_tables: torch.Tensor
@@ -25,6 +28,8 @@ class PagedAttentionInputs:
     seq_lens: torch.Tensor
     """int32 ``(S,)``."""
     max_q_len: int
+    """At least the longest run of query rows: the longest itself in an eager step, the
+    bucket's bound in a captured one (the launch is sized by it)."""
     host_cu_q_lens: list[int]
     host_seq_lens: list[int]
     num_decodes: int = 0
@@ -134,11 +139,14 @@ class LoraStep:
         return self._split[1], self._split[2]
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """int32 ``(slots, firsts, ends)`` of the runs, on the device (made once)."""
+        """int32 ``(slots, firsts, ends)`` of the runs, on the device (made once), each 16-byte aligned."""
         if self._tensors is None:
-            flat = torch.tensor([v for seg in self.segments for v in seg], dtype=torch.int32).view(-1, 3).t()
-            flat = flat.contiguous().to(self.device)
-            self._tensors = (flat[0], flat[1], flat[2])
+            runs = len(self.segments)
+            # rows padded to a multiple of 4: each view starts 16-byte aligned whatever the runs
+            flat = torch.zeros((3, -(-runs // 4) * 4), dtype=torch.int32)
+            flat[:, :runs] = torch.tensor(self.segments, dtype=torch.int32).view(-1, 3).t()
+            flat = flat.to(self.device)
+            self._tensors = (flat[0, :runs], flat[1, :runs], flat[2, :runs])
         return self._tensors
 
     def host_runs(self) -> torch.Tensor:

@@ -78,6 +78,9 @@ def test_tensors_for_one_call_and_for_decode_and_prefill_calls(seed):
     assert paged.cu_q_lens.tolist() == paged.host_cu_q_lens == arrays.cu_q_lens.tolist()
     assert paged.seq_lens.tolist() == paged.host_seq_lens == arrays.seq_lens.tolist()
     assert paged.max_q_len == arrays.max_q_len
+    # every array a kernel reads starts 16-byte aligned, whatever the step's sizes
+    for t in (ids, pos, meta.slot_mapping, paged.block_tables, paged.cu_q_lens, paged.seq_lens):
+        assert t.data_ptr() % 16 == 0
     decodes, prompts = paged.parts()
     assert paged.num_decodes == decodes.num_seqs == nd
     if nd:
@@ -89,3 +92,13 @@ def test_tensors_for_one_call_and_for_decode_and_prefill_calls(seed):
         assert prompts.seq_lens.tolist() == arrays.seq_lens[nd:].tolist()
     else:
         assert prompts.num_seqs == 0
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 5])
+def test_adapter_runs_on_the_device_start_aligned(runs):
+    from lmiserve.rolling_batch.ops.metadata import LoraStep
+
+    segments = [(i % 2, 3 * i, 3 * i + 3) for i in range(runs)]
+    slots, firsts, ends = LoraStep(segments).tensors()
+    assert list(zip(slots.tolist(), firsts.tolist(), ends.tolist())) == segments
+    assert all(t.data_ptr() % 16 == 0 for t in (slots, firsts, ends))

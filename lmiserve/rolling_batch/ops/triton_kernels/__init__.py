@@ -9,5 +9,15 @@ from .attention import paged_attention
 from .cache import write_kv
 from .elementwise import add_rms_norm, rms_norm, rotary_, swiglu
 from .lora import lora_add
+from .split_kv import split_kv_decode
 
-__all__ = ["add_rms_norm", "lora_add", "paged_attention", "rms_norm", "rotary_", "swiglu", "write_kv"]
+__all__ = [
+    "add_rms_norm",
+    "lora_add",
+    "paged_attention",
+    "rms_norm",
+    "rotary_",
+    "split_kv_decode",
+    "swiglu",
+    "write_kv",
+]

@@ -6,6 +6,14 @@ Every sequence of the step is a run of query tokens (one for a decode) at the en
 ``BLOCK_M`` query tokens of one sequence and every query head of one KV head, and walks that
 sequence's blocks in position order with an online softmax (in fp32). Nothing is split across
 programs along the keys, so a token's result does not depend on what else is in the step.
+
+The CUDA ops launch it with ``skip_decodes``: decodes (one query row) then take the split-KV
+kernel (:mod:`.split_kv`), which spreads a long context over many programs, and this one
+attends the prompt chunks only.
+
+``max_q_len`` only sizes the launch: a captured step passes its bucket's bound, and programs
+past a sequence's own run of query rows return at once, so the launch (grid, tile size,
+compile-time constants) depends on the bucket alone (:mod:`...mixed_graphs`).
 """
 
 from __future__ import annotations
@@ -24,7 +32,13 @@ products are formed in fp32 from the same rounded operands: what the matrix unit
 up to the order of the fp32 accumulation."""
 
 
-@triton.jit
+VARYING = ("scale", "window", "table_stride")
+"""Integer and float arguments that change with the step or the model: never specialised on,
+so one compiled kernel serves every step (Triton would otherwise compile again when one of
+them happens to be 1 or a multiple of 16)."""
+
+
+@triton.jit(do_not_specialize=VARYING)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -46,6 +60,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HALF_DOT: tl.constexpr,
+    SKIP_DECODES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     m_block = tl.program_id(1)
@@ -55,6 +70,9 @@ def _paged_attention_kernel(
     q_len = tl.load(cu_q_lens_ptr + seq + 1) - q_start
     if m_block * BLOCK_M >= q_len:
         return
+    if SKIP_DECODES:
+        if q_len == 1:  # left to the split-KV decode kernel
+            return
     seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - q_len  # tokens before the first query token
 
@@ -136,10 +154,13 @@ def paged_attention(
     scale: float,
     window: int = 0,
     out: torch.Tensor | None = None,
+    skip_decodes: bool = False,
 ) -> torch.Tensor:
     """Attention of the query rows ``q`` ``(T, H, D)``: sequence ``s`` owns rows
     ``cu_q_lens[s]:cu_q_lens[s+1]``, the last of its ``seq_lens[s]`` tokens. ``max_q_len`` (a host
-    integer, the longest run of query rows) sizes the launch, so no device value is read here."""
+    integer, the longest run of query rows) sizes the launch, so no device value is read here.
+    With ``skip_decodes``, sequences of one query row are left alone (seen on the device): their
+    rows of ``out`` are the split-KV decode kernel's (:mod:`.split_kv`)."""
     tokens, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
@@ -168,5 +189,6 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
         HALF_DOT=q.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
+        SKIP_DECODES=skip_decodes,
     )
     return out

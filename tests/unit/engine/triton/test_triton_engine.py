@@ -1,5 +1,5 @@
-"""The engine on the CUDA ops (Triton kernels, interpreted on the CPU) and its decode graphs
-(the recording stand-in for CUDA graphs): transformers' greedy tokens, token for token."""
+"""The engine on the CUDA ops (Triton kernels, interpreted on the CPU) and its decode and mixed
+step graphs (the recording stand-in for CUDA graphs): transformers' greedy tokens, token for token."""
 
 import pytest
 
@@ -39,17 +39,21 @@ def test_decode_graphs_replay_padded_buckets_with_the_eager_tokens(
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
     model_dir = tiny_model_dirs["llama"]
     prompts, arrivals = _arrivals(tiny_tokenizer, new_tokens=5)
-    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_seqs=6, max_num_batched_tokens=64)
+    limits = dict(max_num_seqs=6, max_num_batched_tokens=64, max_decode_step_prefill_tokens=16)
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, **limits)
     assert engine.runner.graphs.buckets == [1, 2, 4, 6]
     assert engine.info["decode_graphs"] == "1,2,4,6"
-    assert [e for e in recorder.log if e[0] == "capture"] == [("capture", b) for b in (6, 4, 2, 1)]
+    assert engine.info["mixed_graphs"] == "1,2,4,6 x 16"
+    captures = [e for e in recorder.log if e[0] == "capture"]
+    assert captures == [("capture", b + 1 + 16) for b in (6, 4, 2, 1)] + [("capture", b) for b in (6, 4, 2, 1)]
     tokens, _, _ = run(engine, arrivals)
     replays = [size for kind, size in recorder.log if kind == "replay"]
-    assert 1 in replays and 4 in replays  # "a" alone, then three sequences padded to four
-    assert engine.runner.graphs.replays == len(replays)
-    eager = make_engine(
-        model_dir, ops="cuda", device=kernel_device, max_num_seqs=6, max_num_batched_tokens=64, enforce_eager=True
-    )
+    # "a"'s prompt in bucket (1, 16), its decode; the others' prompt chunks beside decodes in
+    # bucket (2, 16); then decodes
+    assert replays[:2] == [1 + 1 + 16, 1] and 2 + 1 + 16 in replays and 2 in replays
+    mixed = engine.runner.mixed_graphs.replays  # prompts beside decodes: the attention launch of a bucket
+    assert mixed > 0 and engine.runner.graphs.replays + mixed == len(replays)
+    eager = make_engine(model_dir, ops="cuda", device=kernel_device, enforce_eager=True, **limits)
     assert eager.runner.graphs is None
     assert run(eager, arrivals)[0] == tokens
     for rid, prompt in zip(("a", "1", "2"), prompts):
@@ -64,12 +68,13 @@ def test_graph_padding_stores_nothing_in_the_kv_cache(monkeypatch, tiny_model_di
     recorder = RecordingBackend()
     monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
     engine = make_engine(
-        tiny_model_dirs["llama"], ops="cuda", device=kernel_device, max_num_seqs=4, max_num_batched_tokens=64
-    )
+        tiny_model_dirs["llama"], ops="cuda", device=kernel_device, max_num_seqs=4, max_num_batched_tokens=64,
+        max_decode_step_prefill_tokens=16,
+    )  # fmt: skip
     prompt = tiny_tokenizer("Hi there")["input_ids"]
     for rid in "xyz":
         engine.add_request(rid, prompt, SamplingParams(max_new_tokens=3))
-    engine.step()  # the three prompts, eagerly
+    engine.step()  # the three prompts
     before = engine.runner.k_cache.clone()
     engine.step()  # three decodes, replayed in the graph of four
     assert recorder.log[-1] == ("replay", 4)
