@@ -16,7 +16,9 @@ work take turns. Here each :meth:`OverlappedSteps.step` does, with step N in fli
    blocks are freed at once, which is safe because any later step is queued behind N+1 on the
    device (its KV writes in N+1 went to its own blocks), and its N+1 token is dropped, without a
    delta, when N+1 is collected;
-4. record N+1 as computed and give its sampling sequences their placeholders.
+4. record N+1 as computed and give its sampling sequences their placeholders. The blocks N+1
+   fills are registered for prefix caching now, before the device has written them: a step that
+   reuses them is queued behind N+1.
 
 A sequence is sampled once per step as in serial mode, so seeded generators advance alike and the
 tokens are those of the serial engine; only a finished sequence's extra draw is thrown away.

@@ -242,3 +242,21 @@ def test_graphs_take_their_input_ids_from_the_step_before(monkeypatch, tiny_mode
     assert same(serial, drive(engine, arrivals), exact=False)
     assert engine.overlap.serial == 0
     assert engine.runner.graphs.replays > 0 and engine.runner.mixed_graphs.replays > 0
+
+
+def test_the_setting_reaches_the_engine_config(tmp_path):
+    from lmiserve.config import ConfigError, load_settings
+    from lmiserve.rolling_batch.engine_config import EngineConfig
+
+    def config(env):
+        s = load_settings(tmp_path, env=env)
+        return EngineConfig.from_settings(str(tmp_path), s.model, s.engine, device="cpu", dtype="fp32",
+                                          tensor_parallel_degree=1)  # fmt: skip
+
+    assert config({}).async_scheduling == "auto"
+    assert config({"OPTION_ASYNC_SCHEDULING": "True"}).async_scheduling == "true"
+    (tmp_path / "serving.properties").write_text("option.async_scheduling=false\n")
+    assert config({"OPTION_ASYNC_SCHEDULING": "true"}).async_scheduling == "false"  # the file wins
+    (tmp_path / "serving.properties").write_text("option.async_scheduling=sometimes\n")
+    with pytest.raises(ConfigError, match="allowed: auto, true, false"):
+        load_settings(tmp_path, env={})
