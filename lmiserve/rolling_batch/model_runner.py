@@ -20,7 +20,7 @@ from .parallel import StepChannel, TensorParallelError
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
-from .step_inputs import StepArrays, TokenFill, build_step_arrays, step_tensors
+from .step_inputs import StepArrays, TokenFill, build_step_arrays, device_tensor, step_tensors
 from .warmup import StepKey, eager_key
 
 log = logging.getLogger("lmiserve.engine")
@@ -184,7 +184,7 @@ class ModelRunner:
         if rows.hidden_rows == list(range(len(rows.hidden_rows))):
             selected = hidden[: len(rows.hidden_rows)]
         else:
-            selected = hidden.index_select(0, torch.tensor(rows.hidden_rows, dtype=torch.long, device=self.device))
+            selected = hidden.index_select(0, device_tensor(rows.hidden_rows, torch.long, self.device))
         return self.model.logits(selected)
 
     def _forward(self, out: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor:

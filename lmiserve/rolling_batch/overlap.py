@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -48,10 +48,7 @@ from .parallel import TensorParallelError
 from .sampler import DeviceSamples, SampleResult
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
-from .step_inputs import TokenFill
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .step_inputs import TokenFill, device_tensor
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -117,18 +114,12 @@ def _start_copy(packed: torch.Tensor) -> tuple[torch.Tensor, Any]:
     return packed, None  # on the CPU it is there already; other devices are read when collected
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=torch.long)
-    if device.type == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
 class OverlappedSteps:
     """Steps an engine with one step in flight (see the module's description)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Any):
         self.engine = engine
+        """The :class:`~.engine.Engine` whose steps these are (this module sits below it)."""
         self.pending: InFlight | None = None
         self.overlapped = 0
         """Steps launched before their predecessor's tokens were read back."""
@@ -196,7 +187,7 @@ class OverlappedSteps:
         if not positions:
             return None
         source = pending.samples.tokens
-        both = _to_device(positions + rows, source.device)
+        both = device_tensor(positions + rows, torch.long, source.device)
         return TokenFill(both[: len(positions)], source, both[len(positions) :])
 
     def _advance(self, flight: InFlight) -> None:

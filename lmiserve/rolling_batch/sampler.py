@@ -228,8 +228,11 @@ class Sampler:
         else:
             tokens = argmax
         sampled = [i for i, s in enumerate(seqs) if s.params.do_sample]
-        if sampled:
-            tokens[sampled] = self._draw(scores[sampled], [seqs[i] for i in sampled])
+        if len(sampled) == len(seqs):
+            tokens = self._draw(scores, list(seqs))
+        elif sampled:
+            rows = _on_device(sampled, torch.long, logits.device)
+            tokens = tokens.index_copy(0, rows, self._draw(scores.index_select(0, rows), [seqs[i] for i in sampled]))
         chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
         parts = [tokens.double(), chosen.double()]  # token ids are exact in float64
         k = max(s.params.logprobs for s in seqs)
@@ -241,12 +244,16 @@ class Sampler:
     def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = scores.device
         params = [s.params for s in seqs]
-        scores = apply_temperature(scores, torch.tensor([p.temperature for p in params], device=dev))
+
+        def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return _on_device(values, dtype, dev)
+
+        scores = apply_temperature(scores, column([p.temperature for p in params]))
         if any(p.typical_p < 1.0 for p in params):
-            scores = apply_typical_p(scores, torch.tensor([p.typical_p for p in params], device=dev))
-        top_k = torch.tensor([p.top_k for p in params], device=dev) if any(p.top_k > 0 for p in params) else None
-        top_p = torch.tensor([p.top_p for p in params], device=dev) if any(p.top_p < 1 for p in params) else None
-        min_p = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p > 0 for p in params) else None
+            scores = apply_typical_p(scores, column([p.typical_p for p in params]))
+        top_k = column([p.top_k for p in params], torch.long) if any(p.top_k > 0 for p in params) else None
+        top_p = column([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None
+        min_p = column([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None
         if min_p is None and self.ops is not None:
             scores = self.ops.top_k_top_p(scores, top_k, top_p)  # a device's fused filter where it has one
         else:
@@ -266,6 +273,15 @@ class Sampler:
             values, indices = lp.topk(k, dim=-1)
             top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
         return chosen, top
+
+
+def _on_device(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """Host values on ``device`` through pinned memory, without waiting for the device (as
+    ``step_inputs.device_tensor``; a plain copy would wait for the step launched before)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

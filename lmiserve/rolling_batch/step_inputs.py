@@ -169,6 +169,16 @@ def step_tensors(
     return longs[:t], longs[at_pos : at_pos + t], AttentionMetadata(longs[at_slots : at_slots + t], paged, lora)
 
 
+def device_tensor(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """Host values on ``device`` through pinned memory, without waiting for the device: a plain
+    copy would wait for all the work queued before it, and the overlapped engine launches a step
+    while the one before still runs."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def _to_device(array: np.ndarray, device: str | torch.device) -> torch.Tensor:
     tensor = torch.from_numpy(array)
     if torch.device(device).type == "cpu":
