@@ -49,9 +49,7 @@ class DeviceSamples:
         top = None
         if k > 0:
             ids, lps = values[2 * n : 2 * n + n * k], values[2 * n + n * k :]
-            top = [
-                [(int(ids[i * k + j]), lps[i * k + j]) for j in range(seqs[i].params.logprobs)] for i in range(n)
-            ]
+            top = [[(int(ids[i * k + j]), lps[i * k + j]) for j in range(seqs[i].params.logprobs)] for i in range(n)]
         return SampleResult([int(t) for t in values[:n]], values[n : 2 * n], top)
 
 
