@@ -207,8 +207,8 @@ class OverlappedSteps:
         if flight is None:
             return []
         deltas: list[wire.SeqDelta] = []
-        if flight.samples is not None:
-            keep = [i for i, seq in enumerate(flight.seqs) if not seq.finished]
+        keep = [i for i, seq in enumerate(flight.seqs) if not seq.finished]
+        if flight.samples is not None and keep:  # all ended: nothing to read back
             seqs = [flight.seqs[i] for i in keep]
             for seq in seqs:
                 seq.token_ids.pop()  # the placeholder
