@@ -215,6 +215,9 @@ class EngineStats(msgspec.Struct, kw_only=True):
     """Engine steps replayed from a captured device graph (cumulative)."""
     eager_steps: int = 0
     """Engine steps run eagerly, kernel by kernel (cumulative)."""
+    kernel_compiles: int = 0
+    """Device kernels compiled since the engine said it was ready (each one stalls every
+    stream while it compiles; the warm-up is meant to leave none)."""
 
 
 class EngineStep(Msg):

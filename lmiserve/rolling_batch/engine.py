@@ -68,6 +68,7 @@ class Engine:
         this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
         self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
+        self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
     def add_request(
@@ -254,5 +255,6 @@ class Engine:
             step_seconds=self.last_step_seconds,
             graph_steps=self.runner.graph_steps,
             eager_steps=self.runner.eager_steps,
+            kernel_compiles=self.runner.kernel_compiles() - self._compiles_at_ready,
             **self.lora.stats(),
         )

@@ -28,11 +28,14 @@ def cpu_kv_cache_bytes() -> int:
     return min(CPU_KV_DEFAULT_BYTES, available_memory() // 4)
 
 
-def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str) -> int:
+def kv_cache_blocks(
+    cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str, workspace: int = 0
+) -> int:
     """KV blocks of ``block_bytes`` (one process's share of a block) that fit on ``device``.
 
     ``kv_cache_bytes`` and an accelerator's memory are per process (per device); the CPU default
-    budget is the host's, shared by the tensor-parallel ranks.
+    budget is the host's, shared by the tensor-parallel ranks. ``workspace``: bytes an
+    accelerator keeps free beside the activations (the attention kernels' scratch).
     """
     if cfg.kv_cache_bytes:
         return max(1, cfg.kv_cache_bytes // block_bytes)
@@ -40,7 +43,7 @@ def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, dev
     wanted_blocks = -(-wanted // cfg.block_size)
     if device.startswith(("cuda", "npu")):
         free, total = device_memory(device)
-        reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2  # activations
+        reserve = int(total * (1 - cfg.gpu_memory_utilization)) + 512 * 1024**2 + workspace  # activations
         budget = max(0, free - reserve)
     else:
         budget = cpu_kv_cache_bytes() // cfg.tensor_parallel_degree

@@ -96,6 +96,14 @@ class ModelRunner:
         self.v_cache.zero_()
         self.kv_caches = [(self.k_cache[i], self.v_cache[i]) for i in range(spec.num_layers)]
 
+    def kernel_compiles(self) -> int:
+        """Device kernels compiled in this process so far (Triton's; 0 for the other ops)."""
+        if self.ops.name != "cuda":
+            return 0
+        from .ops.triton_kernels import compiles
+
+        return compiles.count()
+
     @property
     def graph_steps(self) -> int:
         return sum(n for key, n in self.steps.items() if key[0] != "eager")

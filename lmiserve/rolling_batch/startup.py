@@ -17,6 +17,7 @@ from .engine_config import EngineConfig
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
 from .lora.engine_adapters import EngineAdapters
+from .mixed_graphs import MAX_PROMPT_TOKENS
 from .model_runner import ModelRunner
 from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
@@ -83,7 +84,8 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     )
     lora = EngineAdapters(config, spec, runner.model, dtype)
     block_bytes = runner.block_bytes
-    num_blocks = kv_cache_blocks(config, max_model_len, block_bytes, config.device)
+    workspace = _attention_workspace(config, runner, max_model_len)
+    num_blocks = kv_cache_blocks(config, max_model_len, block_bytes, config.device, workspace)
     if ranks is not None:
         ranks.join()
         num_blocks = agree_min(num_blocks, config.device)
@@ -106,6 +108,17 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
     runner.eos_token_ids = eos
     return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
+
+
+def _attention_workspace(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> int:
+    """Bytes of the CUDA split-KV decode kernel's scratch at the largest batch a step or a
+    captured graph runs (its launch covers the block tables' whole width); 0 elsewhere."""
+    if runner.ops.name != "cuda":
+        return 0
+    from .ops.triton_kernels.split_kv import scratch_bytes
+
+    keys = max(max_model_len, MAX_PROMPT_TOKENS + 1) + config.block_size  # mixed graphs' padding run
+    return scratch_bytes(config.max_num_seqs + 1, keys, runner.spec.num_heads, runner.spec.head_dim)
 
 
 def _decode_step_prompt_tokens(config: EngineConfig) -> int:

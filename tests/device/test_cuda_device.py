@@ -25,6 +25,7 @@ def test_engine_on_cuda_gives_transformers_greedy_tokens(arch, eager, tiny_model
     if not eager:  # decodes, and prompt chunks beside them, replayed from graphs
         assert engine.runner.graphs.replays > 0 and engine.runner.mixed_graphs.replays > 0
         assert set(engine.runner.steps) <= engine.runner.warm_keys
+    assert engine.stats().kernel_compiles == 0  # nothing compiled once the engine was ready
 
 
 def test_smollm2_bf16_on_cuda_matches_transformers_up_to_near_ties(smollm2_dir):

@@ -45,6 +45,9 @@ def create_ops(device: str, name: str = "auto") -> Ops:
     if name == "cuda":
         _triton_cache_dir()
         from .cuda import CudaOps
+        from .triton_kernels import compiles
+
+        compiles.install()
 
         return CudaOps()
     if name == "npu":

@@ -203,6 +203,12 @@ def _pow2(n: int) -> int:
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
 
 
+def scratch_bytes(num_seqs: int, max_context: int, heads: int, dim: int, chunk: int = CHUNK) -> int:
+    """Bytes of :func:`scratch` that a launch over ``num_seqs`` sequences of up to
+    ``max_context`` keys takes (what the KV cache must leave free for it)."""
+    return 4 * num_seqs * max(1, -(-max_context // chunk)) * heads * (dim + 2)
+
+
 def scratch(device: torch.device, numel: int) -> torch.Tensor:
     """fp32 scratch of ``numel`` elements. Outside graph capture it is a view of one buffer per
     device, grown when a launch needs more, so eager steps allocate nothing once warm. While a
