@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import field_validator, model_validator
 
 from .device_defaults import by_device
@@ -142,6 +144,15 @@ class EngineSettings(Area):
         "CUDA graphs for batch sizes up to max_rolling_batch_size (at most 512), and steps with prompt "
         "tokens for buckets of sequences and prompt tokens, and replayed.",
     )
+    async_scheduling: Literal["auto", "true", "false"] = setting(
+        "auto",
+        "option.async_scheduling",
+        "Schedule and prepare each engine step while the device still runs the previous one, whose sampled "
+        "tokens feed the next step on the device; the host's work then overlaps the device's. Steps with beam "
+        "search, guided decoding, prompt log-probabilities, penalties or min_new_tokens, and tensor-parallel "
+        "engines, run one after the other. auto: on for CUDA GPUs, off elsewhere.",
+        allowed="auto, true, false",
+    )
     enable_lora: bool = setting(
         False,
         "option.enable_lora",
@@ -184,6 +195,13 @@ class EngineSettings(Area):
     @classmethod
     def _size(cls, v: object) -> object:
         return None if v is None else parse_size(v)
+
+    @field_validator("async_scheduling", mode="before")
+    @classmethod
+    def _switch(cls, v: object) -> object:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return v.strip().lower() if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _lora_cache(self) -> EngineSettings:

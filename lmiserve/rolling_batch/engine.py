@@ -18,8 +18,9 @@ from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .outputs import OutputBuilder, error_delta
+from .overlap import OverlappedSteps, overlap_enabled
 from .parallel import TensorParallelError
-from .sampler import StepResult
+from .sampler import SampleResult, StepResult
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Group, Sequence
 from .startup import describe, start
@@ -58,7 +59,15 @@ class Engine:
         self.prompt_tokens = self.generated_tokens = 0
         self.last_step_seconds = self._step_started = 0.0
         self._batch_size = 0
+        self.overlap = (
+            OverlappedSteps(self)
+            if overlap_enabled(config.async_scheduling, config.device, self.ranks is not None)
+            else None
+        )
+        """Set when steps overlap (``option.async_scheduling``): the next step is launched before
+        this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
+        self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
@@ -105,17 +114,23 @@ class Engine:
         self._loaded.close()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.has_results())
 
     def adapter_command(self, cmd: wire.AdapterCommand) -> wire.AdapterResult:
         return self.lora.adapter_command(cmd)
 
     # --- one step -------------------------------------------------------------------------
     def step(self) -> list[wire.SeqDelta]:
-        """One step: schedule, execute, update."""
+        """One step: schedule, execute, update (overlapped: the update is the previous step's)."""
+        if self.overlap is not None:
+            return self.overlap.step()
         batch = self.schedule()
         if not batch:
             return []
+        return self.run_serial(batch)
+
+    def run_serial(self, batch: SchedulerOutput) -> list[wire.SeqDelta]:
+        """Execute and update a scheduled batch; a failing batch is retried in halves."""
         try:
             deltas = self.update(batch, self.runner.execute(batch))
         except TensorParallelError:
@@ -152,20 +167,41 @@ class Engine:
             deltas += self.beams.step(group, logprobs, self._batch_size)
             self.generated_tokens += len(group.beam.running)
             self._maybe_done(group)
-        samples = result.samples
-        for i, seq in enumerate(result.seqs):
-            assert samples is not None
+        if result.samples is not None:
+            deltas += self.record(result.seqs, result.samples, self._batch_size, self._step_started)
+        return deltas
+
+    def record(
+        self, seqs: list[Sequence], samples: SampleResult, batch_size: int, step_started: float
+    ) -> list[wire.SeqDelta]:
+        """Each sequence's sampled token appended, a delta for each, and the finished ones freed."""
+        deltas: list[wire.SeqDelta] = []
+        for i, seq in enumerate(seqs):
             token, logprob = samples.token_ids[i], samples.logprobs[i]
             seq.token_ids.append(token)
             self.guided.accept(seq, token)
             seq.cumulative_logprob += logprob
             top = samples.top[i] if samples.top is not None else None
-            delta = self.outputs.token(seq, token, logprob, top, self._batch_size, self._step_started)
+            delta = self.outputs.token(seq, token, logprob, top, batch_size, step_started)
             if delta.finish_reason is not None:
                 self._finish(seq, delta.finish_reason)
             deltas.append(delta)
-        self.generated_tokens += len(result.seqs)
+        self.generated_tokens += len(seqs)
         return deltas
+
+    @property
+    def step_started(self) -> float:
+        """When the last batch was scheduled."""
+        return self._step_started
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences in the last batch scheduled."""
+        return self._batch_size
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End ``seq`` (its blocks are free for the next step)."""
+        self._finish(seq, reason)
 
     def _retry_in_halves(self, batch: SchedulerOutput, exc: Exception) -> list[wire.SeqDelta]:
         """A failed batch again, split until the failing sequences are found; only those end."""

@@ -54,6 +54,9 @@ class EngineConfig:
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = _setting("option.deterministic")
     """A request's tokens do not depend on the rest of the batch (:mod:`.ops.batch_invariant`)."""
+    async_scheduling: str = _setting("option.async_scheduling")
+    """auto, true or false: overlap each step's host work with the previous step on the device
+    (:mod:`.overlap`); auto turns it on for CUDA devices."""
     enable_lora: bool = _setting("option.enable_lora")
     max_loras: int = _setting("option.max_loras")
     max_lora_rank: int = _setting("option.max_lora_rank")
@@ -91,6 +94,7 @@ class EngineConfig:
             or defaults.decode_step_prefill_tokens_per_sequence,
             enforce_eager=engine.enforce_eager,
             deterministic=engine.deterministic,
+            async_scheduling=engine.async_scheduling,
             enable_lora=engine.enable_lora,
             max_loras=engine.max_loras,
             max_lora_rank=engine.max_lora_rank,

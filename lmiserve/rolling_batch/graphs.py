@@ -181,6 +181,8 @@ class DecodeGraphs:
         # the host copy of the lengths follows the buffer, for ops that read it where a
         # backend runs the forward pass again on replay (a device graph never reads it)
         self.metas[b].paged.host_seq_lens = padded_lens.tolist()
+        if arrays.fill is not None:
+            arrays.fill.apply(self.longs[0, :n])
         graph, out = self.graphs[b]
         self.backend.replay(graph)
         self.replays += 1

@@ -166,6 +166,8 @@ class MixedGraphs:
                 f"a step of {arrays.num_seqs} sequences and {arrays.num_tokens} tokens does not fit the mixed graphs"
             )
         self._fill(key, *_layout(*key, arrays))
+        if arrays.fill is not None:  # input ids sampled by the step before, still on the device
+            arrays.fill.apply(self.longs[0, : arrays.num_tokens])
         graph, out = self.graphs[key]
         self.backend.replay(graph)
         self.replays += 1

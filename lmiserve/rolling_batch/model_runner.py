@@ -17,10 +17,10 @@ from .models.spec import ModelSpec
 from .models.weights import load_state_dict
 from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
-from .sampler import LogitRows, Sampler, StepResult
+from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
-from .step_inputs import StepArrays, build_step_arrays, step_tensors
+from .step_inputs import StepArrays, TokenFill, build_step_arrays, device_tensor, step_tensors
 from .warmup import StepKey, eager_key
 
 log = logging.getLogger("lmiserve.engine")
@@ -171,14 +171,31 @@ class ModelRunner:
         rows = LogitRows.of(out.decodes, out.prefills)
         if not rows.hidden_rows:
             return StepResult()
+        assert self.sampler is not None
+        return self.sampler.step(self._logits(hidden, rows), rows, out.prefills, self.eos_token_ids)
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, fill: TokenFill | None = None) -> DeviceSamples | None:
+        """Run the step and sample, leaving the tokens on the device (the overlapped engine's
+        device half, :mod:`.overlap`): one token per sequence that reached its end, in
+        :class:`LogitRows` order, for a step without beams or prompt log-probabilities. ``fill``
+        gives the input ids still on the device."""
+        hidden = self._forward(out, fill)
+        rows = LogitRows.of(out.decodes, out.prefills)
+        if not rows.hidden_rows:
+            return None
+        assert self.sampler is not None
+        seqs = [item.seq for item in rows.sampled]
+        return self.sampler.sample_on_device(self._logits(hidden, rows), seqs, self.eos_token_ids)
+
+    def _logits(self, hidden: torch.Tensor, rows: LogitRows) -> torch.Tensor:
         if rows.hidden_rows == list(range(len(rows.hidden_rows))):
             selected = hidden[: len(rows.hidden_rows)]
         else:
-            selected = hidden.index_select(0, torch.tensor(rows.hidden_rows, dtype=torch.long, device=self.device))
-        assert self.sampler is not None
-        return self.sampler.step(self.model.logits(selected), rows, out.prefills, self.eos_token_ids)
+            selected = hidden.index_select(0, device_tensor(rows.hidden_rows, torch.long, self.device))
+        return self.model.logits(selected)
 
-    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
+    def _forward(self, out: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor:
         """Hidden states of every token of the step."""
         if self.channel is not None:
             return self._forward_parallel(out, self.channel)
@@ -186,6 +203,7 @@ class ModelRunner:
             self.copy_blocks(out.copies)
             out.copies = []  # a retried step must not copy again
         arrays = build_step_arrays(out, self.block_size)
+        arrays.fill = fill
         if self.graphs is not None and self.graphs.fits(arrays):
             self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1
             return self.graphs.run(arrays)

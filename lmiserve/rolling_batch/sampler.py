@@ -33,6 +33,27 @@ class SampleResult:
 
 
 @dataclass
+class DeviceSamples:
+    """Sampled tokens still on the device: ``tokens`` (int64, a row each) for a step that takes them
+    as its input ids, and ``packed`` (float64) holding everything the host reads, so that one copy
+    brings it over: the tokens, their log-probabilities, then, when ``k > 0``, each row's ``k`` most
+    likely token ids and their log-probabilities."""
+
+    tokens: torch.Tensor
+    packed: torch.Tensor
+    k: int = 0
+
+    def on_host(self, values: list[float], seqs: Seq[Sequence]) -> SampleResult:
+        """The result from ``packed`` read back as ``values`` (row i belongs to ``seqs[i]``)."""
+        n, k = len(seqs), self.k
+        top = None
+        if k > 0:
+            ids, lps = values[2 * n : 2 * n + n * k], values[2 * n + n * k :]
+            top = [[(int(ids[i * k + j]), lps[i * k + j]) for j in range(seqs[i].params.logprobs)] for i in range(n)]
+        return SampleResult([int(t) for t in values[:n]], values[n : 2 * n], top)
+
+
+@dataclass
 class LogitRows:
     """Which rows of a step's hidden states get logits: first one per sequence that samples
     (in ``sampled`` order), then the prompt rows of sequences that asked for prompt log-probabilities."""
@@ -182,6 +203,13 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()) -> SampleResult:
         """One token per row of ``logits`` (row i belongs to ``seqs[i]``)."""
+        drawn = self.sample_on_device(logits, seqs, eos_token_ids)
+        return drawn.on_host(drawn.packed.tolist(), seqs)  # one read of the device
+
+    def sample_on_device(
+        self, logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Seq[int] = ()
+    ) -> DeviceSamples:
+        """:meth:`sample` without reading the device: the tokens stay where the logits are."""
         argmax, lse = self.ops.argmax_logsumexp(logits) if self.ops else _argmax_logsumexp(logits)
         lse = lse.unsqueeze(1)
         scores = logits
@@ -198,31 +226,32 @@ class Sampler:
         else:
             tokens = argmax
         sampled = [i for i, s in enumerate(seqs) if s.params.do_sample]
-        if sampled:
-            tokens[sampled] = self._draw(scores[sampled], [seqs[i] for i in sampled])
+        if len(sampled) == len(seqs):
+            tokens = self._draw(scores, list(seqs))
+        elif sampled:
+            rows = _on_device(sampled, torch.long, logits.device)
+            tokens = tokens.index_copy(0, rows, self._draw(scores.index_select(0, rows), [seqs[i] for i in sampled]))
         chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
-        # one read of the device for both (token ids are exact in float64)
-        token_ids, chosen_values = torch.stack((tokens.double(), chosen.double())).tolist()
-        top = None
+        parts = [tokens.double(), chosen.double()]  # token ids are exact in float64
         k = max(s.params.logprobs for s in seqs)
         if k > 0:
             values, indices = logits.topk(k, dim=-1)
-            values = values - lse
-            top = [
-                list(zip(indices[i, : seqs[i].params.logprobs].tolist(), values[i, : seqs[i].params.logprobs].tolist()))
-                for i in range(len(seqs))
-            ]
-        return SampleResult([int(t) for t in token_ids], chosen_values, top)
+            parts += [indices.double().ravel(), (values - lse).double().ravel()]
+        return DeviceSamples(tokens, torch.cat(parts), k)
 
     def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = scores.device
         params = [s.params for s in seqs]
-        scores = apply_temperature(scores, torch.tensor([p.temperature for p in params], device=dev))
+
+        def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return _on_device(values, dtype, dev)
+
+        scores = apply_temperature(scores, column([p.temperature for p in params]))
         if any(p.typical_p < 1.0 for p in params):
-            scores = apply_typical_p(scores, torch.tensor([p.typical_p for p in params], device=dev))
-        top_k = torch.tensor([p.top_k for p in params], device=dev) if any(p.top_k > 0 for p in params) else None
-        top_p = torch.tensor([p.top_p for p in params], device=dev) if any(p.top_p < 1 for p in params) else None
-        min_p = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p > 0 for p in params) else None
+            scores = apply_typical_p(scores, column([p.typical_p for p in params]))
+        top_k = column([p.top_k for p in params], torch.long) if any(p.top_k > 0 for p in params) else None
+        top_p = column([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None
+        min_p = column([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None
         if min_p is None and self.ops is not None:
             scores = self.ops.top_k_top_p(scores, top_k, top_p)  # a device's fused filter where it has one
         else:
@@ -242,6 +271,15 @@ class Sampler:
             values, indices = lp.topk(k, dim=-1)
             top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
         return chosen, top
+
+
+def _on_device(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """Host values on ``device`` through pinned memory, without waiting for the device (as
+    ``step_inputs.device_tensor``; a plain copy would wait for the step launched before)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,19 @@ from .scheduler import SchedulerOutput
 
 
 @dataclass
+class TokenFill:
+    """Input ids not yet on the host: token ``positions[i]`` of the step is ``source[rows[i]]``, a
+    token the step before sampled on the device (all three tensors are on the device)."""
+
+    positions: torch.Tensor
+    source: torch.Tensor
+    rows: torch.Tensor
+
+    def apply(self, input_ids: torch.Tensor) -> None:
+        input_ids.index_copy_(0, self.positions, self.source.index_select(0, self.rows))
+
+
+@dataclass
 class StepArrays:
     """The step on the host. Decodes come first; a decode is a run of one token."""
 
@@ -39,6 +52,9 @@ class StepArrays:
     lora_slots: np.ndarray | None = None
     """int32 ``(S,)``: the device slot of each sequence's adapter, -1 for none; None when no
     sequence of the step uses an adapter."""
+    fill: TokenFill | None = None
+    """Input ids that come from the previous step's samples on the device (their host value is a
+    placeholder), set by the overlapped engine."""
 
     @property
     def num_tokens(self) -> int:
@@ -146,9 +162,21 @@ def step_tensors(
         host_seq_lens=arrays.seq_lens.tolist(),
         num_decodes=arrays.num_decodes,
     )
+    if arrays.fill is not None:
+        arrays.fill.apply(longs[:t])
     runs = lora_runs(arrays)
     lora = LoraStep(runs, device) if runs else None
     return longs[:t], longs[at_pos : at_pos + t], AttentionMetadata(longs[at_slots : at_slots + t], paged, lora)
+
+
+def device_tensor(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """Host values on ``device`` through pinned memory, without waiting for the device: a plain
+    copy would wait for all the work queued before it, and the overlapped engine launches a step
+    while the one before still runs."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _to_device(array: np.ndarray, device: str | torch.device) -> torch.Tensor:

@@ -48,6 +48,7 @@ def test_each_field_holds_the_value_of_the_setting_it_names(tmp_path, monkeypatc
             "decode_step_prefill_tokens_per_sequence": 6,
             "enforce_eager": "true",
             "deterministic": "true",
+            "async_scheduling": "true",
             "enable_lora": "true",
             "max_loras": 5,
             "max_lora_rank": 8,

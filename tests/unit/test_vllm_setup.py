@@ -62,6 +62,7 @@ class Args:
     distributed_executor_backend: str | None = None
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
     seed: int = 0
 
 
@@ -86,6 +87,9 @@ def test_settings_and_passed_options_become_engine_args(tmp_path):
         "seed": 3,
     }
     assert "dtype" in ignored and "my_handler_option" not in ignored
+    settings = settings_for(tmp_path, "option.async_scheduling=false\n")
+    assert engine_kwargs(settings, tmp_path, Args)["async_scheduling"] is False
+    assert "async_scheduling" not in engine_kwargs(settings_for(tmp_path, ""), tmp_path, Args)  # auto: vLLM's default
 
 
 def test_vllms_spelling_of_lmiserves_settings(tmp_path):

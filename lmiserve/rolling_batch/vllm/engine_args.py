@@ -64,6 +64,8 @@ def lmiserve_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
         kw["block_size"] = engine.block_size
     if engine.kv_cache_memory is not None:
         kw["kv_cache_memory_bytes"] = engine.kv_cache_memory
+    if engine.async_scheduling != "auto":  # auto: vLLM's own default
+        kw["async_scheduling"] = engine.async_scheduling == "true"
     return kw
 
 

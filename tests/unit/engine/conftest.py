@@ -32,3 +32,12 @@ def tp_models(tmp_path_factory):
         "wide": build(root / "wide", "llama", num_attention_heads=8, num_key_value_heads=2),  # head_dim 8
         "qwen3": build(root / "qwen3", "qwen3", attention_bias=True),  # q/k norms, o_proj bias
     }
+
+
+@pytest.fixture(params=["serial", "overlapped"])
+def scheduling(request, monkeypatch):
+    """Engines from ``make_engine`` step serially, then overlapped (``option.async_scheduling``)."""
+    from . import engine_helpers
+
+    monkeypatch.setattr(engine_helpers, "ASYNC_SCHEDULING", "true" if request.param == "overlapped" else "false")
+    return request.param

@@ -7,6 +7,10 @@ import torch
 from lmiserve.rolling_batch.engine import Engine, EngineConfig
 from lmiserve.wire import SamplingParams
 
+ASYNC_SCHEDULING = "false"
+"""``option.async_scheduling`` of the engines :func:`make_engine` builds (the ``scheduling``
+fixture runs a test both ways)."""
+
 
 def make_engine(model_dir, **overrides) -> Engine:
     cfg = dict(
@@ -18,6 +22,7 @@ def make_engine(model_dir, **overrides) -> Engine:
         max_model_len=256,
         block_size=16,
         kv_cache_bytes=None,
+        async_scheduling=ASYNC_SCHEDULING,
     )
     cfg.update(overrides)
     return Engine(EngineConfig(**cfg))

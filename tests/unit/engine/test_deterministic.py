@@ -36,6 +36,7 @@ def _target_tokens(engine, prompt, params, others=(), warm=None):
     return tokens["t"][0]
 
 
+@pytest.mark.usefixtures("scheduling")
 @pytest.mark.parametrize("kind", sorted(PARAMS))
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_tokens_do_not_depend_on_batch_chunking_or_prefix_cache(arch, kind, tiny_model_dirs, tiny_tokenizer):

@@ -7,6 +7,8 @@ from lmiserve.wire import SamplingParams
 
 from .engine_helpers import hf_greedy, make_engine, run
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPTS = [
     "What is Deep Learning?",
     "The quick brown fox jumps over the lazy dog. " * 3,

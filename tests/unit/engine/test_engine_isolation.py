@@ -1,21 +1,25 @@
 """A failure while running one request ends that request alone."""
 
+import pytest
+
 from lmiserve.wire import SamplingParams
 
 from .engine_helpers import hf_greedy, make_engine, run
+
+pytestmark = pytest.mark.usefixtures("scheduling")
 
 
 def test_failing_request_is_isolated_and_others_continue(tiny_model_dirs, tiny_tokenizer):
     model_dir = tiny_model_dirs["llama"]
     engine = make_engine(model_dir)
-    original = engine.runner.execute
+    original = engine.runner._forward
 
-    def execute(out):
+    def forward(out, *args):
         if any(item.seq.request_id == "bad" and item.seq.num_generated >= 2 for item in out.scheduled):
             raise RuntimeError("injected fault")
-        return original(out)
+        return original(out, *args)
 
-    engine.runner.execute = execute
+    engine.runner._forward = forward
     prompts = {
         rid: tiny_tokenizer(p)["input_ids"]
         for rid, p in [("a", "What is it?"), ("bad", "Hi there"), ("c", "Numbers: 1 2")]
