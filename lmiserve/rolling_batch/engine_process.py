@@ -61,8 +61,6 @@ class EngineLoop:
         self.primary = Connection(send, "primary")
         self.inbox: queue.Queue[tuple[Connection, wire.Message | None]] = queue.Queue()
         self.owners: dict[str, Connection] = {}
-        self.steps = 0
-        """Engine steps taken that scheduled work (for tests and logs)."""
         self._connections = [self.primary]
         self._last_sent = time.monotonic()
 
@@ -138,8 +136,6 @@ class EngineLoop:
                 except queue.Empty:
                     item = None
             deltas = self.engine.step()
-            if deltas:
-                self.steps += 1
             now = time.monotonic()
             heartbeat = now - self._last_sent >= HEARTBEAT_SECONDS
             if deltas or aborted or heartbeat:
