@@ -39,6 +39,9 @@ HEARTBEAT_SECONDS = 1.0
 produce no token (prompt chunks): the server takes silence with requests in flight for a stall."""
 
 
+_EMPTY = object()
+
+
 class Connection:
     """One API process's link to the engine: where its messages go, and the requests it sent."""
 
@@ -59,7 +62,8 @@ class EngineLoop:
     def __init__(self, engine: Engine, send: Callable[[wire.Msg], None]):
         self.engine = engine
         self.primary = Connection(send, "primary")
-        self.inbox: queue.Queue[tuple[Connection, wire.Message | None]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[Connection, wire.Message | None] | wire.Message | None] = queue.Queue()
+        """What the connections sent, as (connection, message); a bare message is the primary's."""
         self.owners: dict[str, Connection] = {}
         self._connections = [self.primary]
         self._last_sent = time.monotonic()
@@ -124,17 +128,18 @@ class EngineLoop:
             try:
                 item = self.inbox.get(block=block)
             except queue.Empty:
-                item = None
+                item = _EMPTY
             aborted = False
-            while item is not None:
-                conn, msg = item
+            while item is not _EMPTY:
+                # (connection, message); a bare message is the primary connection's
+                conn, msg = item if isinstance(item, tuple) else (self.primary, item)
                 if not self._handle(conn, msg):
                     return
                 aborted = aborted or isinstance(msg, wire.AbortRequest)
                 try:
                     item = self.inbox.get_nowait()
                 except queue.Empty:
-                    item = None
+                    item = _EMPTY
             deltas = self.engine.step()
             now = time.monotonic()
             heartbeat = now - self._last_sent >= HEARTBEAT_SECONDS
