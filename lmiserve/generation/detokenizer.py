@@ -9,6 +9,7 @@ incomplete character (U+FFFD).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -127,10 +128,12 @@ def decode_pieces(tokenizer: Any, ids: Sequence[int], added: frozenset[int], ski
 
 def batch_decoder(tokenizer: Any) -> Callable[[list[list[int]], bool], list[str]] | None:
     """One call that decodes many id lists exactly as ``tokenizer.decode`` does each (without
-    clean-up): the Rust tokenizer's ``decode_batch`` behind a transformers tokenizer that adds
-    nothing of its own to decoding; None for any other tokenizer."""
+    clean-up), straight through the Rust tokenizer behind a transformers tokenizer that adds
+    nothing of its own to decoding, without transformers' per-call work; None for any other
+    tokenizer. Each list is decoded on this thread: the Rust ``decode_batch`` hands the lists to
+    a thread pool, which on cores the engine keeps busy took about 3 ms a call against 15 us."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not hasattr(backend, "decode_batch"):
+    if backend is None or not hasattr(backend, "decode"):
         return None
     try:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -141,7 +144,24 @@ def batch_decoder(tokenizer: Any) -> Callable[[list[list[int]], bool], list[str]
         getattr(cls, name) is not getattr(TokenizersBackend, name) for name in ("decode", "_decode")
     ):
         return None
-    return lambda lists, skip: backend.decode_batch(lists, skip_special_tokens=skip)
+    decode = backend.decode
+    return lambda lists, skip: [decode(ids, skip_special_tokens=skip) for ids in lists]
+
+
+_DECODERS: weakref.WeakKeyDictionary[Any, Callable[[list[list[int]], bool], list[str]] | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _decoder_of(tokenizer: Any) -> Callable[[list[list[int]], bool], list[str]] | None:
+    """:func:`batch_decoder` of ``tokenizer``, worked out once per tokenizer."""
+    try:
+        return _DECODERS[tokenizer]
+    except KeyError:
+        decoder = _DECODERS[tokenizer] = batch_decoder(tokenizer)
+        return decoder
+    except TypeError:  # a tokenizer that cannot be weakly referenced
+        return batch_decoder(tokenizer)
 
 
 def decode_step(items: Sequence[tuple[IncrementalDetokenizer, int]]) -> list[str]:
@@ -154,7 +174,7 @@ def decode_step(items: Sequence[tuple[IncrementalDetokenizer, int]]) -> list[str
     for k, (detok, token) in enumerate(items):
         key = id(detok.tokenizer)
         if key not in decoders:
-            decoders[key] = batch_decoder(detok.tokenizer)
+            decoders[key] = _decoder_of(detok.tokenizer)
         windows = detok.windows(token) if decoders[key] is not None else None
         if windows is None:
             pieces[k] = detok.add([token])
