@@ -61,6 +61,24 @@ def _server_model(url: str, name: str | None) -> dict:
     return {"modelName": card["id"], "root": card.get("root"), "engine": None}
 
 
+API_CPU = "lmiserve_api_cpu_seconds_total"
+
+
+def api_cpu_seconds(url: str) -> float | None:
+    """The server's API CPU counter from its ``/metrics`` (None for a server without one)."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    for line in response.text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.split("{", 1)[0] == API_CPU:
+            return float(value)
+    return None
+
+
 def _model_path(info: dict, tokenizer: str | None) -> Path:
     from ..config import load_settings
     from ..model_store import resolve_model
@@ -109,9 +127,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
         batch = texts[used : used + warmup + n]
         used += warmup + n
+        cpu = api_cpu_seconds(args.url)
         row = run_level(
             args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"], adapters, args.client_procs
         )
+        after = api_cpu_seconds(args.url)
+        if cpu is not None and after is not None and row.get("streamed_tokens"):
+            # the server's API processes: their CPU over the level (warm-up included) per token streamed
+            row["api_cpu_us_per_token"] = round((after - cpu) / row["streamed_tokens"] * 1e6, 1)
+            print(f"  the server's API process(es): {row['api_cpu_us_per_token']:.0f} us of CPU per streamed token",
+                  file=sys.stderr, flush=True)  # fmt: skip
         if row["client_bound"]:
             print(
                 f"warning: at concurrency {c} a client process was busy {max(row['client_cpu_per_proc']):.0%} of "

@@ -60,10 +60,12 @@ async def _one(conn: Connection, path: str, body: bytes, api: Api) -> RequestRec
     return record
 
 
-async def _send_share(share: Share) -> list[RequestRecord]:
+async def _send_share(share: Share) -> tuple[list[RequestRecord], int]:
+    """The measured requests' records, and the tokens of every request (warm-up too)."""
     api = APIS[share.api]
     queue = list(share.items)
     measured: list[RequestRecord] = []
+    streamed = [0]
 
     async def client() -> None:
         conn = Connection(share.base_url)
@@ -72,20 +74,22 @@ async def _send_share(share: Share) -> list[RequestRecord]:
                 is_warmup, prompt, adapter = queue.pop(0)
                 body = orjson.dumps(api.body(prompt, share.max_new_tokens, share.model, adapter))
                 record = await _one(conn, api.path, body, api)
+                streamed[0] += record.tokens
                 if not is_warmup:
                     measured.append(record)
         finally:
             conn.close()
 
     await asyncio.gather(*(client() for _ in range(share.clients)))
-    return measured
+    return measured, streamed[0]
 
 
-def _run_share(share: Share) -> tuple[list[RequestRecord], float, float]:
-    """One client process: its records, the CPU seconds it used and the seconds it ran."""
+def _run_share(share: Share) -> tuple[list[RequestRecord], float, float, int]:
+    """One client process: its records, the CPU seconds it used, the seconds it ran and the
+    tokens it received (warm-up included)."""
     cpu, wall = time.process_time(), time.perf_counter()
-    records = asyncio.run(_send_share(share))
-    return records, time.process_time() - cpu, time.perf_counter() - wall
+    records, streamed = asyncio.run(_send_share(share))
+    return records, time.process_time() - cpu, time.perf_counter() - wall, streamed
 
 
 def run_level(
@@ -114,8 +118,9 @@ def run_level(
     else:
         with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(_run_share, shares))
-    row = level_report(concurrency, [r for records, _, _ in results for r in records])
-    busy = [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall in results]
+    row = level_report(concurrency, [r for records, _, _, _ in results for r in records])
+    busy = [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall, _ in results]
+    row["streamed_tokens"] = sum(streamed for *_, streamed in results)
     row["client_procs"] = procs
     row["client_cpu_per_proc"] = busy
     row["client_bound"] = max(busy) > CLIENT_BOUND

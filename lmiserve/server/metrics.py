@@ -42,6 +42,25 @@ TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
 
 
+class ApiCpuCollector(Collector):
+    """CPU time this API process has used (user and system, every thread), read when scraped:
+    with several API processes, ``/metrics`` adds theirs up. ``lmiserve bench`` divides its
+    growth over a level by the tokens streamed."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "lmiserve_api_cpu_seconds",
+            "CPU seconds (user and system) used by the API process(es): HTTP, tokenizing, detokenizing and "
+            "formatting; the engine and handler workers are other processes.",
+            labels=["model"],
+        )
+        family.add_metric([""], time.process_time())  # a server-level series: no model
+        yield family
+
+
 class ModelStateCollector(Collector):
     """Gauges and counters that mirror each served model's state, read when scraped. Models
     that have a ``metrics_snapshot()`` method take part."""
@@ -257,6 +276,7 @@ class ServerMetrics:
             "lmiserve_adapter_generation_tokens", "Tokens generated with a LoRA adapter.", by_adapter, registry=r
         )
         r.register(ModelStateCollector(models))
+        r.register(ApiCpuCollector())
         self._series: dict[str, _ModelSeries] = {}
 
     def expose(self) -> bytes:

@@ -93,6 +93,7 @@ def test_streamed_tokens_are_counted_over_kept_alive_connections(mock, api):
     assert row["ttft_s"]["p50"] > 0 and row["itl_s"]["p50"] >= 0
     assert mock.requests == 8 and mock.connections == 2  # one connection per client, kept alive
     assert row["client_procs"] == 1 and len(row["client_cpu_per_proc"]) == 1
+    assert row["streamed_tokens"] == 8 * TOKENS  # the warm-up's tokens too
 
 
 def test_an_error_answer_and_a_closed_connection(mock):
@@ -108,5 +109,19 @@ def test_clients_spread_over_processes(mock):
         mock.url, APIS["openai"], ["p"] * 10, concurrency=4, warmup=2, max_new_tokens=TOKENS, model="m", client_procs=2
     )
     assert row["errors"] == 0 and row["requests"] == 8 and row["output_tokens"] == 8 * TOKENS
-    assert row["client_procs"] == 2 and len(row["client_cpu_per_proc"]) == 2
+    assert row["client_procs"] == 2 and len(row["client_cpu_per_proc"]) == 2 and row["streamed_tokens"] == 10 * TOKENS
     assert mock.requests == 10 and mock.connections == 4
+
+
+def test_the_servers_api_cpu_is_read_from_its_metrics(monkeypatch):
+    import httpx
+
+    from lmiserve.bench import command
+
+    text = "# TYPE lmiserve_api_cpu_seconds counter\nlmiserve_api_cpu_seconds_total{model=\"\"} 12.5\nother_total 3.0\n"
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=text))
+    assert command.api_cpu_seconds("http://server") == 12.5
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text="other_total 3.0\n"))
+    assert command.api_cpu_seconds("http://server") is None  # another server (vLLM, TGI)
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(404))
+    assert command.api_cpu_seconds("http://server") is None

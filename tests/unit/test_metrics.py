@@ -352,3 +352,11 @@ def test_post_to_the_only_model_is_labelled_with_it():
     got = samples(app.state.metrics)
     assert got[("lmiserve_requests_total", (("model", "only"), ("route", "/invocations"), ("status", "200")))] == 1
     assert got[("lmiserve_requests_total", (("model", ""), ("route", "/ping"), ("status", "200")))] == 1
+
+
+def test_the_api_process_cpu_counter_grows_with_work():
+    metrics = ServerMetrics(registry())
+    before = samples(metrics)[("lmiserve_api_cpu_seconds_total", (("model", ""),))]
+    sum(i * i for i in range(2_000_000))  # some CPU in this process
+    after = samples(metrics)[("lmiserve_api_cpu_seconds_total", (("model", ""),))]
+    assert 0 < before < after
