@@ -151,10 +151,13 @@ def test_metrics_mirror_the_requests_served(server, tiny_tokenizer):
     assert value(families, *steps, model="tiny", mode="eager") > 0  # the CPU runs no graphs
     assert value(families, *steps, model="tiny", mode="graph") == 0
 
-    # /server/metrics: the same families; only the HTTP request series moved (the scrape itself)
+    # /server/metrics: the same families; only the HTTP request series and the API process's CPU
+    # moved (the scrape itself)
     assert {(f.name, f.type) for f in again.values()} == {(f.name, f.type) for f in families.values()}
+    cpu = "lmiserve_api_cpu_seconds", "lmiserve_api_cpu_seconds_total"
+    assert 0 < value(families, *cpu, model="") <= value(again, *cpu, model="")
     for name, family in families.items():
-        if not name.startswith(("lmiserve_requests", "lmiserve_request_duration")):
+        if not name.startswith(("lmiserve_requests", "lmiserve_request_duration", "lmiserve_api_cpu")):
             assert again[name].samples == family.samples, name
 
 
