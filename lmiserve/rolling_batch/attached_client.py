@@ -12,19 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .. import wire
-from ..errors import WorkerDied
-from .client import EngineClient
+from .client import SocketEngineClient
 
 
-class AttachedEngineClient(EngineClient):
+class AttachedEngineClient(SocketEngineClient):
     def __init__(self, path: str, info: dict[str, str | int | float] | None = None):
         super().__init__()
         self.path = path
         self.info = dict(info or {})
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self.stopping = False
 
     async def start(self, timeout: float = 30) -> None:
         reader, self._writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path), timeout)
@@ -32,20 +27,8 @@ class AttachedEngineClient(EngineClient):
         self.last_progress = time.monotonic()
         self._reader_task = asyncio.create_task(self._read(reader), name="attached-engine-reader")
 
-    def _send(self, msg: wire.Msg) -> None:
-        if self._writer is None or self._writer.is_closing():
-            raise WorkerDied("the engine is not running")
-        wire.write(self._writer, msg)
-
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            msg = await wire.read(reader)
-            if msg is None:
-                break
-            if isinstance(msg, wire.EngineStep):
-                self._on_step(msg)
-            elif isinstance(msg, wire.AdapterResult):
-                self._on_adapter_result(msg)
+        await self._receive(reader)
         self._gone("the engine process exited while handling this request", restart=not self.stopping)
 
     async def stop(self, grace: float = 0) -> None:

@@ -159,7 +159,31 @@ class EngineClient:
             self.on_exit(self, reason)
 
 
-class ProcessEngineClient(EngineClient):
+class SocketEngineClient(EngineClient):
+    """An engine at the other end of a stream socket: messages written to it, and read from it
+    until it closes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    def _send(self, msg: wire.Msg) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise WorkerDied("the engine is not running")
+        wire.write(self._writer, msg)
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        """Route every step and adapter answer from ``reader`` until the engine closes it."""
+        while (msg := await wire.read(reader)) is not None:
+            if isinstance(msg, wire.EngineStep):
+                self._on_step(msg)
+            elif isinstance(msg, wire.AdapterResult):
+                self._on_adapter_result(msg)
+
+
+class ProcessEngineClient(SocketEngineClient):
     """The engine in a child process. With ``heartbeat_timeout`` (seconds), an engine that reports
     no step for that long while requests are in flight is taken for hung: it is marked not alive
     at once, killed, and its requests end with an error (then the model restarts it)."""
@@ -172,9 +196,6 @@ class ProcessEngineClient(EngineClient):
         self._stall: str | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.process: ChildProcess | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self.stopping = False
 
     @property
     def pid(self) -> int | None:
@@ -216,20 +237,8 @@ class ProcessEngineClient(EngineClient):
                 self.kill()
                 return
 
-    def _send(self, msg: wire.Msg) -> None:
-        if self._writer is None or self._writer.is_closing():
-            raise WorkerDied("the engine is not running")
-        wire.write(self._writer, msg)
-
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            msg = await wire.read(reader)
-            if msg is None:
-                break
-            if isinstance(msg, wire.EngineStep):
-                self._on_step(msg)
-            elif isinstance(msg, wire.AdapterResult):
-                self._on_adapter_result(msg)
+        await self._receive(reader)
         code = await self.process.reap() if self.process is not None else None
         if not self.stopping and self._stall is None:
             log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))
