@@ -6,7 +6,7 @@ several apps in one process never share a series. Three sources feed it:
 - the HTTP middleware: every request, by route template and status;
 - the generation code: one :class:`GenerationObserver` per HTTP request sees each output update
   (time to first token, inter-token latency, end-to-end latency, queue time, token counts);
-- :class:`ModelStateCollector`, at scrape time: each model's :class:`ModelSnapshot` (running and
+- :class:`~.metrics_collectors.ModelStateCollector`, at scrape time: each model's :class:`ModelSnapshot` (running and
   waiting requests, KV-cache blocks, engine counters).
 
 The engine's counters are cumulative inside the engine process, which starts again from zero when
@@ -23,11 +23,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ..generation.request import RequestOutput
-from ..serving import ModelSnapshot
+from .metrics_collectors import ApiCpuCollector, ModelStateCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format."""
@@ -40,77 +40,6 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
-
-
-class ApiCpuCollector(Collector):
-    """CPU time this API process has used (user and system, every thread), read when scraped:
-    with several API processes, ``/metrics`` adds theirs up. ``lmiserve bench`` divides its
-    growth over a level by the tokens streamed."""
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        family = CounterMetricFamily(
-            "lmiserve_api_cpu_seconds",
-            "CPU seconds (user and system) used by the API process(es): HTTP, tokenizing, detokenizing and "
-            "formatting; the engine and handler workers are other processes.",
-            labels=["model"],
-        )
-        family.add_metric([""], time.process_time())  # a server-level series: no model
-        yield family
-
-
-class ModelStateCollector(Collector):
-    """Gauges and counters that mirror each served model's state, read when scraped. Models
-    that have a ``metrics_snapshot()`` method take part."""
-
-    def __init__(self, models: Any):
-        self.models = models  # a ModelRegistry: ``.models`` maps names to served models
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        running = GaugeMetricFamily("lmiserve_requests_running", "Requests being processed.", labels=["model"])
-        waiting = GaugeMetricFamily("lmiserve_requests_waiting", "Requests waiting to be processed.", labels=["model"])
-        usage = GaugeMetricFamily(
-            "lmiserve_kv_cache_usage_ratio", "Fraction of the KV-cache blocks in use (0 to 1).", labels=["model"]
-        )
-        used = GaugeMetricFamily("lmiserve_kv_cache_blocks_used", "KV-cache blocks in use.", labels=["model"])
-        total = GaugeMetricFamily("lmiserve_kv_cache_blocks_total", "KV-cache blocks in all.", labels=["model"])
-        hits = CounterMetricFamily(
-            "lmiserve_prefix_cache_hit_tokens",
-            "Prompt tokens whose KV entries were found in the prefix cache.",
-            labels=["model"],
-        )
-        preemptions = CounterMetricFamily(
-            "lmiserve_preemptions", "Sequences preempted to free KV-cache blocks.", labels=["model"]
-        )
-        steps = CounterMetricFamily(
-            "lmiserve_engine_steps",
-            "Engine steps by mode: replayed from a captured device graph, or run eagerly.",
-            labels=["model", "mode"],
-        )
-        for name, model in sorted(dict(self.models.models).items()):
-            snapshot_of = getattr(model, "metrics_snapshot", None)
-            if snapshot_of is None:
-                continue
-            s: ModelSnapshot = snapshot_of()
-            running.add_metric([name], s.running)
-            waiting.add_metric([name], s.waiting)
-            if s.kv_blocks_total is not None:
-                blocks = s.kv_blocks_total
-                in_use = s.kv_blocks_used or 0
-                usage.add_metric([name], min(1.0, in_use / blocks) if blocks > 0 else 0.0)
-                used.add_metric([name], in_use)
-                total.add_metric([name], blocks)
-            if s.counters is not None:
-                hits.add_metric([name], s.counters.get("prefix_cache_hit_tokens", 0))
-                preemptions.add_metric([name], s.counters.get("preemptions", 0))
-                steps.add_metric([name, "graph"], s.counters.get("graph_steps", 0))
-                steps.add_metric([name, "eager"], s.counters.get("eager_steps", 0))
-        yield from (running, waiting, usage, used, total, hits, preemptions, steps)
 
 
 # --- per-request generation metrics ----------------------------------------------------
