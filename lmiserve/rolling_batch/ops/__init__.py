@@ -30,8 +30,9 @@ __all__ = [
 OPS_NAMES = ("auto", "reference", "cpu", "cuda", "npu")
 
 
-def create_ops(device: str, name: str = "auto") -> Ops:
-    """The implementation for ``device``: ``auto`` picks the tuned one."""
+def create_ops(device: str, name: str = "auto", deterministic: bool = False) -> Ops:
+    """The implementation for ``device``: ``auto`` picks the tuned one. ``deterministic``: prefer
+    kernels whose result for a row does not depend on the other rows."""
     if name not in OPS_NAMES:
         raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")
     if name == "auto":
@@ -41,7 +42,7 @@ def create_ops(device: str, name: str = "auto") -> Ops:
     if name == "cpu":
         from .cpu import CpuOps
 
-        return CpuOps()
+        return CpuOps(row_invariant=deterministic)
     if name == "cuda":
         _triton_cache_dir()
         from .cuda import CudaOps
@@ -60,7 +61,7 @@ def create_ops(device: str, name: str = "auto") -> Ops:
 def select_ops(device: str, name: str = "auto", deterministic: bool = False) -> CheckedOps:
     """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops);
     ``deterministic``: a token's result does not depend on the rest of the step."""
-    ops = create_ops(device, name)
+    ops = create_ops(device, name, deterministic)
     limits = limits_for("npu" if ops.name == "npu" else device)
     if deterministic:
         from .batch_invariant import BatchInvariantOps

@@ -3,9 +3,11 @@
 What changes a token's rounding with the batch, and what is done about it here:
 
 - Matrix multiplies choose their kernel and blocking by the number of rows (oneDNN, MKL and
-  cuBLAS all do), so a row's sums are added in another order in a larger batch. Here every
-  multiply runs on blocks of exactly :data:`ROWS` rows (the last one padded): the same kernel,
-  the same order, for every row, whatever else is in the step.
+  cuBLAS all do), so a row's sums are added in another order in a larger batch. Kernels that
+  form each row's sums in one order whatever the other rows (the CPU's bf16 linear and LoRA
+  kernels, which the CPU ops pick in this mode wherever they are built) run the whole step at
+  once. Every other multiply runs on blocks of exactly :data:`ROWS` rows (the last one
+  padded): the same kernel, the same order, for every row, whatever else is in the step.
 - Attention over a prompt chunk is computed by tiles of queries, so a token's result depends on
   how its prompt was chunked and on whether its prefix came from the cache. Here every query
   token is attended on its own, as a decode would be: over its own keys in position order, with
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .interface import Ops, OpsWrapper
+from .interface import ROW_INVARIANT_PACKINGS, Ops, OpsWrapper
 from .metadata import PagedAttentionInputs
 from .reference import LinearWeight
 
@@ -33,6 +35,11 @@ several, each reading weights that are by then in the cache."""
 
 _PER_ROW_KERNELS = ("cpu", "cuda")
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _rows_apart(x: torch.Tensor, w: LinearWeight) -> bool:
+    """Whether ``w``'s kernel forms each row of ``x`` on its own (see :data:`ROW_INVARIANT_PACKINGS`)."""
+    return w.packing in ROW_INVARIANT_PACKINGS and x.dtype == torch.bfloat16
 
 
 def in_blocks(fn, x: torch.Tensor, *args):  # type: ignore[no-untyped-def]
@@ -58,11 +65,15 @@ class BatchInvariantOps(OpsWrapper):
 
     # --- rows ---------------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if _rows_apart(x, w):
+            return self.inner.linear(x, w)
         shape = x.shape
         y = in_blocks(self.inner.linear, x.reshape(-1, shape[-1]).contiguous(), w)
         return y.view(*shape[:-1], y.shape[-1])
 
     def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if _rows_apart(x, w):
+            return self.inner.gate_up_swiglu(x, w)
         return self.inner.swiglu(self.linear(x, w))
 
     def _per_row(self, x: torch.Tensor) -> bool:
@@ -85,7 +96,10 @@ class BatchInvariantOps(OpsWrapper):
         return in_blocks(self.inner.argmax_logsumexp, logits)
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
-        """Each run's two products on blocks of exactly ROWS rows, like :meth:`linear`."""
+        """The CPU's C++ kernel where it runs (row by row); elsewhere each run's two products on
+        blocks of exactly ROWS rows, like :meth:`linear`."""
+        if getattr(self.inner, "row_invariant", False) and self.inner.lora_kernel_takes(y, x):
+            return self.inner.lora_add(y, x, a, b, lora, parts)
         for slot, first, end in lora.segments:
             u = in_blocks(torch.mm, x[first:end].contiguous(), a[slot].t())
             y[first:end] += in_blocks(torch.mm, u, b[slot])

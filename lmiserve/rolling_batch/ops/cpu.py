@@ -6,6 +6,8 @@
   needs most. On CPUs with AMX (oneDNN runs prompt-sized products on its tiles) or without
   AVX512_BF16, oneDNN with weights reordered once into its blocked layout (the reorder otherwise
   happens on every call; at small batch sizes it costs more than the multiply itself).
+  Deterministic mode (``row_invariant``) takes the C++ kernel wherever it is built, on AMX
+  tiles where the CPU has them (``csrc/linear_amx.cpp``): its rows never depend on each other.
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.
@@ -16,135 +18,17 @@ compiler is available.
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import os
-import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ...devices import cpu_flags
+from .cpu_kernels import PACK_BATCH_HINT, amx_tiles, bf16_linear_kernel, can_pack, load_kernels, own_bf16_linear
 from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
 from .reference import LinearWeight, ReferenceOps
 
-log = logging.getLogger("lmiserve.ops")
-
-_CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [
-    _CSRC / name
-    for name in (
-        "paged_attention.cpp",
-        "prefill_attention.cpp",
-        "prefill_attention_bf16.cpp",
-        "kv_write.cpp",
-        "sampling.cpp",
-        "fused.cpp",
-        "lora.cpp",
-        "linear.cpp",
-    )
-]
 _HALF = (torch.bfloat16, torch.float16)
-PACK_BATCH_HINT = 32
 LONG_RUN = 32
 """Rows from which a LoRA run is faster as two oneDNN products than in the row-by-row kernel."""
-
-
-STALE_LOCK_SECONDS = 600
-"""A build takes well under a minute; a lock older than this was left by a build that was killed."""
-
-
-def clear_stale_lock(build_dir: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
-    """Remove torch's build lock when a killed build left it behind (every later loader would
-    otherwise wait on it forever); True when one was removed."""
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age:
-        return False
-    log.warning("removing a kernel build lock left %.0f s ago by an interrupted build: %s", age, lock)
-    lock.unlink(missing_ok=True)
-    return True
-
-
-@functools.cache
-def load_kernels() -> bool:
-    """Compile (first time only) and load the C++ kernels; False if that is not possible."""
-    if os.environ.get("LMISERVE_DISABLE_CPU_KERNELS") == "1":
-        return False
-    try:
-        from torch.utils.cpp_extension import load
-
-        # ninja may be installed next to this Python rather than on PATH
-        bindir = os.path.dirname(sys.executable)
-        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
-        flags = ["-O3", "-fopenmp", "-ffast-math"]
-        if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":
-            flags.append("-march=native")
-        log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
-        # the name carries a hash of every source and header and of the flags, so an edit, or a
-        # switch between the native and the portable build, always rebuilds
-        sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
-        digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:10]
-        name = f"lmiserve_cpu_kernels_{digest}"
-        from torch.utils.cpp_extension import _get_build_directory
-
-        clear_stale_lock(Path(_get_build_directory(name, False)))
-        load(
-            name=name,
-            sources=[str(p) for p in _SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
-        return hasattr(torch.ops.lmiserve_cpu, "paged_attention_decode")
-    except Exception as exc:  # noqa: BLE001 - no compiler, no headers: use the reference ops
-        log.warning("CPU attention kernels unavailable (%s); using the reference implementation", exc)
-        return False
-
-
-@functools.cache
-def bf16_packing_supported() -> bool:
-    """Whether oneDNN runs bf16 matrix products on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT);
-    where it does not (an AVX2-only CPU), bf16 weights stay unpacked and ``F.linear`` runs them."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # an older or newer torch without the probe: try it
-        try:
-            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_BATCH_HINT)
-            supported = True
-        except RuntimeError:
-            supported = False
-    if not supported:
-        log.info("this CPU has no oneDNN bf16 matrix products; bf16 weights are not prepacked")
-    return supported
-
-
-def _can_pack(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.bfloat16 and bf16_packing_supported()
-
-
-@functools.cache
-def own_bf16_linear() -> bool:
-    """Whether bf16 linear layers run in the C++ kernel: built for AVX512_BF16 (the kernels are
-    compiled for the CPU they run on) on a CPU without AMX, whose tiles oneDNN uses."""
-    if not load_kernels() or "amx_bf16" in cpu_flags():
-        return False
-    return bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
-
-
-def _own_kernel_takes(weight: torch.Tensor) -> bool:
-    """Whether the C++ linear kernel runs this weight: bf16, pairs of input dimensions."""
-    return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and own_bf16_linear()
 
 
 @functools.cache
@@ -155,15 +39,25 @@ def _part_cols(parts: tuple[int, ...]) -> torch.Tensor:
 class CpuOps(ReferenceOps):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, row_invariant: bool = False) -> None:
+        """``row_invariant``: bf16 weights go to the C++ linear kernel wherever it is built, AMX
+        or not, because a row's result there does not depend on the rest of the product
+        (deterministic mode); otherwise only where it is the faster kernel."""
         self.kernels = load_kernels()
+        self.row_invariant = row_invariant
+        self.own_linear = bf16_linear_kernel() if row_invariant else own_bf16_linear()
+        self.tiles = self.own_linear and amx_tiles()
+
+    def _own_kernel_takes(self, weight: torch.Tensor) -> bool:
+        """Whether the C++ linear kernel runs this weight: bf16, pairs of input dimensions."""
+        return self.own_linear and weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
         prepared = super().prepare_linear(weight, bias)
-        if _own_kernel_takes(weight):
+        if self._own_kernel_takes(weight):
             prepared.packed = torch.ops.lmiserve_cpu.pack_linear_bf16(prepared.weight)
             prepared.packing = "lmiserve"
-        elif _can_pack(weight):
+        elif can_pack(weight):
             prepared.packed = torch.ops.mkldnn._reorder_linear_weight(prepared.weight, PACK_BATCH_HINT)
             prepared.packing = "onednn"
         return prepared
@@ -171,21 +65,21 @@ class CpuOps(ReferenceOps):
     def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
         so :meth:`gate_up_swiglu` ends with the SwiGLU and never writes gate_up out."""
-        if weight.shape[0] % 2 == 0 and _own_kernel_takes(weight):
+        if weight.shape[0] % 2 == 0 and self._own_kernel_takes(weight):
             packed = torch.ops.lmiserve_cpu.pack_linear_bf16(weight.contiguous(), True)
             return LinearWeight(weight.contiguous(), None, packed, "lmiserve-gated")
         return self.prepare_linear(weight)
 
     def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
-            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0] // 2, 2)
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0] // 2, 2, self.tiles)
         return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:
-            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0])
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0], 0, self.tiles)
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
-            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0], 1)
+            return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0], 1, self.tiles)
         if w.packed is not None and x.dtype == torch.bfloat16:
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
@@ -250,14 +144,18 @@ class CpuOps(ReferenceOps):
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
         """Short runs (decodes) in one C++ call per projection (``csrc/lora.cpp``), skipping the
         zeros between a fused projection's parts; long runs (prompt chunks) as two oneDNN
-        products each, which are faster there. The reference products where the kernel cannot run."""
-        if not (self.kernels and y.is_contiguous() and x.is_contiguous()):
+        products each, which are faster there. The reference products where the kernel cannot run.
+        ``row_invariant``: every run in the C++ kernel, whose rows do not depend on each other."""
+        if not self.lora_kernel_takes(y, x):
             return super().lora_add(y, x, a, b, lora, parts)
-        short, long = lora.split(LONG_RUN)
+        short, long = (lora, None) if self.row_invariant else lora.split(LONG_RUN)
         if short is not None:
             torch.ops.lmiserve_cpu.lora_add_(y, x, a, b, short.host_runs(), _part_cols(parts or (0, y.shape[1])))
         if long is not None:
             super().lora_add(y, x, a, b, long, parts)
+
+    def lora_kernel_takes(self, y: torch.Tensor, x: torch.Tensor) -> bool:
+        return self.kernels and y.is_contiguous() and x.is_contiguous()
 
     def argmax_logsumexp(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.kernels:

@@ -32,6 +32,11 @@ class LinearWeight:
         return self.weight.shape[0]
 
 
+ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated")
+"""Packings whose product forms each row's sums in the same order whatever the other rows (the
+CPU's ``csrc/linear.cpp``), so deterministic mode runs them whole rather than in fixed blocks."""
+
+
 @runtime_checkable
 class Ops(Protocol):
     """The device ops (shapes as :mod:`.reference` documents them). ``T`` is a tensor."""

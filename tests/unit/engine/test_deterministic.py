@@ -8,6 +8,7 @@ import torch
 
 from lmiserve.rolling_batch.ops import select_ops
 from lmiserve.rolling_batch.ops.batch_invariant import ROWS
+from lmiserve.rolling_batch.ops.cpu_kernels import bf16_linear_kernel
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine, run
 
@@ -68,3 +69,19 @@ def test_a_rows_product_is_the_same_bits_in_any_batch(ops_name, dtype):
     for n in (2, ROWS - 1, ROWS, ROWS + 1, 70):
         batch = torch.cat([torch.randn(n - 1, 1536, generator=g).to(dtype), rows[:1]])
         assert torch.equal(ops.linear(batch, w)[-1:], alone), n
+
+
+@pytest.mark.skipif(not bf16_linear_kernel(), reason="the bf16 linear kernel needs AVX512_BF16")
+def test_the_cpu_ops_run_bf16_weights_whole_in_the_row_by_row_kernel():
+    """Deterministic mode packs bf16 weights for the C++ kernel even where oneDNN is the default
+    (AMX CPUs), and runs a step's rows in one product: a row of the fused SwiGLU gives the same
+    bits alone as among 40 others, and the same bits as the plain product followed by SwiGLU."""
+    ops = select_ops("cpu", "cpu", deterministic=True)
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2 * 96, 64, generator=g).bfloat16()
+    plain, gated = ops.prepare_linear(w), ops.prepare_gate_up(w)
+    assert (plain.packing, gated.packing) == ("lmiserve", "lmiserve-gated")
+    x = torch.randn(41, 64, generator=g).bfloat16()
+    whole = ops.gate_up_swiglu(x, gated)
+    assert torch.equal(ops.gate_up_swiglu(x[-1:], gated), whole[-1:])
+    assert torch.equal(whole, ops.swiglu(ops.linear(x, plain)))

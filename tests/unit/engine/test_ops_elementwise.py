@@ -155,7 +155,7 @@ def test_a_stale_kernel_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     import os
     import time
 
-    from lmiserve.rolling_batch.ops.cpu import clear_stale_lock
+    from lmiserve.rolling_batch.ops.cpu_kernels import clear_stale_lock
 
     lock = tmp_path / "lock"
     assert not clear_stale_lock(tmp_path)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lmiserve.rolling_batch.ops.cpu import CpuOps, own_bf16_linear
+from lmiserve.rolling_batch.ops.cpu import CpuOps
+from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 
 
@@ -17,7 +18,22 @@ def test_packed_bf16_linear_matches_plain():
         assert torch.allclose(ops.linear(x, lw).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-2)
 
 
-own_linear = pytest.mark.skipif(not own_bf16_linear(), reason="the bf16 linear kernel needs AVX512_BF16 without AMX")
+own_linear = pytest.mark.skipif(not bf16_linear_kernel(), reason="the bf16 linear kernel needs AVX512_BF16")
+
+
+@pytest.fixture(params=["vector", "tiles"])
+def kernel(request) -> str:
+    if request.param == "tiles" and not amx_tiles():
+        pytest.skip("AMX tiles: not on this CPU")
+    return request.param
+
+
+def _own(kernel: str = "vector") -> CpuOps:
+    """CPU ops that run bf16 weights in the C++ kernel wherever it is built (AMX CPUs included,
+    where the default is oneDNN's): its vector code, or its AMX tiles."""
+    ops = CpuOps(row_invariant=True)
+    ops.tiles = kernel == "tiles"
+    return ops
 
 
 @own_linear
@@ -30,36 +46,37 @@ own_linear = pytest.mark.skipif(not own_bf16_linear(), reason="the bf16 linear k
         (33, 1536, 576, True),  # five tiles, the last of one row
         (65, 2048, 200, False),  # past 64 rows: no requests ahead; K in two stretches of 512 pairs
         (700, 576, 97, True),  # two chunks of rows
+        (19, 40, 50, True),  # K not whole AMX tiles: the vector code runs it
     ],
 )
-def test_cpu_linear_kernel_bf16_matches_fp64(rows, k, n, bias):
+def test_cpu_linear_kernel_bf16_matches_fp64(rows, k, n, bias, kernel):
     """The packed bf16 linear kernel: fp32 sums of exact bf16 products, rounded once to bf16."""
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(n, k, generator=g).bfloat16()
     x = torch.randn(rows, k, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
-    lw = CpuOps().prepare_linear(w, b)
+    lw = _own(kernel).prepare_linear(w, b)
     assert lw.packing == "lmiserve"
-    y = CpuOps().linear(x, lw)
+    y = _own(kernel).linear(x, lw)
     expected = x.double() @ w.double().T + (b.double() if bias else 0)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     # one bf16 rounding (2**-9 relative) over fp32 sums of up to 2048 products
     assert ((y.double() - expected).abs() <= 2**-8 * expected.abs() + 1e-3 * k**0.5).all()
     # a row's result does not depend on the other rows of the product
     for r in (0, rows - 1):
-        assert torch.equal(CpuOps().linear(x[r : r + 1], lw), y[r : r + 1])
+        assert torch.equal(_own(kernel).linear(x[r : r + 1], lw), y[r : r + 1])
 
 
 @own_linear
 @pytest.mark.parametrize("rows,k,units", [(1, 576, 1536), (9, 64, 50), (70, 2048, 100)])
-def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units):
+def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units, kernel):
     """A gate_up weight packed gated (24 units' gate and up columns a group): linear() still gives
     gate_up in its own column order, equal to the plain packing's, and gate_up_swiglu() gives the
     SwiGLU kernel's answer on it, without gate_up written out; 50 units end inside a group."""
     g = torch.Generator().manual_seed(units)
     w = torch.randn(2 * units, k, generator=g).bfloat16()
     x = torch.randn(rows, k, generator=g).bfloat16()
-    ops = CpuOps()
+    ops = _own(kernel)
     plain, gated = ops.prepare_linear(w), ops.prepare_gate_up(w)
     assert (plain.packing, gated.packing) == ("lmiserve", "lmiserve-gated")
     gate_up = ops.linear(x, plain)
@@ -72,7 +89,7 @@ def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units
 
 @own_linear
 def test_cpu_linear_kernel_refuses_a_mismatched_input():
-    lw = CpuOps().prepare_linear(torch.randn(96, 64).bfloat16())
+    lw = _own().prepare_linear(torch.randn(96, 64).bfloat16())
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.lmiserve_cpu.linear_bf16(torch.randn(2, 62).bfloat16(), lw.packed, None, 96)
     with pytest.raises(RuntimeError, match="even K"):

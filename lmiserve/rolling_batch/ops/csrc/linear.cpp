@@ -29,25 +29,11 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-
-#include "bf16_vec.h"
-#endif
+#include "linear_tile.h"
 
 namespace {
 
-constexpr int64_t kPanels = 3;            // 16-column vectors per group
-constexpr int64_t kCols = 16 * kPanels;   // columns per group
-constexpr int64_t kRows = 8;              // rows per tile
-constexpr int64_t kPrefetchRows = 64;     // up to this many rows the next group is requested ahead
-constexpr int64_t kPairsPerStretch = 768;  // pairs of k per stretch: a group's stretch is <= 147 KiB
-constexpr int64_t kChunkBytes = 384 * 1024;  // x rows per chunk: at most this many bytes of x
-constexpr int64_t kUnits = kCols / 2;        // gated packing: gate and up columns of 24 units a group
-
-// What a product writes: y = x W^T, or for a weight packed gated, gate and up in their places
-// (y = x W^T in the weight's own column order) or silu(gate) * up.
-enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2 };
+using namespace lmiserve_linear;
 
 // The weight row of group g's column c (-1: padding).
 int64_t weight_row(int64_t g, int64_t c, int64_t n, bool gated) {
@@ -92,42 +78,6 @@ bool linear_bf16_supported() {
 
 #if defined(__AVX512BF16__)
 
-// Where a tile's sums go: the first stretch of K starts them at zero (or at `part`), the last
-// rounds them to bf16 in y (adding the bias), the others leave them in `part`.
-struct TileOut {
-  uint16_t* y;        // the group's first output column (kGateUp: its first gate column)
-  int64_t ldy, cols;  // cols: the group's output columns (gated: its units)
-  const float* bias;  // kCols values for this group, or nullptr
-  float* part;        // kRows * kCols partial sums between stretches
-  bool first, last;
-  Output output = kPlain;
-  int64_t units = 0;  // gated: where the up columns start in y (kGateUp)
-};
-
-// 16 fp32 lanes rounded to bf16 into y[0 .. n), n <= 16
-inline void store16(uint16_t* y, __m512 v, int64_t n) {
-  if (n <= 0) return;
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  _mm256_mask_storeu_epi16(y, static_cast<__mmask16>((1u << std::min<int64_t>(n, 16)) - 1u), h);
-}
-
-// A gated tile's row: acc[0] = gate units 0-15, acc[1] = gate 16-23 then up 0-7, acc[2] = up 8-23.
-inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
-  const __m512 gate_lo = acc[0], gate_hi = acc[1];
-  const __m512 up_lo = _mm512_permutex2var_ps(
-      acc[1], _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23), acc[2]);
-  const __m512 up_hi = _mm512_shuffle_f32x4(acc[2], acc[2], _MM_SHUFFLE(3, 2, 3, 2));
-  if (out.output == kGateUp) {
-    store16(y, gate_lo, out.cols);
-    store16(y + 16, gate_hi, out.cols - 16);
-    store16(y + out.units, up_lo, out.cols);
-    store16(y + out.units + 16, up_hi, out.cols - 16);
-  } else {  // gate and up as the product rounds them, then the activation's arithmetic
-    store16(y, lmiserve::swiglu16(lmiserve::round_bf16(gate_lo), lmiserve::round_bf16(up_lo)), out.cols);
-    store16(y + 16, lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi)), out.cols - 16);
-  }
-}
-
 // Requests for the next group's cache lines spread over a group's tiles: tile `tile` of `tiles`
 // asks, at pair p, for the lines numbered (tile * pairs + p) * kPanels / tiles onwards.
 struct Ahead {
@@ -165,18 +115,7 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
       for (int j = 0; j < kPanels; ++j) _mm512_storeu_ps(out.part + (r * kPanels + j) * 16, acc[r][j]);
     return;
   }
-  if (out.output != kPlain) {
-    for (int r = 0; r < MR; ++r) store_gated(acc[r], out.y + r * out.ldy, out);
-    return;
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
-      __m512 v = acc[r][j];
-      if (out.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(out.bias + 16 * j));
-      const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);  // round to nearest even
-      const int64_t n = std::min<int64_t>(16, out.cols - 16 * j);
-      _mm256_mask_storeu_epi16(out.y + r * out.ldy + 16 * j, static_cast<__mmask16>((1u << n) - 1u), h);
-    }
+  for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
@@ -234,9 +173,10 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
 #endif
 
 // output: 0 y = x W^T; for a weight packed gated, 1 gate_up in the weight's column order, 2 its
-// SwiGLU (out_features: the units, half the weight's rows).
+// SwiGLU (out_features: the units, half the weight's rows). tiles: on AMX tiles where they can
+// run it (csrc/linear_amx.cpp), else the vector kernel.
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                       int64_t out_features, int64_t output) {
+                       int64_t out_features, int64_t output, bool tiles) {
   TORCH_CHECK(linear_bf16_supported(), "linear_bf16 needs a CPU with AVX512_BF16 (kernels built for it)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_bf16 takes bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
@@ -259,9 +199,12 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
     bias_f32 = bias->to(at::kFloat).contiguous();
   }
 #if defined(__AVX512BF16__)
-  multiply(reinterpret_cast<const uint16_t*>(x2.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-           bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m,
-           out_features, k, static_cast<Output>(output));
+  const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr());
+  const auto* ws = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  const float* bs = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
+  auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr());
+  if (!(tiles && multiply_amx(xs, ws, bs, ys, m, out_features, k, static_cast<Output>(output))))
+    multiply(xs, ws, bs, ys, m, out_features, k, static_cast<Output>(output));
 #endif
   return y;
 }
@@ -273,6 +216,8 @@ TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
   m.impl("pack_linear_bf16", c10::DispatchKey::CPU, &pack_linear_bf16);
   m.def("linear_bf16_supported() -> bool");
   m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
-  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0, bool tiles=False) -> Tensor");
+  m.def("linear_amx_usable() -> bool");
+  m.impl("linear_amx_usable", c10::DispatchKey::CatchAll, &amx_usable);
   m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
 }

@@ -1,0 +1,143 @@
+"""The CPU ops' C++ kernels: building and loading them, and what this CPU can run.
+
+The kernels (``csrc/``) are compiled on first use for the CPU they run on (``-march=native``
+unless ``LMISERVE_PORTABLE_KERNELS=1``) and cached; the probes below say which linear-layer path
+a bf16 weight takes here: oneDNN's packed layout, or the C++ kernel's own on its vector code or
+on AMX tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ...devices import cpu_flags
+
+log = logging.getLogger("lmiserve.ops")
+
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [
+    _CSRC / name
+    for name in (
+        "paged_attention.cpp",
+        "prefill_attention.cpp",
+        "prefill_attention_bf16.cpp",
+        "kv_write.cpp",
+        "sampling.cpp",
+        "fused.cpp",
+        "lora.cpp",
+        "linear.cpp",
+        "linear_amx.cpp",
+    )
+]
+PACK_BATCH_HINT = 32
+"""The batch size oneDNN's blocked weight layout is chosen for."""
+
+
+STALE_LOCK_SECONDS = 600
+"""A build takes well under a minute; a lock older than this was left by a build that was killed."""
+
+
+def clear_stale_lock(build_dir: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove torch's build lock when a killed build left it behind (every later loader would
+    otherwise wait on it forever); True when one was removed."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age:
+        return False
+    log.warning("removing a kernel build lock left %.0f s ago by an interrupted build: %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
+
+
+@functools.cache
+def load_kernels() -> bool:
+    """Compile (first time only) and load the C++ kernels; False if that is not possible."""
+    if os.environ.get("LMISERVE_DISABLE_CPU_KERNELS") == "1":
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        # ninja may be installed next to this Python rather than on PATH
+        bindir = os.path.dirname(sys.executable)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+        flags = ["-O3", "-fopenmp", "-ffast-math"]
+        if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":
+            flags.append("-march=native")
+        log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
+        # the name carries a hash of every source and header and of the flags, so an edit, or a
+        # switch between the native and the portable build, always rebuilds
+        sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
+        digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:10]
+        name = f"lmiserve_cpu_kernels_{digest}"
+        from torch.utils.cpp_extension import _get_build_directory
+
+        clear_stale_lock(Path(_get_build_directory(name, False)))
+        load(
+            name=name,
+            sources=[str(p) for p in _SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        return hasattr(torch.ops.lmiserve_cpu, "paged_attention_decode")
+    except Exception as exc:  # noqa: BLE001 - no compiler, no headers: use the reference ops
+        log.warning("CPU attention kernels unavailable (%s); using the reference implementation", exc)
+        return False
+
+
+@functools.cache
+def bf16_packing_supported() -> bool:
+    """Whether oneDNN runs bf16 matrix products on this CPU (AVX512 BW/VL/DQ or AVX-NE-CONVERT);
+    where it does not (an AVX2-only CPU), bf16 weights stay unpacked and ``F.linear`` runs them."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an older or newer torch without the probe: try it
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_BATCH_HINT)
+            supported = True
+        except RuntimeError:
+            supported = False
+    if not supported:
+        log.info("this CPU has no oneDNN bf16 matrix products; bf16 weights are not prepacked")
+    return supported
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.bfloat16 and bf16_packing_supported()
+
+
+@functools.cache
+def bf16_linear_kernel() -> bool:
+    """Whether the C++ bf16 linear kernel is built for this CPU: AVX512_BF16 (the kernels are
+    compiled for the CPU they run on)."""
+    return load_kernels() and bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
+
+
+@functools.cache
+def amx_tiles() -> bool:
+    """Whether the C++ linear kernel runs on AMX tiles here (``csrc/linear_amx.cpp``): a CPU
+    with AMX whose operating system grants this process the tile state."""
+    return "amx_bf16" in cpu_flags() and bf16_linear_kernel() and bool(torch.ops.lmiserve_cpu.linear_amx_usable())
+
+
+@functools.cache
+def own_bf16_linear() -> bool:
+    """Whether bf16 linear layers run in the C++ kernel by default: where it is built, on a CPU
+    without AMX, whose tiles oneDNN uses."""
+    return "amx_bf16" not in cpu_flags() and bf16_linear_kernel()

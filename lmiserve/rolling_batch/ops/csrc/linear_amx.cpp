@@ -1,0 +1,134 @@
+// The packed bf16 linear product on AMX tiles (Sapphire Rapids and later): the same packed weight
+// as csrc/linear.cpp, the same outputs (plain, gate and up, SwiGLU), the same rounding at the end.
+//
+// A group's 48 columns are three B tiles per 16 pairs of k: its packing [K/2][48][2] is already
+// the layout a tile multiply takes (a tile row is one pair of k for 16 columns), read with a
+// stride of 192 bytes. x is read 16 rows by 32 k at a time (an A tile); a partial tile of rows is
+// copied into a zeroed buffer first. Three tiles of 16 x 16 fp32 sums stay in the tile registers
+// over the whole K, then go through the same finish as the vector kernel's.
+//
+// Each row's sums are formed from its own x row only, in the order of k, whatever the other
+// rows of the tile or the product: a row's result does not depend on the rest of the batch.
+// Used where K is a multiple of 32 (whole tiles); the operating system must grant the process
+// the tile state first (arch_prctl), which is asked for once.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "linear_tile.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace lmiserve_linear {
+
+namespace {
+
+constexpr int kReqTilePermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+constexpr int kTileData = 18;               // XFEATURE_XTILEDATA
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kTilePairs = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-2: sums (16 rows x 16 fp32); 3: x (16 rows x 16 pairs); 4-6: the weight (16 pairs x 16
+// columns x 2). Every one is 16 rows of 64 bytes.
+void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {
+    cfg.rows[t] = kTileRows;
+    cfg.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+}  // namespace
+
+bool amx_usable() {
+  static const bool granted = syscall(SYS_arch_prctl, kReqTilePermission, kTileData) == 0;
+  return granted;
+}
+
+bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
+                  int64_t k, Output output) {
+  if (k % (2 * kTilePairs) != 0 || !amx_usable()) return false;
+  const int64_t units = output == kGateUp ? n / 2 : n;
+  const int64_t group_cols = output == kPlain ? kCols : kUnits;
+  const int64_t pairs = k / 2, blocks = pairs / kTilePairs, groups = (units + group_cols - 1) / group_cols;
+  const int64_t group_elems = pairs * kCols * 2, b_stride = kCols * 2 * 2, x_stride = k * 2;
+  const int64_t chunk = std::max<int64_t>(kTileRows, (kChunkBytes / (2 * k)) / kTileRows * kTileRows);
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    configure_tiles();
+    alignas(64) float sums[kTileRows * kCols];
+    alignas(64) float group_bias[kCols] = {};
+    std::vector<uint16_t> padded;  // the last tile's rows, then zeros
+    for (int64_t m0 = 0; m0 < m; m0 += chunk) {
+      const int64_t m1 = std::min(m, m0 + chunk);
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint16_t* b = packed + g * group_elems;
+        const int64_t cols = std::min(group_cols, units - g * group_cols);
+        if (bias) std::memcpy(group_bias, bias + g * kCols, cols * sizeof(float));
+        for (int64_t r0 = m0; r0 < m1; r0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, m1 - r0);
+          const uint16_t* a = x + r0 * k;
+          if (rows < kTileRows) {
+            padded.assign(kTileRows * k, 0);
+            std::memcpy(padded.data(), a, rows * k * sizeof(uint16_t));
+            a = padded.data();
+          }
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          for (int64_t blk = 0; blk < blocks; ++blk) {
+            const uint16_t* bb = b + blk * kTilePairs * kCols * 2;
+            _tile_loadd(3, a + blk * 2 * kTilePairs, x_stride);
+            _tile_loadd(4, bb, b_stride);
+            _tile_loadd(5, bb + 32, b_stride);
+            _tile_loadd(6, bb + 64, b_stride);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_dpbf16ps(1, 3, 5);
+            _tile_dpbf16ps(2, 3, 6);
+          }
+          _tile_stored(0, sums, kCols * 4);
+          _tile_stored(1, sums + 16, kCols * 4);
+          _tile_stored(2, sums + 32, kCols * 4);
+          const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias : nullptr, nullptr, true, true,
+                            output, units};
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* row = sums + r * kCols;
+            const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
+            finish_row(acc, out.y + r * n, out);
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+  return true;
+}
+
+}  // namespace lmiserve_linear
+
+#else
+
+namespace lmiserve_linear {
+
+bool amx_usable() { return false; }
+
+bool multiply_amx(const uint16_t*, const uint16_t*, const float*, uint16_t*, int64_t, int64_t, int64_t, Output) {
+  return false;
+}
+
+}  // namespace lmiserve_linear
+
+#endif

@@ -1,0 +1,93 @@
+// The packed bf16 linear kernels' shared parts (csrc/linear.cpp, csrc/linear_amx.cpp): the
+// packing's dimensions, what a product writes, and how a row's fp32 sums end up in y.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include "bf16_vec.h"
+#endif
+
+namespace lmiserve_linear {
+
+constexpr int64_t kPanels = 3;            // 16-column vectors per group
+constexpr int64_t kCols = 16 * kPanels;   // columns per group
+constexpr int64_t kRows = 8;              // rows per tile
+constexpr int64_t kPrefetchRows = 64;     // up to this many rows the next group is requested ahead
+constexpr int64_t kPairsPerStretch = 768;  // pairs of k per stretch: a group's stretch is <= 147 KiB
+constexpr int64_t kChunkBytes = 384 * 1024;  // x rows per chunk: at most this many bytes of x
+constexpr int64_t kUnits = kCols / 2;        // gated packing: gate and up columns of 24 units a group
+
+// What a product writes: y = x W^T, or for a weight packed gated, gate and up in their places
+// (y = x W^T in the weight's own column order) or silu(gate) * up.
+enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2 };
+
+#if defined(__AVX512BF16__)
+
+// Where a tile's sums go: the first stretch of K starts them at zero (or at `part`), the last
+// rounds them to bf16 in y (adding the bias), the others leave them in `part`.
+struct TileOut {
+  uint16_t* y;        // the group's first output column (kGateUp: its first gate column)
+  int64_t ldy, cols;  // cols: the group's output columns (gated: its units)
+  const float* bias;  // kCols values for this group, or nullptr
+  float* part;        // kRows * kCols partial sums between stretches
+  bool first, last;
+  Output output = kPlain;
+  int64_t units = 0;  // gated: where the up columns start in y (kGateUp)
+};
+
+// 16 fp32 lanes rounded to bf16 into y[0 .. n), n <= 16
+inline void store16(uint16_t* y, __m512 v, int64_t n) {
+  if (n <= 0) return;
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  _mm256_mask_storeu_epi16(y, static_cast<__mmask16>((1u << std::min<int64_t>(n, 16)) - 1u), h);
+}
+
+// A gated tile's row: acc[0] = gate units 0-15, acc[1] = gate 16-23 then up 0-7, acc[2] = up 8-23.
+inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
+  const __m512 gate_lo = acc[0], gate_hi = acc[1];
+  const __m512 up_lo = _mm512_permutex2var_ps(
+      acc[1], _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23), acc[2]);
+  const __m512 up_hi = _mm512_shuffle_f32x4(acc[2], acc[2], _MM_SHUFFLE(3, 2, 3, 2));
+  if (out.output == kGateUp) {
+    store16(y, gate_lo, out.cols);
+    store16(y + 16, gate_hi, out.cols - 16);
+    store16(y + out.units, up_lo, out.cols);
+    store16(y + out.units + 16, up_hi, out.cols - 16);
+  } else {  // gate and up as the product rounds them, then the activation's arithmetic
+    store16(y, lmiserve::swiglu16(lmiserve::round_bf16(gate_lo), lmiserve::round_bf16(up_lo)), out.cols);
+    store16(y + 16, lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi)), out.cols - 16);
+  }
+}
+
+// A row's kPanels vectors of fp32 sums, finished: bias added and rounded to bf16 (to nearest
+// even), or for a gated weight, gate and up (or their SwiGLU) in their places.
+inline void finish_row(const __m512* acc, uint16_t* y, const TileOut& out) {
+  if (out.output != kPlain) {
+    store_gated(acc, y, out);
+    return;
+  }
+  for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
+    __m512 v = acc[j];
+    if (out.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(out.bias + 16 * j));
+    store16(y + 16 * j, v, out.cols - 16 * j);
+  }
+}
+
+#endif
+
+}  // namespace lmiserve_linear
+
+namespace lmiserve_linear {
+
+// csrc/linear_amx.cpp: whether this process may use AMX tiles (asked of the kernel once), and
+// y = x W^T on them for a packed weight; false (nothing written) where they cannot run it.
+bool amx_usable();
+bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
+                  int64_t k, Output output);
+
+}  // namespace lmiserve_linear
