@@ -116,9 +116,11 @@ class ModelRunner:
         """Capture decode steps for every batch-size bucket up to ``max_num_seqs`` and, with
         ``prompt_tokens`` (the prompt tokens a decoding step may take), steps with prompt
         tokens for every bucket of :mod:`.mixed_graphs`, the largest first. Deterministic mode
-        captures decodes only: its attention splits a step by the lengths on the host."""
+        on the CPU captures decodes only (its attention splits a step by the lengths on the
+        host); on CUDA its kernels are sized from shapes and the bucket's bound alone, so it
+        captures both."""
         width = -(-self.max_model_len // self.block_size)
-        if prompt_tokens > 0 and not self.deterministic:
+        if prompt_tokens > 0 and (not self.deterministic or self.ops.name == "cuda"):
             mixed = MixedGraphs(
                 self.model, self.kv_caches, max_num_seqs, prompt_tokens, width, self.block_size, self.device, backend
             )

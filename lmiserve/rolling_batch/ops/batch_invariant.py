@@ -16,6 +16,14 @@ What changes a token's rounding with the batch, and what is done about it here:
 - Row-wise reductions (RMSNorm, log-sum-exp) are per row in the CPU and CUDA kernels; the plain
   torch versions (fp32, the reference ops) are given blocks of :data:`ROWS` rows too.
 
+On CUDA (the Triton ops) neither blocks nor expansion are needed, and both cost a launch per
+block or per token and host reads of the lengths: every linear layer (the LM head included) is
+one launch of a matrix multiply with a single fixed tiling and no split of the inner dimension
+(:mod:`.triton_kernels.invariant_matmul`), and attention is one launch of the paged kernel over
+every row, decodes included, with its query tile pinned (:data:`.triton_kernels.attention.
+INVARIANT_BLOCK_M`). Both are sized from shapes and ``max_q_len`` alone, so these steps can be
+captured as graphs, prompt chunks included.
+
 Sampling is already per row, with per-request generators. Different dtypes, devices or kernel
 libraries still give different answers: the mode fixes the order of operations, not the hardware.
 """
@@ -62,9 +70,12 @@ class BatchInvariantOps(OpsWrapper):
     def __init__(self, inner: Ops):
         super().__init__(inner)
         self._expanded: tuple[object, object] | None = None
+        self._cuda = inner.name == "cuda"
 
     # --- rows ---------------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if self._cuda:
+            return self.inner.kernels.invariant_linear(x, w.weight, w.bias)  # type: ignore[attr-defined]
         if _rows_apart(x, w):
             return self.inner.linear(x, w)
         shape = x.shape
@@ -106,6 +117,8 @@ class BatchInvariantOps(OpsWrapper):
 
     # --- attention: every query token on its own ----------------------------------------------
     def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+        if self._cuda:
+            return self._cuda_attention(q, k_cache, v_cache, paged, scale, window)
         if paged.max_q_len <= 1:
             return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
         return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window)
@@ -132,3 +145,12 @@ class BatchInvariantOps(OpsWrapper):
         )
         self._expanded = (paged.block_tables, decodes)
         return decodes
+
+    def _cuda_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window):  # type: ignore[no-untyped-def]
+        """Every row in one launch of the paged kernel with its fixed query tile, on the step's
+        own ``cu_q_lens``: no split along the keys, nothing read from the host copies."""
+        kernels = self.inner.kernels  # type: ignore[attr-defined]
+        return kernels.paged_attention(
+            q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, max(1, paged.max_q_len),
+            scale, window, block_m=kernels.INVARIANT_BLOCK_M,
+        )  # fmt: skip

@@ -13,6 +13,9 @@
 - RMSNorm with the residual add, rotary embedding and SwiGLU: one fused launch each, for fp16
   and bf16. fp32 keeps the reference ops, whose rounding matches transformers step for step.
 - Linear layers: cuBLAS through ``F.linear`` on the fused QKV and gate/up weights.
+- Deterministic mode (:mod:`.batch_invariant`) uses the same kernels differently: linear layers
+  through :mod:`.triton_kernels.invariant_matmul`, and every row (decodes too) through one launch
+  of :mod:`.triton_kernels.attention` with a fixed query tile.
 
 Triton comes with CUDA builds of torch. The same kernels run on the CPU under
 ``TRITON_INTERPRET=1``, which is how they are tested without a GPU.

@@ -14,6 +14,14 @@ attends the prompt chunks only.
 ``max_q_len`` only sizes the launch: a captured step passes its bucket's bound, and programs
 past a sequence's own run of query rows return at once, so the launch (grid, tile size,
 compile-time constants) depends on the bucket alone (:mod:`...mixed_graphs`).
+
+Deterministic mode launches it for every row, decodes included, with the tile pinned to
+:data:`INVARIANT_BLOCK_M` query tokens whatever ``max_q_len`` is. A row then goes through the
+same compiled kernel in every step, and meets the same keys in the same blocks (counted from
+position 0) in the same order: blocks its tile visits that it may not see (past its own
+position, or before its window) leave its maximum, sum and output exactly as they were
+(``exp(0) = 1``, probabilities 0). So its bits depend neither on the tokens beside it in the
+tile nor on how its prompt was chunked or cached.
 """
 
 from __future__ import annotations
@@ -131,6 +139,11 @@ def _paged_attention_kernel(
     tl.store(out_ptr + q_offsets, cast(out, out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
+INVARIANT_BLOCK_M = 16
+"""Query tokens a program takes in deterministic mode, for prompts and decodes alike (a decode
+is a tile with one valid token)."""
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -155,18 +168,21 @@ def paged_attention(
     window: int = 0,
     out: torch.Tensor | None = None,
     skip_decodes: bool = False,
+    block_m: int | None = None,
 ) -> torch.Tensor:
     """Attention of the query rows ``q`` ``(T, H, D)``: sequence ``s`` owns rows
     ``cu_q_lens[s]:cu_q_lens[s+1]``, the last of its ``seq_lens[s]`` tokens. ``max_q_len`` (a host
     integer, the longest run of query rows) sizes the launch, so no device value is read here.
     With ``skip_decodes``, sequences of one query row are left alone (seen on the device): their
-    rows of ``out`` are the split-KV decode kernel's (:mod:`.split_kv`)."""
+    rows of ``out`` are the split-KV decode kernel's (:mod:`.split_kv`). ``block_m`` fixes the
+    query tokens a program takes (deterministic mode); by default :func:`launch_shape` picks it."""
     tokens, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
     if out is None:
         out = torch.empty_like(q)
-    group_pad, block_m = launch_shape(heads, kv_heads, max_q_len)
+    group_pad, chosen = launch_shape(heads, kv_heads, max_q_len)
+    block_m = block_m or chosen
     grid = (num_seqs, triton.cdiv(max_q_len, block_m), kv_heads)
     _paged_attention_kernel[grid](
         q,

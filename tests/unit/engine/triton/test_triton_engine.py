@@ -104,3 +104,28 @@ def test_deterministic_mode_on_the_cuda_ops(tiny_model_dirs, tiny_tokenizer, ker
     alone = target(512, [])
     assert target(16, others) == alone
     assert target(16, [], warm=True) == alone
+
+
+def test_deterministic_mode_replays_mixed_and_decode_graphs(
+    monkeypatch, tiny_model_dirs, tiny_tokenizer, kernel_device
+):
+    """On the CUDA ops deterministic mode captures steps with prompt tokens too: the target's
+    greedy tokens from graphs, beside other requests under a 16-token step budget, are those
+    of the target alone in eager steps of a 512-token budget. In fp32, which keeps the slow
+    interpreted element-wise kernels out of it: the bf16 bits are the test above's and the
+    kernels' own (test_triton_deterministic, test_invariant_matmul)."""
+    recorder = RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    model_dir = tiny_model_dirs["llama"]
+    prompt = tiny_tokenizer("The quick brown fox jumps over the lazy dog while the cat sleeps")["input_ids"]
+    others = [tiny_tokenizer(t)["input_ids"] for t in ("Hi", "What is Deep Learning?")]
+    params = SamplingParams(max_new_tokens=5)
+    common = dict(ops="cuda", device=kernel_device, dtype="fp32", deterministic=True, max_num_seqs=3)
+
+    alone = make_engine(model_dir, max_num_batched_tokens=512, enforce_eager=True, **common)
+    want = run(alone, {0: [("t", prompt, params)]})[0]["t"][0]
+    engine = make_engine(model_dir, max_num_batched_tokens=16, max_decode_step_prefill_tokens=16, **common)
+    assert engine.runner.mixed_graphs is not None and engine.runner.graphs is not None
+    arrivals = {0: [("o0", others[0], params)], 1: [("t", prompt, params), ("o1", others[1], params)]}
+    assert run(engine, arrivals)[0]["t"][0] == want
+    assert engine.runner.mixed_graphs.replays > 0 and engine.runner.graphs.replays > 0
