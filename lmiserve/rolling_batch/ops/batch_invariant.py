@@ -85,7 +85,11 @@ class BatchInvariantOps(OpsWrapper):
         return in_blocks(self.inner.argmax_logsumexp, logits)
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
-        """Each run's two products on blocks of exactly ROWS rows, like :meth:`linear`."""
+        """Each run's two products on blocks of exactly ROWS rows, like :meth:`linear`. The CUDA
+        kernels are per row already (fixed tiles, the shrink's partial sums added in a fixed order)
+        and read the step's device index, which a captured decode graph needs."""
+        if self.inner.name == "cuda":
+            return self.inner.lora_add(y, x, a, b, lora, parts)
         for slot, first, end in lora.segments:
             u = in_blocks(torch.mm, x[first:end].contiguous(), a[slot].t())
             y[first:end] += in_blocks(torch.mm, u, b[slot])
