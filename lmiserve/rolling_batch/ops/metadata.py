@@ -137,6 +137,8 @@ class LoraStep:
     segments: list[tuple[int, int, int]]
     device: torch.device | str = "cpu"
     index: LoraIndex | None = None
+    captured: bool = False
+    """A captured graph's: every projection gets its LoRA launches, whatever the step holds."""
     _subsets: dict[frozenset[int], LoraStep | None] | None = None
     _tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     _rows: torch.Tensor | None = None
@@ -154,15 +156,15 @@ class LoraStep:
         return sum(end - first for _, first, end in self.segments)
 
     def only(self, slots: set[int]) -> LoraStep | None:
-        """The runs whose slot is in ``slots`` (None if there are none and no device index);
+        """The runs whose slot is in ``slots`` (None if there are none, unless :attr:`captured`);
         worked out once per step."""
         key = frozenset(slots)
         if self._subsets is None:
             self._subsets = {}
         if key not in self._subsets:
             kept = [s for s in self.segments if s[0] in key]
-            keep = kept or self.index is not None  # a captured launch runs whatever the step holds
-            self._subsets[key] = LoraStep(kept, self.device, self.index) if keep else None
+            keep = kept or self.captured
+            self._subsets[key] = LoraStep(kept, self.device, self.index, self.captured) if keep else None
         return self._subsets[key]
 
     def reset(self, segments: list[tuple[int, int, int]]) -> None:
