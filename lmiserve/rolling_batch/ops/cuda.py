@@ -55,7 +55,7 @@ class CudaOps(ReferenceOps):
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
         """Every segment of the step's device index (its runs on the host are not read: a captured
         launch serves every step)."""
-        self.kernels.lora_add(y, x, a, b, lora.device_index())
+        self.kernels.lora_add(y, x, a, b, lora.device_index(), parts)
 
     def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
         if x.dtype in _HALF and x.is_contiguous():

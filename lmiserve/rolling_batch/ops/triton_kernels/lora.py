@@ -112,6 +112,9 @@ def _expand_kernel(
     R,
     N,
     SPLITS,
+    PART_RANK,
+    PART1,
+    PART2,
     stride_ws,
     stride_b_slot,
     stride_b_r,
@@ -130,14 +133,19 @@ def _expand_kernel(
     cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     b_base = b_ptr + slot * stride_b_slot
+    # B's rows of the parts these columns belong to (a fused projection's other rows are zeros here)
+    c0 = n_block * BLOCK_N
+    c1 = tl.minimum(c0 + BLOCK_N, N) - 1
+    r_lo = ((c0 >= PART1).to(tl.int32) + (c0 >= PART2).to(tl.int32)) * PART_RANK
+    r_hi = tl.minimum(((c1 >= PART1).to(tl.int32) + (c1 >= PART2).to(tl.int32) + 1) * PART_RANK, R)
     for start in range(first + tl.program_id(2) * BLOCK_M, end, step):
         pos = start + tl.arange(0, BLOCK_M)
         ok = pos < end
         rows = tl.load(rows_ptr + pos, mask=ok, other=0).to(tl.int64)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(0, R, BLOCK_R):
+        for r0 in range(r_lo, r_hi, BLOCK_R):
             rs = r0 + tl.arange(0, BLOCK_R)
-            r_ok = rs < R
+            r_ok = rs < r_hi
             u_mask = ok[:, None] & r_ok[None, :]
             u_ptrs = ws_ptr + pos[:, None].to(tl.int64) * stride_ws + rs[None, :]
             u = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -179,10 +187,28 @@ def workspace_floats(rows: int, rank_width: int, k: int) -> int:
     return rows * split_k(k)[0] * rank_width
 
 
-def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, index: LoraIndex) -> None:
+def _part_bounds(parts: tuple[int, ...] | None, r: int, n: int) -> tuple[int, int, int]:
+    """``(rank per part, first column of part 1, of part 2)`` (columns past ``n`` where there are
+    fewer parts); one part of rank ``r`` without the hint."""
+    if parts is None or len(parts) < 2 or len(parts) > 4 or r % (len(parts) - 1):
+        return r, n, n
+    inner = [*parts[1:-1], n, n]
+    return r // (len(parts) - 1), inner[0], inner[1]
+
+
+def lora_add(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    index: LoraIndex,
+    parts: tuple[int, ...] | None = None,
+) -> None:
     """``y[rows] += (x[rows] @ a[slot].T) @ b[slot]`` for each segment of ``index`` (``a``
     ``(slots, r, in)``, ``b`` ``(slots, r, out)``, ``x`` and ``y`` row-major): two launches, whose
-    grids depend on ``index``'s fixed sizes and the shapes only."""
+    grids depend on ``index``'s fixed sizes and the shapes only. ``parts`` (the pool's hint: B's
+    column bounds of a fused projection's parts, part ``p`` nonzero only in its own rows) lets
+    the expand read only each column block's own rows of B; the sums are the same without it."""
     k, r, n = x.shape[1], a.shape[1], b.shape[2]
     assert a.stride(2) == 1 and b.stride(2) == 1 and x.stride(1) == 1 and y.stride(1) == 1
     splits, per_split = split_k(k)
@@ -197,6 +223,6 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         BLOCK_M=BLOCK_M, BLOCK_N=max(16, _pow2(r)), BLOCK_K=BLOCK_K, HALF_DOT=half,
     )  # fmt: skip
     _expand_kernel[(segments, triton.cdiv(n, BLOCK_N), programs)](
-        ws, b, y, *shared, r, n, splits, splits * r, b.stride(0), b.stride(1), y.stride(0),
+        ws, b, y, *shared, r, n, splits, *_part_bounds(parts, r, n), splits * r, b.stride(0), b.stride(1), y.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=min(64, max(16, _pow2(r))), HALF_DOT=half,
     )  # fmt: skip

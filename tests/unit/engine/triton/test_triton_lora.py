@@ -122,3 +122,30 @@ def test_the_tiles_are_fixed():
     """No launch constant depends on the step: only the grid's row programs do (bounded)."""
     assert kernels.row_programs(1) == 1 and kernels.row_programs(10_000) == kernels.MAX_ROW_PROGRAMS
     assert kernels.split_k(4096) == (8, 512) and kernels.split_k(64) == (1, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fused_projections_parts_read_only_their_own_rows(dtype):
+    """q, k and v parts of rank 4 laid out as the pool does (part p nonzero only in its rows and
+    columns, the k part's columns not on a tile bound): with the parts hint the expand skips the
+    other parts' rows and gives the same bits as without it, and the reference's products."""
+    rank, bounds = 4, (0, 80, 104, 128)
+    x, y, a, b = _factors(6, 48, 128, 3 * rank, 2, dtype, seed=11)
+    for p in range(3):  # zeros outside each part's own block of B
+        b[:, p * rank : (p + 1) * rank, : bounds[p]] = 0
+        b[:, p * rank : (p + 1) * rank, bounds[p + 1] :] = 0
+    arrays = _step([2, 1, 3], [1, -1, 0])
+    want = y.clone()
+    ReferenceOps().lora_add(want, x, a, b, LoraStep(lora_runs(arrays)))
+    buffers = LoraBuffers(2, 6, 3 * rank, DEVICE)
+    buffers.fill(arrays)
+    outs = []
+    for parts in (None, bounds):
+        got = y.clone().to(DEVICE)
+        kernels.lora_add(got, x.to(DEVICE), a.to(DEVICE), b.to(DEVICE), buffers.index(6), parts)
+        outs.append(got.cpu())
+    assert torch.equal(outs[0], outs[1])
+    _close(outs[1], want, dtype)
+    assert kernels._part_bounds(bounds, 3 * rank, 128) == (rank, 80, 104)
+    assert kernels._part_bounds((0, 64, 128), 2 * rank, 128) == (rank, 64, 128)
+    assert kernels._part_bounds(None, rank, 128) == (rank, 128, 128)

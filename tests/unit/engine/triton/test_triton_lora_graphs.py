@@ -1,6 +1,7 @@
 """The engine on the CUDA ops with adapters (Triton kernels, interpreted on the CPU) and its step
 graphs (the recording stand-in for CUDA graphs): four adapters beside base requests replay the
-graphs a base-only step replays, give the eager engine's tokens, and launch the LoRA kernels only
+graphs a base-only step replays, give the eager engines' tokens (the CUDA ops' and the CPU
+ops'), and launch the LoRA kernels only
 in specialisations the start-up already launched (so a GPU compiles none while requests run)."""
 
 import inspect
@@ -63,7 +64,7 @@ def four_adapters(tmp_path_factory, tiny_model_dirs):
 
 
 def _engine(model_dir, adapters, device, **overrides):
-    engine = make_engine(model_dir, ops="cuda", device=device, **{**LIMITS, **overrides})
+    engine = make_engine(model_dir, **{"ops": "cuda", "device": device, **LIMITS, **overrides})
     for i, (name, path) in enumerate(adapters.items()):
         command = wire.AdapterCommand(op_id=i, action="register", name=name, src=str(path))
         assert engine.adapter_command(command).kind is None
@@ -102,6 +103,8 @@ def test_adapters_replay_the_graphs_with_the_eager_tokens_and_no_new_specialisat
     eager = _engine(model_dir, four_adapters, kernel_device, enforce_eager=True)
     assert eager.runner.graphs is None
     assert _run(eager, tiny_tokenizer, NAMES) == tokens
+    cpu = _engine(model_dir, four_adapters, "cpu", ops="cpu", enforce_eager=True)  # matched to peft elsewhere
+    assert _run(cpu, tiny_tokenizer, NAMES) == tokens
 
 
 def test_deterministic_mode_adapter_tokens_do_not_depend_on_the_batch(
