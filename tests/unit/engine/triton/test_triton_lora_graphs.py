@@ -1,8 +1,8 @@
 """The engine on the CUDA ops with adapters (Triton kernels, interpreted on the CPU) and its step
 graphs (the recording stand-in for CUDA graphs): four adapters beside base requests replay the
 graphs a base-only step replays, give the eager engines' tokens (the CUDA ops' and the CPU
-ops'), and launch the LoRA kernels only
-in specialisations the start-up already launched (so a GPU compiles none while requests run)."""
+ops'), and launch the LoRA kernels only in specialisations the start-up already launched (so a
+GPU compiles none while requests run)."""
 
 import inspect
 
