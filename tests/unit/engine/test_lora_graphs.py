@@ -52,6 +52,7 @@ def _run(engine, requests):
     return run(engine, {0: []})[0]
 
 
+@pytest.mark.usefixtures("scheduling")  # serial steps, then overlapped ones
 def test_adapters_and_base_rows_replay_the_base_steps_graphs(monkeypatch, tiny_model_dirs, tiny_tokenizer,
                                                               four_adapters):  # fmt: skip
     model_dir = tiny_model_dirs["llama"]
