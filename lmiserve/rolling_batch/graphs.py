@@ -2,10 +2,12 @@
 
 A decode step of ``n`` sequences runs the graph of the smallest bucket ``b >= n``: the step's
 inputs are copied into the graph's fixed buffers, rows ``n..b`` padded (token 0, position 0,
-KV slot -1 so nothing is stored, length 1), the graph replays every kernel of the forward pass
+KV slot -1 so nothing is stored, length 1, no adapter), the graph replays every kernel of the forward pass
 in one launch, and the first ``n`` rows of its output are the step's hidden states. Steps with
 prompt tokens replay the graphs of :mod:`.mixed_graphs`; batches above the largest bucket run
-eagerly.
+eagerly. With LoRA on, the graphs also run the LoRA launches over the adapters' fixed buffers
+(:class:`.lora.step_index.LoraBuffers`), which each step fills: a step with adapters replays the
+same graph as one without.
 
 Which device captures graphs is :func:`backend_for`'s choice: CUDA does (``torch.cuda.CUDAGraph``).
 Ascend NPUs run eagerly: torch_npu's fused attention takes the sequence lengths as host
@@ -25,9 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from .lora.step_index import LoraBuffers
 from .models.decoder import DecoderModel
 from .ops.contract import ContractError, check_seq_lens
-from .ops.metadata import AttentionMetadata, PagedAttentionInputs
+from .ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")
@@ -100,10 +103,14 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         device: str,
         backend: GraphBackend,
+        lora: LoraBuffers | None = None,
     ):
+        """With ``lora`` (the adapters' buffers, when LoRA is on) every graph runs the LoRA
+        launches, reading the segments each step copies there."""
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
+        self.lora = lora
         self.buckets = graph_buckets(max_num_seqs)
         top = self.buckets[-1]
         self.width = max_blocks_per_seq
@@ -120,6 +127,8 @@ class DecodeGraphs:
         """Capture every bucket, the largest first (the others reuse its memory); seconds taken."""
         started = time.monotonic()
         self.longs[2].fill_(-1)  # warm-up and capture store nothing in the KV cache
+        if self.lora is not None:
+            self.lora.fill(None)  # and add no adapter
         with _no_grad():
             for b in reversed(self.buckets):
                 self.graphs[b] = self.backend.capture(self._forward_fn(b))
@@ -140,6 +149,7 @@ class DecodeGraphs:
                 host_seq_lens=[1] * b,
                 num_decodes=b,
             ),
+            lora=None if self.lora is None else LoraStep([], self.lora.ints.device, self.lora.index(b), captured=True),
         )
         self.metas[b] = meta
         ids, positions = self.longs[0, :b], self.longs[1, :b]
@@ -150,14 +160,15 @@ class DecodeGraphs:
         return self.buckets[i] if i < len(self.buckets) else None
 
     def fits(self, arrays: StepArrays) -> bool:
-        """A step the graphs can run: decodes only, few enough, block tables narrow enough, no adapter."""
+        """A step the graphs can run: decodes only, few enough, block tables narrow enough (with
+        adapters where the graphs were captured with the LoRA launches)."""
         n = arrays.num_seqs
         return (
             n > 0
             and arrays.num_decodes == n
             and n <= self.buckets[-1]
             and arrays.block_tables.shape[1] <= self.width
-            and arrays.lora_slots is None  # adapters' runs change every step: those steps run eagerly
+            and (arrays.lora_slots is None or self.lora is not None)
         )
 
     def run(self, arrays: StepArrays) -> torch.Tensor:
@@ -180,7 +191,10 @@ class DecodeGraphs:
         self.tables[:b, : tables.shape[1]].copy_(_host(tables), non_blocking=True)
         # the host copy of the lengths follows the buffer, for ops that read it where a
         # backend runs the forward pass again on replay (a device graph never reads it)
-        self.metas[b].paged.host_seq_lens = padded_lens.tolist()
+        meta = self.metas[b]
+        meta.paged.host_seq_lens = padded_lens.tolist()
+        if self.lora is not None and meta.lora is not None:  # padding rows are in no segment
+            meta.lora.reset(self.lora.fill(arrays))
         if arrays.fill is not None:
             arrays.fill.apply(self.longs[0, :n])
         graph, out = self.graphs[b]

@@ -13,7 +13,8 @@ up to ``p`` extra tokens; its graph runs ``b + 1`` sequence rows and ``b + 1 + p
 So every run of query rows is at most ``p + 1`` long whatever the step holds, and the attention
 launch is sized by that bound (``max_q_len = p + 1``): its grid, tile sizes and compile-time
 constants depend on the bucket alone; programs past a sequence's own run return at once. All
-the kernels read from fixed buffers, which each step overwrites.
+the kernels read from fixed buffers, which each step overwrites; with LoRA on, so do the LoRA
+launches (their segments name the step's rows only, never the padding).
 
 The ladder: ``b`` takes the powers of two up to ``max_num_seqs`` (and that limit itself); ``p``
 takes the step's prompt-token limit for steps that decode (``max_decode_step_prefill_tokens``,
@@ -33,9 +34,10 @@ import numpy as np
 import torch
 
 from .graphs import GraphBackend, _host, _no_grad, aligned_rows
+from .lora.step_index import LoraBuffers
 from .models.decoder import DecoderModel
 from .ops.contract import ContractError
-from .ops.metadata import AttentionMetadata, PagedAttentionInputs
+from .ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")
@@ -81,10 +83,13 @@ class MixedGraphs:
         block_size: int,
         device: str,
         backend: GraphBackend,
+        lora: LoraBuffers | None = None,
     ):
+        """With ``lora``, every graph runs the LoRA launches too (as :class:`.graphs.DecodeGraphs`)."""
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
+        self.lora = lora
         self.seq_buckets = mixed_seq_buckets(max_num_seqs)
         self.token_buckets = prompt_token_buckets(prompt_tokens)
         rows = self.seq_buckets[-1] + 1
@@ -108,6 +113,8 @@ class MixedGraphs:
     def capture(self) -> float:
         """Capture every bucket, the largest first (the others reuse its memory); seconds taken."""
         started = time.monotonic()
+        if self.lora is not None:
+            self.lora.fill(None)  # capture adds no adapter
         with _no_grad():
             for key in sorted(self.buckets, reverse=True):
                 longs, ints, nd = _layout(*key, None)  # a step of padding only
@@ -134,6 +141,7 @@ class MixedGraphs:
                 host_seq_lens=[],
                 num_decodes=0,
             ),
+            lora=None if self.lora is None else LoraStep([], self.lora.ints.device, self.lora.index(t), captured=True),
         )
         self.metas[key] = meta
         ids, positions = self.longs[0, :t], self.longs[1, :t]
@@ -149,12 +157,12 @@ class MixedGraphs:
         return self.seq_buckets[i], self.token_buckets[j]
 
     def fits(self, arrays: StepArrays) -> bool:
-        """A step with prompt tokens, small enough, without an adapter (those run eagerly)."""
+        """A step with prompt tokens, small enough (with adapters where captured with LoRA)."""
         return (
             0 < arrays.num_seqs
             and arrays.num_decodes < arrays.num_seqs
             and arrays.block_tables.shape[1] <= self.step_width
-            and arrays.lora_slots is None
+            and (arrays.lora_slots is None or self.lora is not None)
             and self.bucket_for(arrays) is not None
         )
 
@@ -166,6 +174,9 @@ class MixedGraphs:
                 f"a step of {arrays.num_seqs} sequences and {arrays.num_tokens} tokens does not fit the mixed graphs"
             )
         self._fill(key, *_layout(*key, arrays))
+        meta = self.metas[key]
+        if self.lora is not None and meta.lora is not None:  # the step's rows come first, as eagerly
+            meta.lora.reset(self.lora.fill(arrays))
         if arrays.fill is not None:  # input ids sampled by the step before, still on the device
             arrays.fill.apply(self.longs[0, : arrays.num_tokens])
         graph, out = self.graphs[key]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .graphs import DecodeGraphs, GraphBackend
-from .mixed_graphs import MixedGraphs
+from .graphs import DecodeGraphs, GraphBackend, graph_buckets
+from .lora.step_index import LoraBuffers
+from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .models.decoder import DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
@@ -66,6 +67,8 @@ class ModelRunner:
         """Captured decode steps (CUDA graphs), once :meth:`capture_graphs` has run."""
         self.mixed_graphs: MixedGraphs | None = None
         """Captured steps with prompt tokens, likewise."""
+        self.lora_buffers: LoraBuffers | None = None
+        """The adapter segments the graphs read, when they were captured with LoRA on."""
         self.steps: Counter[StepKey] = Counter()
         """Forward passes run, by kind and bucket (:mod:`.warmup`)."""
         self.warm_keys: set[StepKey] = set()
@@ -118,19 +121,36 @@ class ModelRunner:
         tokens for every bucket of :mod:`.mixed_graphs`, the largest first. Deterministic mode
         on the CPU captures decodes only (its attention splits a step by the lengths on the
         host); on CUDA its kernels are sized from shapes and the bucket's bound alone, so it
-        captures both."""
+        captures both. With LoRA on (the model's adapter pool set), every graph includes the
+        LoRA launches."""
         width = -(-self.max_model_len // self.block_size)
-        if prompt_tokens > 0 and (not self.deterministic or self.ops.name == "cuda"):
+        mixed_on = prompt_tokens > 0 and (not self.deterministic or self.ops.name == "cuda")
+        lora = self._lora_buffers(max_num_seqs, prompt_tokens if mixed_on else 0)
+        if mixed_on:
             mixed = MixedGraphs(
-                self.model, self.kv_caches, max_num_seqs, prompt_tokens, width, self.block_size, self.device, backend
-            )
+                self.model, self.kv_caches, max_num_seqs, prompt_tokens, width, self.block_size, self.device, backend,
+                lora,
+            )  # fmt: skip
             mixed.capture()
             self.mixed_graphs = mixed
             self.warm_keys.update(("mixed", key) for key in mixed.buckets)
-        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, width, self.device, backend)
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, width, self.device, backend, lora)
         graphs.capture()
         self.graphs = graphs
         self.warm_keys.update(("decode", b) for b in graphs.buckets)
+
+    def _lora_buffers(self, max_num_seqs: int, prompt_tokens: int) -> LoraBuffers | None:
+        """The adapters' buffers every graph reads, sized for the largest bucket's token rows
+        (decode or mixed), when LoRA is on."""
+        pool = self.model.lora
+        if pool is None:
+            return None
+        rows = graph_buckets(max_num_seqs)[-1]
+        if prompt_tokens > 0:
+            rows = max(rows, mixed_seq_buckets(max_num_seqs)[-1] + 1 + prompt_token_buckets(prompt_tokens)[-1])
+        widest = max(a.shape[1] for a, _ in pool.layers[0].values())
+        self.lora_buffers = LoraBuffers(pool.slots, rows, widest, self.device)
+        return self.lora_buffers
 
     def run_eager(self, arrays: StepArrays) -> torch.Tensor:
         """Hidden states of every token of the step, without a graph."""

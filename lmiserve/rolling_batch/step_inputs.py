@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from .ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
+from .ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
 from .scheduler import SchedulerOutput
 
 
@@ -129,6 +129,22 @@ def lora_runs(arrays: StepArrays) -> list[tuple[int, int, int]]:
     return runs
 
 
+def lora_segments(arrays: StepArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """int32 ``(slots, firsts, ends, rows)``: one segment per slot used in the step (by slot),
+    covering ``rows[first:end]``, the slot's token rows in step order."""
+    slots = arrays.lora_slots
+    if slots is None:
+        empty = np.zeros(0, dtype=np.int32)
+        return empty, empty, empty, empty
+    per_token = np.repeat(slots, np.diff(arrays.cu_q_lens))
+    adapted = np.flatnonzero(per_token >= 0)
+    order = np.argsort(per_token[adapted], kind="stable")
+    rows = adapted[order].astype(np.int32)
+    used, counts = np.unique(per_token[rows], return_counts=True)
+    ends = np.cumsum(counts).astype(np.int32)
+    return used.astype(np.int32), ends - counts.astype(np.int32), ends, rows
+
+
 def _aligned(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """The parts end to end, each starting 16 bytes after a multiple of 16 from the first (the
     alignment Triton specialises its pointer arguments on, so the same in every step); the
@@ -151,7 +167,9 @@ def step_tensors(
     t, s, w = arrays.num_tokens, arrays.num_seqs, arrays.block_tables.shape[1]
     packed, (_, at_pos, at_slots) = _aligned([arrays.input_ids, arrays.positions, arrays.slots])
     longs = _to_device(packed, device)
-    packed, (_, at_cu, at_lens) = _aligned([arrays.block_tables.ravel(), arrays.cu_q_lens, arrays.seq_lens])
+    index = lora_segments(arrays) if arrays.lora_slots is not None else ()
+    parts = [arrays.block_tables.ravel(), arrays.cu_q_lens, arrays.seq_lens, *index]
+    packed, (_, at_cu, at_lens, *at_index) = _aligned(parts)
     ints = _to_device(packed, device)
     paged = PagedAttentionInputs(
         block_tables=ints[: s * w].view(s, w),
@@ -165,7 +183,12 @@ def step_tensors(
     if arrays.fill is not None:
         arrays.fill.apply(longs[:t])
     runs = lora_runs(arrays)
-    lora = LoraStep(runs, device) if runs else None
+    lora = None
+    if runs:  # the device index came in the same copy (its segments: the step's slots)
+        views = [ints[at : at + part.shape[0]] for at, part in zip(at_index, index)]
+        ends = index[2]
+        max_rows = int((ends - index[1]).max())
+        lora = LoraStep(runs, device, LoraIndex(*views, max_rows=max_rows))
     return longs[:t], longs[at_pos : at_pos + t], AttentionMetadata(longs[at_slots : at_slots + t], paged, lora)
 
 

@@ -3,11 +3,13 @@
 A step's kernels are chosen by its *kind*: a captured bucket (``("decode", b)``, ``("mixed",
 (b, p))``: capturing them compiles them) or an eager step, ``("eager", attention, adapters)``,
 where ``attention`` is ``"decode"`` (one query row per sequence: the attention kernel's small
-tile) or ``"prompt"`` (its prompt tile) and ``adapters`` says whether LoRA products run (their
-small and large row tiles are both reached by the two eager shapes). Nothing else about a step
-changes what is compiled: the kernels' batch-dependent integers are not specialised on
-(``do_not_specialize``) and the packed index arrays start 16-byte aligned
-(:mod:`.step_inputs`). :func:`warm_up` runs one eager step of each kind over KV slot -1, which
+tile) or ``"prompt"`` (its prompt tile) and ``adapters`` says whether LoRA products run. The LoRA
+kernels have one tile size for every step and integers fixed by the projection shapes
+(:mod:`.ops.triton_kernels.lora`), so any step with adapters, eager or replayed, launches what
+the capture (graphs built with LoRA on run the launches over empty segments) and the eager
+adapter steps here compiled. Nothing else about a step changes what is compiled: the kernels'
+batch-dependent integers are not specialised on (``do_not_specialize``) and the packed index
+arrays start 16-byte aligned (:mod:`.step_inputs`). :func:`warm_up` runs one eager step of each kind over KV slot -1, which
 stores nothing, and returns the kinds it ran.
 """
 

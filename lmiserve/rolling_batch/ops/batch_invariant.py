@@ -107,9 +107,11 @@ class BatchInvariantOps(OpsWrapper):
         return in_blocks(self.inner.argmax_logsumexp, logits)
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
-        """The CPU's C++ kernel where it runs (row by row); elsewhere each run's two products on
-        blocks of exactly ROWS rows, like :meth:`linear`."""
-        if getattr(self.inner, "row_invariant", False) and self.inner.lora_kernel_takes(y, x):
+        """The CPU's C++ kernel where it runs (row by row) and the CUDA kernels (per row already:
+        fixed tiles, the shrink's partial sums added in a fixed order, reading the step's device
+        index, which a captured graph needs); elsewhere each run's two products on blocks of
+        exactly ROWS rows, like :meth:`linear`."""
+        if self._cuda or (getattr(self.inner, "row_invariant", False) and self.inner.lora_kernel_takes(y, x)):
             return self.inner.lora_add(y, x, a, b, lora, parts)
         for slot, first, end in lora.segments:
             u = in_blocks(torch.mm, x[first:end].contiguous(), a[slot].t())

@@ -12,6 +12,8 @@
 - K/V writes: one launch per layer; slot -1 (padding) stores nothing, without a host check.
 - RMSNorm with the residual add, rotary embedding and SwiGLU: one fused launch each, for fp16
   and bf16. fp32 keeps the reference ops, whose rounding matches transformers step for step.
+- LoRA: two launches per projection over the step's device index of adapter rows, sized by
+  host integers only (:mod:`.triton_kernels.lora`), so they are captured with the rest.
 - Linear layers: cuBLAS through ``F.linear`` on the fused QKV and gate/up weights.
 - Deterministic mode (:mod:`.batch_invariant`) uses the same kernels differently: linear layers
   through :mod:`.triton_kernels.invariant_matmul`, and every row (decodes too) through one launch
@@ -54,7 +56,9 @@ class CudaOps(ReferenceOps):
         return out
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]
-        self.kernels.lora_add(y, x, a, b, lora.tensors(), lora.max_rows)
+        """Every segment of the step's device index (its runs on the host are not read: a captured
+        launch serves every step)."""
+        self.kernels.lora_add(y, x, a, b, lora.device_index(), parts)
 
     def rms_norm(self, x, weight, eps):  # type: ignore[no-untyped-def]
         if x.dtype in _HALF and x.is_contiguous():

@@ -93,13 +93,52 @@ class AttentionMetadata:
     """The step's runs of tokens per adapter slot, when some request uses an adapter."""
 
 
+LORA_MAX_SPLIT_K = 8
+"""The most parts the LoRA shrink splits its inner dimension into: a workspace keeps this many
+partial sums per row and column (:mod:`.triton_kernels.lora`)."""
+
+
+@dataclass
+class LoraIndex:
+    """A step's adapter rows as the device kernels read them: segment ``i`` adds slot
+    ``slots[i]``'s update to the rows ``rows[firsts[i]:ends[i]]`` (the step's adapted rows listed
+    slot by slot, so one segment per slot however the requests are ordered). The segment arrays
+    have a fixed length, a graph's or the step's number of slots; unused segments are empty
+    (``first == end``) and rows in no segment (requests without an adapter, a bucket's padding)
+    get nothing added. ``max_rows`` bounds a segment's rows on the host: it sizes the launches."""
+
+    slots: torch.Tensor
+    """int32 ``(segments,)``."""
+    firsts: torch.Tensor
+    """int32 ``(segments,)``."""
+    ends: torch.Tensor
+    """int32 ``(segments,)``."""
+    rows: torch.Tensor
+    """int32: row indices into the step's tokens, slot by slot."""
+    max_rows: int
+    workspace: torch.Tensor | None = None
+    """fp32 scratch for the kernels' partial sums: reused by every projection of the step (a
+    captured graph's is allocated once with its buffers)."""
+
+    def scratch(self, numel: int) -> torch.Tensor:
+        """The first ``numel`` floats of the workspace, allocated (or grown) on first need."""
+        if self.workspace is None or self.workspace.numel() < numel:
+            self.workspace = torch.empty(numel, dtype=torch.float32, device=self.rows.device)
+        return self.workspace[:numel]
+
+
 @dataclass
 class LoraStep:
     """Which adapter slot each token of a step uses: runs of rows ``(slot, first, end)``, in row
-    order; rows in no run (requests without an adapter) get nothing added."""
+    order; rows in no run (requests without an adapter) get nothing added. ``index`` is the same
+    on the device for kernels that read it (:class:`LoraIndex`); it covers every slot of the
+    step, so :meth:`only` keeps it whole (a slot that leaves a projection alone has zeros there)."""
 
     segments: list[tuple[int, int, int]]
     device: torch.device | str = "cpu"
+    index: LoraIndex | None = None
+    captured: bool = False
+    """A captured graph's: every projection gets its LoRA launches, whatever the step holds."""
     _subsets: dict[frozenset[int], LoraStep | None] | None = None
     _tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     _rows: torch.Tensor | None = None
@@ -117,14 +156,22 @@ class LoraStep:
         return sum(end - first for _, first, end in self.segments)
 
     def only(self, slots: set[int]) -> LoraStep | None:
-        """The runs whose slot is in ``slots`` (None if there are none); worked out once per step."""
+        """The runs whose slot is in ``slots`` (None if there are none, unless :attr:`captured`);
+        worked out once per step."""
         key = frozenset(slots)
         if self._subsets is None:
             self._subsets = {}
         if key not in self._subsets:
             kept = [s for s in self.segments if s[0] in key]
-            self._subsets[key] = LoraStep(kept, self.device) if kept else None
+            keep = kept or self.captured
+            self._subsets[key] = LoraStep(kept, self.device, self.index, self.captured) if keep else None
         return self._subsets[key]
+
+    def reset(self, segments: list[tuple[int, int, int]]) -> None:
+        """New runs for the same (captured) step: what was worked out from the old ones is dropped."""
+        self.segments = segments
+        self._subsets = self._tensors = self._rows = self._host = self._split = None
+        self.checked = None
 
     def split(self, rows: int) -> tuple[LoraStep | None, LoraStep | None]:
         """``(runs shorter than rows, the others)``, each None when empty; worked out once."""
@@ -148,6 +195,20 @@ class LoraStep:
             flat = flat.to(self.device)
             self._tensors = (flat[0, :runs], flat[1, :runs], flat[2, :runs])
         return self._tensors
+
+    def device_index(self) -> LoraIndex:
+        """:attr:`index`, or one made from the runs (each run a segment; made once) where the step
+        came without it (ops called directly)."""
+        if self.index is None:
+            runs = len(self.segments)
+            slots, firsts, ends = self.tensors()
+            lengths = torch.tensor([end - first for _, first, end in self.segments], dtype=torch.int32)
+            bounds = torch.zeros(runs + 1, dtype=torch.int32)
+            torch.cumsum(lengths, 0, out=bounds[1:])
+            bounds = bounds.to(self.device)
+            rows = self.rows().to(torch.int32)
+            self.index = LoraIndex(slots, bounds[:runs], bounds[1:], rows, self.max_rows)
+        return self.index
 
     def host_runs(self) -> torch.Tensor:
         """int64 ``(runs, 3)`` on the CPU: each run's slot, first row and end row (made once)."""
