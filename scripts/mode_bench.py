@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""What deterministic mode and LoRA adapters cost, against the default server, in one run:
+
+    python scripts/mode_bench.py [--shape default] [--device cpu] [--concurrency 1,8,32]
+                                 [--modes default,deterministic,lora4] [--api openai]
+
+Each mode is its own server, started, measured with ``lmiserve bench`` and stopped in turn, on
+the same model: ``default``; ``deterministic`` (``option.deterministic=true``); ``loraN`` (N random
+rank-16 adapters on every projection, ``option.max_loras=N``, requests spread evenly over them).
+``--shape``: ``default`` (the embedded SmolLM2) or a shape of ``scripts/random_model.py``
+(``llama-1b``, ``llama-8b``, ...; random weights). Load: streaming, 190-token prompts, 128 new
+tokens, ``ignore_eos``. A table of throughput and TTFT p99 per level, each as a ratio to the default
+server's, is printed at the end; the reports land in ``--work``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _props(args: argparse.Namespace, model: Path | None, mode: str) -> list[str]:
+    lines = ["model_name=bench", "option.rolling_batch=lmi", f"option.dtype={args.dtype}"]
+    lines.append(f"option.device={args.device}")
+    if args.max_batch:
+        lines.append(f"option.max_rolling_batch_size={args.max_batch}")
+    if model is not None:
+        lines.append(f"option.model_id={model}")
+    if mode == "deterministic":
+        lines.append("option.deterministic=true")
+    if adapters := _adapter_count(mode):
+        lines += ["option.enable_lora=true", f"option.max_loras={adapters}", "option.max_lora_rank=16"]
+    return lines
+
+
+def _adapter_count(mode: str) -> int:
+    match = re.fullmatch(r"lora(\d+)", mode)
+    return int(match.group(1)) if match else 0
+
+
+def _serve_dir(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> Path:
+    serve = work / f"serve-{mode}"
+    serve.mkdir(parents=True, exist_ok=True)
+    (serve / "serving.properties").write_text("\n".join(_props(args, model, mode)) + "\n")
+    if count := _adapter_count(mode):
+        cmd = [sys.executable, str(ROOT / "scripts/random_lora.py"), str(serve / "adapters"), "--rank", "16"]
+        cmd += ["--count", str(count)] + (["--model", str(model)] if model is not None else [])
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return serve
+
+
+def _wait_ready(url: str, server: subprocess.Popen, log: Path, limit_s: float = 900) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"the server stopped before it was ready:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    sys.exit(f"the server was not ready within {limit_s:.0f} s")
+
+
+def run_mode(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> dict:
+    serve = _serve_dir(args, work, model, mode)
+    url = f"http://127.0.0.1:{args.port}"
+    log = work / f"server-{mode}.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "lmiserve", "serve", "--model-dir", str(serve)]
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            cmd + ["--host", "127.0.0.1", "--port", str(args.port)], stdout=out, stderr=out, env=env
+        )
+    try:
+        _wait_ready(url, server, log)
+        bench = [sys.executable, "-m", "lmiserve", "bench", "--url", url, "--api", args.api]
+        bench += ["--concurrency", args.concurrency, "--out", str(work / mode)]
+        if count := _adapter_count(mode):
+            bench += ["--adapters", ",".join(f"adapter-{i + 1}" for i in range(count))]
+        subprocess.run(bench, check=True, env=env, stdout=sys.stderr)
+    finally:
+        server.terminate()
+        server.wait(timeout=120)
+    return json.loads((work / mode / "report.json").read_text())
+
+
+def table(reports: dict[str, dict]) -> str:
+    """Throughput and TTFT p99 per level, and each as a ratio to the default server's."""
+    rows = {mode: {r["concurrency"]: r for r in report["server"]} for mode, report in reports.items()}
+    levels = sorted({c for per in rows.values() for c in per})
+    base = rows.get("default", {})
+    head = [f"c={c} tok/s" for c in levels] + [f"TTFT p99 c={c}" for c in levels]
+    lines = ["| mode | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for mode, per in rows.items():
+        cells = []
+        for c in levels:
+            tps = per[c]["output_tokens_per_s"] if c in per else float("nan")
+            ratio = f" ({tps / base[c]['output_tokens_per_s']:.2f}x)" if c in base and mode != "default" else ""
+            cells.append(f"{tps:.1f}{ratio}")
+        for c in levels:
+            ttft = per[c]["ttft_s"]["p99"] if c in per else float("nan")
+            ratio = f" ({ttft / base[c]['ttft_s']['p99']:.2f}x)" if c in base and mode != "default" else ""
+            cells.append(f"{ttft * 1e3:.0f} ms{ratio}")
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="default")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--modes", default="default,deterministic,lora4")
+    ap.add_argument("--api", default="openai")
+    ap.add_argument("--port", type=int, default=8095)
+    ap.add_argument("--max-batch", type=int, default=0, help="option.max_rolling_batch_size (0: the device's default)")
+    ap.add_argument("--work", type=Path, default=None)
+    args = ap.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="mode-bench-"))
+    model = None
+    if args.shape != "default":
+        model = work / "model"
+        cmd = [sys.executable, str(ROOT / "scripts/random_model.py"), args.shape, str(model), "--dtype", args.dtype]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    reports = {mode: run_mode(args, work, model, mode) for mode in args.modes.split(",")}
+    print(table(reports))
+    print(f"reports: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""scripts/mode_bench.py: the servers it starts for each mode, and its table of ratios."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mode_bench.py"
+spec = importlib.util.spec_from_file_location("mode_bench", SCRIPT)
+mode_bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mode_bench)
+
+
+def _args(**kw):
+    base = {"dtype": "bf16", "device": "cuda:0", "max_batch": 256}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_each_mode_serves_the_same_model_with_its_own_setting():
+    model = Path("/m")
+    default = mode_bench._props(_args(), model, "default")
+    assert "option.model_id=/m" in default and "option.max_rolling_batch_size=256" in default
+    assert mode_bench._props(_args(), model, "deterministic") == default + ["option.deterministic=true"]
+    lora = mode_bench._props(_args(), model, "lora16")
+    assert lora[: len(default)] == default
+    assert lora[len(default) :] == ["option.enable_lora=true", "option.max_loras=16", "option.max_lora_rank=16"]
+    assert not any("model_id" in line for line in mode_bench._props(_args(max_batch=0), None, "default"))
+    assert not any("max_rolling" in line for line in mode_bench._props(_args(max_batch=0), None, "default"))
+
+
+def _report(levels):
+    return {
+        "server": [
+            {"concurrency": c, "output_tokens_per_s": tps, "ttft_s": {"p50": ttft / 2, "p99": ttft}}
+            for c, (tps, ttft) in levels.items()
+        ]
+    }
+
+
+def test_the_table_gives_each_mode_as_a_ratio_to_the_default_server():
+    text = mode_bench.table(
+        {
+            "default": _report({1: (100.0, 0.05), 32: (1000.0, 0.2)}),
+            "deterministic": _report({1: (90.0, 0.06), 32: (850.0, 0.3)}),
+        }
+    ).splitlines()
+    assert text[0] == "| mode | c=1 tok/s | c=32 tok/s | TTFT p99 c=1 | TTFT p99 c=32 |"
+    assert text[2] == "| default | 100.0 | 1000.0 | 50 ms | 200 ms |"
+    assert text[3] == "| deterministic | 90.0 (0.90x) | 850.0 (0.85x) | 60 ms (1.20x) | 300 ms (1.50x) |"
