@@ -1,13 +1,12 @@
 """The device ops tuned for CPUs.
 
-- Linear layers in bf16, on CPUs with AVX512_BF16 and no AMX, use a C++ kernel
-  (``csrc/linear.cpp``) with weights packed once for it: it keeps the next columns' weights
-  arriving while it multiplies, which a decode step (few rows, every weight read from memory)
-  needs most. On CPUs with AMX (oneDNN runs prompt-sized products on its tiles) or without
+- Linear layers in bf16, on CPUs with AVX512_BF16, use a C++ kernel with weights packed once
+  for it: on AMX tiles where the CPU has them (``csrc/linear_amx.cpp``), else AVX-512 code
+  (``csrc/linear.cpp``) that keeps the next columns' weights arriving while it multiplies, which
+  a decode step (few rows, every weight read from memory) needs most. A row's result there never
+  depends on the other rows, which deterministic mode (``row_invariant``) relies on. Without
   AVX512_BF16, oneDNN with weights reordered once into its blocked layout (the reorder otherwise
   happens on every call; at small batch sizes it costs more than the multiply itself).
-  Deterministic mode (``row_invariant``) takes the C++ kernel wherever it is built, on AMX
-  tiles where the CPU has them (``csrc/linear_amx.cpp``): its rows never depend on each other.
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.

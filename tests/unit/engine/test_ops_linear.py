@@ -4,15 +4,22 @@ import pytest
 import torch
 
 from lmiserve.rolling_batch.ops.cpu import CpuOps
-from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel
+from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel, can_pack
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 
 
-def test_packed_bf16_linear_matches_plain():
+@pytest.mark.parametrize("packing", ["onednn", "default"])
+def test_packed_bf16_linear_matches_plain(packing):
+    """oneDNN's packed layout (where this CPU's oneDNN runs bf16), and whatever this CPU runs by default."""
     ops = CpuOps()
+    if packing == "onednn":
+        ops.own_linear = False
+        if not can_pack(torch.zeros(1, 2, dtype=torch.bfloat16)):
+            pytest.skip("oneDNN runs no bf16 products on this CPU")
     w = torch.randn(96, 64).bfloat16()
     b = torch.randn(96).bfloat16()
     lw = ops.prepare_linear(w, b)
+    assert packing != "onednn" or lw.packing == "onednn"
     for m in (1, 7, 33):
         x = torch.randn(m, 64).bfloat16()
         assert torch.allclose(ops.linear(x, lw).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-2)
