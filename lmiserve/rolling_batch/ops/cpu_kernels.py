@@ -35,6 +35,7 @@ _SOURCES = [
         "lora.cpp",
         "linear.cpp",
         "linear_amx.cpp",
+        "lora_amx.cpp",
     )
 ]
 PACK_BATCH_HINT = 32
@@ -145,3 +146,14 @@ def own_bf16_linear() -> bool:
     if "amx_bf16" in cpu_flags():
         return amx_tiles()
     return bf16_linear_kernel()
+
+def pack_lora_for_tiles(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool's A (slots, width, in) and B (slots, width, out) packed for ``lora_tiles_``: each
+    slot's A, and its B^T with the width padded by zero columns to whole tiles (32), as weights of
+    the linear kernel, stacked by slot."""
+    slots, width, _ = a.shape
+    padded = -(-width // 32) * 32
+    bt = torch.zeros(slots, b.shape[2], padded, dtype=b.dtype)
+    bt[:, :, :width] = b.transpose(1, 2)
+    pack = torch.ops.lmiserve_cpu.pack_linear_bf16
+    return torch.stack([pack(a[s]) for s in range(slots)]), torch.stack([pack(bt[s]) for s in range(slots)])

@@ -6,6 +6,8 @@ import torch
 
 from lmiserve.rolling_batch.ops import ContractError, select_ops
 from lmiserve.rolling_batch.ops.batch_invariant import BatchInvariantOps
+from lmiserve.rolling_batch.ops.cpu import CpuOps
+from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles
 from lmiserve.rolling_batch.ops.metadata import LoraStep
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 
@@ -37,11 +39,12 @@ def test_each_run_gets_its_slots_update(name):
     assert torch.equal(out[4:6], y[4:6]) and torch.equal(out[11], y[11])
 
 
+@pytest.mark.parametrize("fan_in", [40, 64])  # 64: whole AMX tiles, which the CPU ops use where they can
 @pytest.mark.parametrize("name", ["reference", "cpu"])
-def test_bf16_rounds_like_the_two_products_in_bf16(name):
+def test_bf16_rounds_like_the_two_products_in_bf16(name, fan_in):
     """As peft in bf16: ``A @ x`` rounded to bf16, then ``B @`` that added to the output, which
-    is rounded once more; within one bf16 rounding of that (the reference ops and the C++ kernel)."""
-    y, x, a, b = _inputs(torch.bfloat16)
+    is rounded once more; within one bf16 rounding of that (the reference ops and the C++ kernels)."""
+    y, x, a, b = _inputs(torch.bfloat16, fan_in=fan_in)
     out = y.clone()
     select_ops("cpu", name).lora_add(out, x, a, b, LoraStep(RUNS))
     want = y.float().clone()
@@ -110,3 +113,31 @@ def test_the_cpu_kernel_skips_the_zeros_between_a_fused_projections_parts(dtype)
     select_ops("cpu", "cpu").lora_add(got, x, a, b, LoraStep(RUNS), parts)
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     assert ((got.float() - want.float()).abs() <= want.float().abs() * 2**-7 + tolerance).all()
+
+
+@pytest.mark.skipif(not amx_tiles(), reason="AMX tiles: not on this CPU")
+@pytest.mark.parametrize("row_invariant", [False, True], ids=["default", "deterministic"])
+def test_the_amx_kernel_adds_each_runs_update_and_nothing_else(row_invariant):
+    """Runs of 1 (the row-by-row kernel's, by default), 20 (two tiles of rows) and 5 rows, three
+    slots of width 8 (padded to a tile): within one bf16 rounding of the two bf16 products; rows in
+    no run keep their bits; an adapter loaded into a slot is packed again. Deterministic mode puts
+    every run on the tiles, and a row alone gets the bits it gets among the others."""
+    ops = CpuOps(row_invariant=row_invariant)
+    assert ops.tiles
+    y, x, a, b = _inputs(torch.bfloat16, rows=30, fan_in=96, fan_out=100)
+    runs = [(1, 0, 1), (0, 2, 22), (2, 25, 30)]
+    out = y.clone()
+    ops.lora_add(out, x, a, b, LoraStep(runs))
+    want = y.float().clone()
+    for slot, first, end in runs:
+        u = (x[first:end].float() @ a[slot].float().t()).bfloat16().float()
+        want[first:end] += (u @ b[slot].float()).bfloat16().float()
+    assert ((out.float() - want).abs() <= want.abs() * 2**-7 + 2e-2).all()
+    assert torch.equal(out[1], y[1]) and torch.equal(out[22:25], y[22:25])
+    alone = y[9:10].clone()
+    ops.lora_add(alone, x[9:10].clone(), a, b, LoraStep([(0, 0, 1)]))
+    assert torch.equal(alone, out[9:10]) or not row_invariant
+    a[0].mul_(2)  # a new adapter in slot 0
+    again = y.clone()
+    ops.lora_add(again, x, a, b, LoraStep(runs))
+    assert torch.equal(again[0], out[0]) and not torch.equal(again[2:22], out[2:22])

@@ -20,7 +20,7 @@
 
 #include "linear_tile.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(LMISERVE_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,6 +41,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+}  // namespace
+
 // Tiles 0-2: sums (16 rows x 16 fp32); 3: x (16 rows x 16 pairs); 4-6: the weight (16 pairs x 16
 // columns x 2). Every one is 16 rows of 64 bytes.
 void configure_tiles() {
@@ -49,67 +51,74 @@ void configure_tiles() {
     cfg.rows[t] = kTileRows;
     cfg.bytes_per_row[t] = 64;
   }
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes of the 64: without this barrier the
+  // rows and widths above are dropped as dead stores, and ldtilecfg faults on the half-set config
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
-
-}  // namespace
 
 bool amx_usable() {
   static const bool granted = syscall(SYS_arch_prctl, kReqTilePermission, kTileData) == 0;
   return granted;
 }
 
+void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
+              std::vector<uint16_t>& padded) {
+  alignas(64) float sums[kTileRows * kCols];
+  const int64_t k = 2 * pairs, blocks = pairs / kTilePairs, b_stride = kCols * 2 * 2;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const int64_t n = std::min(kTileRows, rows - r0);
+    const uint16_t* a = x + r0 * ldx;
+    int64_t lda = ldx;
+    if (n < kTileRows) {  // the last rows, then zeros
+      padded.assign(kTileRows * k, 0);
+      for (int64_t r = 0; r < n; ++r) std::memcpy(padded.data() + r * k, a + r * ldx, k * sizeof(uint16_t));
+      a = padded.data();
+      lda = k;
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const uint16_t* bb = group + blk * kTilePairs * kCols * 2;
+      _tile_loadd(3, a + blk * 2 * kTilePairs, lda * 2);
+      _tile_loadd(4, bb, b_stride);
+      _tile_loadd(5, bb + 32, b_stride);
+      _tile_loadd(6, bb + 64, b_stride);
+      _tile_dpbf16ps(0, 3, 4);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, sums, kCols * 4);
+    _tile_stored(1, sums + 16, kCols * 4);
+    _tile_stored(2, sums + 32, kCols * 4);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = sums + r * kCols;
+      const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
+      finish_row(acc, out.y + (r0 + r) * out.ldy, out);
+    }
+  }
+}
+
 bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
                   int64_t k, Output output) {
   if (k % (2 * kTilePairs) != 0 || !amx_usable()) return false;
   const int64_t units = output == kGateUp ? n / 2 : n;
-  const int64_t group_cols = output == kPlain ? kCols : kUnits;
-  const int64_t pairs = k / 2, blocks = pairs / kTilePairs, groups = (units + group_cols - 1) / group_cols;
-  const int64_t group_elems = pairs * kCols * 2, b_stride = kCols * 2 * 2, x_stride = k * 2;
+  const int64_t group_cols = (output == kGateUp || output == kSwiglu) ? kUnits : kCols;
+  const int64_t pairs = k / 2, groups = (units + group_cols - 1) / group_cols, group_elems = pairs * kCols * 2;
   const int64_t chunk = std::max<int64_t>(kTileRows, (kChunkBytes / (2 * k)) / kTileRows * kTileRows);
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     configure_tiles();
-    alignas(64) float sums[kTileRows * kCols];
     alignas(64) float group_bias[kCols] = {};
-    std::vector<uint16_t> padded;  // the last tile's rows, then zeros
+    std::vector<uint16_t> padded;
     for (int64_t m0 = 0; m0 < m; m0 += chunk) {
       const int64_t m1 = std::min(m, m0 + chunk);
       for (int64_t g = g0; g < g1; ++g) {
-        const uint16_t* b = packed + g * group_elems;
         const int64_t cols = std::min(group_cols, units - g * group_cols);
         if (bias) std::memcpy(group_bias, bias + g * kCols, cols * sizeof(float));
-        for (int64_t r0 = m0; r0 < m1; r0 += kTileRows) {
-          const int64_t rows = std::min(kTileRows, m1 - r0);
-          const uint16_t* a = x + r0 * k;
-          if (rows < kTileRows) {
-            padded.assign(kTileRows * k, 0);
-            std::memcpy(padded.data(), a, rows * k * sizeof(uint16_t));
-            a = padded.data();
-          }
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          for (int64_t blk = 0; blk < blocks; ++blk) {
-            const uint16_t* bb = b + blk * kTilePairs * kCols * 2;
-            _tile_loadd(3, a + blk * 2 * kTilePairs, x_stride);
-            _tile_loadd(4, bb, b_stride);
-            _tile_loadd(5, bb + 32, b_stride);
-            _tile_loadd(6, bb + 64, b_stride);
-            _tile_dpbf16ps(0, 3, 4);
-            _tile_dpbf16ps(1, 3, 5);
-            _tile_dpbf16ps(2, 3, 6);
-          }
-          _tile_stored(0, sums, kCols * 4);
-          _tile_stored(1, sums + 16, kCols * 4);
-          _tile_stored(2, sums + 32, kCols * 4);
-          const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias : nullptr, nullptr, true, true,
-                            output, units};
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* row = sums + r * kCols;
-            const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
-            finish_row(acc, out.y + r * n, out);
-          }
-        }
+        const TileOut out{y + m0 * n + g * group_cols, n, cols, bias ? group_bias : nullptr, nullptr, true, true,
+                          output, units};
+        amx_rows(x + m0 * k, k, m1 - m0, packed + g * group_elems, pairs, out, padded);
       }
     }
     _tile_release();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -24,7 +25,8 @@ constexpr int64_t kUnits = kCols / 2;        // gated packing: gate and up colum
 
 // What a product writes: y = x W^T, or for a weight packed gated, gate and up in their places
 // (y = x W^T in the weight's own column order) or silu(gate) * up.
-enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2 };
+// kAdd (a plain weight only): y += round(x W^T), rounded again, as a product in bf16 added to y.
+enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2, kAdd = 3 };
 
 #if defined(__AVX512BF16__)
 
@@ -67,6 +69,14 @@ inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
 // A row's kPanels vectors of fp32 sums, finished: bias added and rounded to bf16 (to nearest
 // even), or for a gated weight, gate and up (or their SwiGLU) in their places.
 inline void finish_row(const __m512* acc, uint16_t* y, const TileOut& out) {
+  if (out.output == kAdd) {
+    for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
+      const int64_t n = std::min<int64_t>(16, out.cols - 16 * j);
+      const __m256i old = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), y + 16 * j);
+      store16(y + 16 * j, _mm512_add_ps(lmiserve::round_bf16(acc[j]), lmiserve::widen_bf16(old)), n);
+    }
+    return;
+  }
   if (out.output != kPlain) {
     store_gated(acc, y, out);
     return;
@@ -89,5 +99,17 @@ namespace lmiserve_linear {
 bool amx_usable();
 bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
                   int64_t k, Output output);
+
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define LMISERVE_AMX 1
+// One thread's share, its tiles configured (configure_tiles) and released (_tile_release) by
+// the caller: `rows` rows of x (ldx elements apart) times one group of a packed weight (`pairs`
+// pairs of k, a multiple of 16), each row finished as `out` says (out.y: row 0's first column of
+// the group, out.ldy apart). `padded`: scratch for a last partial tile of rows.
+void configure_tiles();
+void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
+              std::vector<uint16_t>& padded);
+#endif
 
 }  // namespace lmiserve_linear
