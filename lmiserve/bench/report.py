@@ -69,7 +69,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         right.plot(conc, [r[key]["p99"] for r in rows], marker + "--", color=color, alpha=0.6, label=f"{label} p99")
     right.set_xscale("log", base=2)
     right.set_xticks(conc, [str(c) for c in conc])
-    right.set_yscale("log")
+    if any(r[key][q] > 0 for r in rows for key in ("ttft_s", "itl_s") for q in ("p50", "p99")):
+        right.set_yscale("log")  # a level whose every request failed has no latency to scale
     right.set_xlabel("concurrency")
     right.set_ylabel("seconds")
     right.set_title("Latency")

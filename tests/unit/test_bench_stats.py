@@ -42,3 +42,16 @@ def test_salt_starts_every_prompt(tiny_tokenizer):
     head = tiny_tokenizer("run 7:", add_special_tokens=False)["input_ids"]
     assert all(p[: len(head)] == head and len(p) == 30 for p in salted)
     assert make_prompts(tiny_tokenizer, 2, 30, seed=1, salt="run 8:") != salted
+
+
+def test_the_plot_of_a_run_whose_requests_all_failed_is_still_written(tmp_path):
+    """Every request of the level failed (an engine that crashed): zero throughput and latencies,
+    which a log scale cannot show; the plot is written on a linear scale instead of raising."""
+    pytest.importorskip("matplotlib")
+    from lmiserve.bench.report import plot
+
+    zero = {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    row = {"concurrency": 1, "output_tokens_per_s": 0.0, "ttft_s": zero, "itl_s": zero}
+    config = {"model": "m", "prompt_tokens": 190, "max_new_tokens": 128, "api": "openai"}
+    plot({"server": [row], "config": config}, tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
