@@ -8,12 +8,14 @@ on AMX tiles.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -42,23 +44,23 @@ PACK_BATCH_HINT = 32
 """The batch size oneDNN's blocked weight layout is chosen for."""
 
 
-STALE_LOCK_SECONDS = 600
-"""A build takes well under a minute; a lock older than this was left by a build that was killed."""
-
-
-def clear_stale_lock(build_dir: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
-    """Remove torch's build lock when a killed build left it behind (every later loader would
-    otherwise wait on it forever); True when one was removed."""
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age:
-        return False
-    log.warning("removing a kernel build lock left %.0f s ago by an interrupted build: %s", age, lock)
-    lock.unlink(missing_ok=True)
-    return True
+@contextlib.contextmanager
+def build_guard(build_dir: Path) -> Iterator[None]:
+    """Held while this process builds or loads the kernels in ``build_dir``. Builders take it in
+    turn, and the operating system releases it when its holder dies (an ``flock``), so torch's
+    build lock, found while this is held, was left by a build that was killed (an engine stopped
+    while it compiled): it is removed, or every later loader would wait on it forever."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "lmiserve-build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            lock = build_dir / "lock"
+            if lock.exists():
+                log.warning("removing a kernel build lock left by an interrupted build: %s", lock)
+                lock.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 @functools.cache
@@ -85,15 +87,15 @@ def load_kernels() -> bool:
         name = f"lmiserve_cpu_kernels_{digest}"
         from torch.utils.cpp_extension import _get_build_directory
 
-        clear_stale_lock(Path(_get_build_directory(name, False)))
-        load(
-            name=name,
-            sources=[str(p) for p in _SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with build_guard(Path(_get_build_directory(name, False))):
+            load(
+                name=name,
+                sources=[str(p) for p in _SOURCES],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
         return hasattr(torch.ops.lmiserve_cpu, "paged_attention_decode")
     except Exception as exc:  # noqa: BLE001 - no compiler, no headers: use the reference ops
         log.warning("CPU attention kernels unavailable (%s); using the reference implementation", exc)
@@ -146,6 +148,7 @@ def own_bf16_linear() -> bool:
     if "amx_bf16" in cpu_flags():
         return amx_tiles()
     return bf16_linear_kernel()
+
 
 def pack_lora_for_tiles(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A pool's A (slots, width, in) and B (slots, width, out) packed for ``lora_tiles_``: each

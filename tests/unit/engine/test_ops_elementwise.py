@@ -151,16 +151,40 @@ def test_argmax_logsumexp_kernel():
     assert torch.allclose(lse, torch.logsumexp(logits, -1), atol=1e-5)
 
 
-def test_a_stale_kernel_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
-    import os
-    import time
+def test_a_kernel_build_lock_left_by_a_killed_build_is_removed_once_no_builder_holds_the_guard(tmp_path):
+    """A build killed mid-way leaves torch's lock file: the next loader removes it at once (its
+    builder no longer holds the guard) instead of waiting on it. While a live process holds the
+    guard, a loader waits for it to finish first."""
+    import subprocess
+    import sys
 
-    from lmiserve.rolling_batch.ops.cpu_kernels import clear_stale_lock
+    from lmiserve.rolling_batch.ops.cpu_kernels import build_guard
 
-    lock = tmp_path / "lock"
-    assert not clear_stale_lock(tmp_path)
-    lock.touch()
-    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
-    old = time.time() - 3600
-    os.utime(lock, (old, old))
-    assert clear_stale_lock(tmp_path) and not lock.exists()
+    (tmp_path / "lock").touch()  # left by a killed build: no process holds the guard
+    with build_guard(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_GUARD, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )  # holds the guard, building (its lock file exists), until told to finish
+    assert holder.stdout.readline().strip() == "building"
+    done = tmp_path / "done"
+    finisher = subprocess.Popen(
+        [sys.executable, "-c", f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(done)!r}).touch()"]
+    )
+    with build_guard(tmp_path):
+        assert done.exists() and not (tmp_path / "lock").exists()  # it waited for the build to end
+    finisher.wait()
+    holder.wait()
+
+
+HOLD_GUARD = """
+import pathlib, sys, time
+from lmiserve.rolling_batch.ops.cpu_kernels import build_guard
+root = pathlib.Path(sys.argv[1])
+with build_guard(root):
+    (root / "lock").touch()
+    print("building", flush=True)
+    while not (root / "done").exists():
+        time.sleep(0.05)
+    (root / "lock").unlink()
+"""
