@@ -50,6 +50,14 @@ walked in turn, so a large bucket launches no more programs than this many."""
 
 
 @triton.jit
+def _segment(slots_ptr, firsts_ptr, ends_ptr):
+    """This program's segment (the first axis of the grid): its first and end positions in the
+    row index, and its slot."""
+    seg = tl.program_id(0)
+    return tl.load(firsts_ptr + seg), tl.load(ends_ptr + seg), tl.load(slots_ptr + seg).to(tl.int64)
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr,
     a_ptr,
@@ -70,12 +78,9 @@ def _shrink_kernel(
     BLOCK_K: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    seg = tl.program_id(0)
     split = tl.program_id(1)
     step = tl.num_programs(2) * BLOCK_M
-    first = tl.load(firsts_ptr + seg)
-    end = tl.load(ends_ptr + seg)
-    slot = tl.load(slots_ptr + seg).to(tl.int64)
+    first, end, slot = _segment(slots_ptr, firsts_ptr, ends_ptr)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     a_base = a_ptr + slot * stride_a_slot
@@ -124,12 +129,9 @@ def _expand_kernel(
     BLOCK_R: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    seg = tl.program_id(0)
     n_block = tl.program_id(1)
     step = tl.num_programs(2) * BLOCK_M
-    first = tl.load(firsts_ptr + seg)
-    end = tl.load(ends_ptr + seg)
-    slot = tl.load(slots_ptr + seg).to(tl.int64)
+    first, end, slot = _segment(slots_ptr, firsts_ptr, ends_ptr)
     cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     b_base = b_ptr + slot * stride_b_slot
