@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from .cpu_kernels import (
     PACK_BATCH_HINT,
     amx_tiles,
-    bf16_linear_kernel,
     can_pack,
     load_kernels,
     own_bf16_linear,
@@ -51,12 +50,11 @@ class CpuOps(ReferenceOps):
     name = "cpu"
 
     def __init__(self, row_invariant: bool = False) -> None:
-        """``row_invariant``: bf16 weights go to the C++ linear kernel wherever it is built, AMX
-        or not, because a row's result there does not depend on the rest of the product
-        (deterministic mode); otherwise only where it is the faster kernel."""
+        """``row_invariant`` (deterministic mode): every LoRA run goes through one of the C++
+        kernels, whose rows do not depend on each other (the linear kernel's never do)."""
         self.kernels = load_kernels()
         self.row_invariant = row_invariant
-        self.own_linear = bf16_linear_kernel() if row_invariant else own_bf16_linear()
+        self.own_linear = own_bf16_linear()
         self.tiles = self.own_linear and amx_tiles()
         self._lora_packs: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
 
