@@ -50,11 +50,14 @@ def _wait_running(client: httpx.Client, model: str, count: int, timeout: float =
 
 class Refusals(threading.Thread):
     """Polls ``/ping`` from before SIGTERM is sent; at the first 503 it posts one late request, so
-    both land inside the drain however briefly the machine lets this process run."""
+    both land inside the drain however briefly the machine lets this process run. ``connected``
+    is set once its connection is open (the first ping answered): send SIGTERM after it, since
+    the server stops accepting connections when the drain starts."""
 
     def __init__(self, url: str, timeout: float = 60):
         super().__init__(daemon=True)
         self.url, self.timeout = url, timeout
+        self.connected = threading.Event()
         self.ping: httpx.Response | None = None
         self.late: httpx.Response | None = None
         self.error: Exception | None = None
@@ -66,6 +69,7 @@ class Refusals(threading.Thread):
             with httpx.Client(base_url=self.url, timeout=10) as client:
                 while time.monotonic() < deadline:
                     ping = client.get("/ping")
+                    self.connected.set()
                     if ping.status_code == 503:
                         self.ping = ping
                         self.late = client.post("/invocations", json={"inputs": "late"})
@@ -73,6 +77,8 @@ class Refusals(threading.Thread):
                     time.sleep(0.005)
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+        finally:
+            self.connected.set()
 
 
 class Call(threading.Thread):
@@ -132,6 +138,7 @@ def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path):
 
             refusals = Refusals(serve.url)
             refusals.start()
+            assert refusals.connected.wait(60)
             serve.sigterm()
             refusals.join(90)
         assert refusals.error is None and refusals.ping is not None, "/ping never answered 503 after SIGTERM"
@@ -182,6 +189,7 @@ def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_hand
         # the workers get SIGTERM too, and keep working until the server stops them
         refusals = Refusals(serve.url)
         refusals.start()
+        assert refusals.connected.wait(60)
         serve.sigterm_group()
         refusals.join(90)
         assert refusals.ping is not None and refusals.late.status_code == 503, refusals.error
