@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from .cpu_kernels import (
     PACK_BATCH_HINT,
     amx_tiles,
+    bf16_linear_kernel,
     can_pack,
     load_kernels,
-    own_bf16_linear,
     pack_lora_for_tiles,
 )
 from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
@@ -54,7 +54,7 @@ class CpuOps(ReferenceOps):
         kernels, whose rows do not depend on each other (the linear kernel's never do)."""
         self.kernels = load_kernels()
         self.row_invariant = row_invariant
-        self.own_linear = own_bf16_linear()
+        self.own_linear = bf16_linear_kernel()
         self.tiles = self.own_linear and amx_tiles()
         self._lora_packs: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
 

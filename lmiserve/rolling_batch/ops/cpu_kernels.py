@@ -128,7 +128,10 @@ def can_pack(weight: torch.Tensor) -> bool:
 @functools.cache
 def bf16_linear_kernel() -> bool:
     """Whether the C++ bf16 linear kernel is built for this CPU: AVX512_BF16 (the kernels are
-    compiled for the CPU they run on)."""
+    compiled for the CPU they run on). Where it is, bf16 linear layers run in it: on AMX tiles
+    where the CPU has them and the operating system grants them (per forward of SmolLM2's linear
+    layers, 5.7 ms against oneDNN's 5.9 at one row, 6.9 against 8.9 at 32, 90.8 against 103.2 at
+    1,024, 178 against 142 at 2,048), else on its vector code (faster than oneDNN's at decode sizes)."""
     return load_kernels() and bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
 
 
@@ -137,16 +140,6 @@ def amx_tiles() -> bool:
     """Whether the C++ linear kernel runs on AMX tiles here (``csrc/linear_amx.cpp``): a CPU
     with AMX whose operating system grants this process the tile state."""
     return "amx_bf16" in cpu_flags() and bf16_linear_kernel() and bool(torch.ops.lmiserve_cpu.linear_amx_usable())
-
-
-@functools.cache
-def own_bf16_linear() -> bool:
-    """Whether bf16 linear layers run in the C++ kernel: wherever it is built. On AMX tiles where
-    the CPU has them and the operating system grants them (per forward of SmolLM2's linear layers,
-    5.7 ms against oneDNN's 5.9 at one row, 6.9 against 8.9 at 32, 90.8 against 103.2 at 1,024,
-    178 against 142 at 2,048), else on its AVX512_BF16 vector code (faster than oneDNN's at
-    decode sizes)."""
-    return bf16_linear_kernel()
 
 
 def pack_lora_for_tiles(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

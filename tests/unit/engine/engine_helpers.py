@@ -28,6 +28,19 @@ def make_engine(model_dir, **overrides) -> Engine:
     return Engine(EngineConfig(**cfg))
 
 
+def fail_request(engine: Engine, request_id: str, after: int = 2) -> None:
+    """An injected fault: every forward pass that holds ``request_id`` once it has generated
+    ``after`` tokens raises ``RuntimeError("injected fault")``."""
+    forward = engine.runner._forward
+
+    def failing(out, *args):  # type: ignore[no-untyped-def]
+        if any(item.seq.request_id == request_id and item.seq.num_generated >= after for item in out.scheduled):
+            raise RuntimeError("injected fault")
+        return forward(out, *args)
+
+    engine.runner._forward = failing
+
+
 def run(engine: Engine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]], max_steps: int = 2000):
     """Add requests at the given steps; return {request_id: {index: [token ids]}} and the deltas."""
     tokens: dict[str, dict[int, list[int]]] = {}

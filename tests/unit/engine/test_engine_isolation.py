@@ -4,7 +4,7 @@ import pytest
 
 from lmiserve.wire import SamplingParams
 
-from .engine_helpers import hf_greedy, make_engine, run
+from .engine_helpers import fail_request, hf_greedy, make_engine, run
 
 pytestmark = pytest.mark.usefixtures("scheduling")
 
@@ -12,14 +12,7 @@ pytestmark = pytest.mark.usefixtures("scheduling")
 def test_failing_request_is_isolated_and_others_continue(tiny_model_dirs, tiny_tokenizer):
     model_dir = tiny_model_dirs["llama"]
     engine = make_engine(model_dir)
-    original = engine.runner._forward
-
-    def forward(out, *args):
-        if any(item.seq.request_id == "bad" and item.seq.num_generated >= 2 for item in out.scheduled):
-            raise RuntimeError("injected fault")
-        return original(out, *args)
-
-    engine.runner._forward = forward
+    fail_request(engine, "bad")
     prompts = {
         rid: tiny_tokenizer(p)["input_ids"]
         for rid, p in [("a", "What is it?"), ("bad", "Hi there"), ("c", "Numbers: 1 2")]

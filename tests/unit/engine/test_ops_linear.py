@@ -36,9 +36,8 @@ def kernel(request) -> str:
 
 
 def _own(kernel: str = "vector") -> CpuOps:
-    """CPU ops that run bf16 weights in the C++ kernel wherever it is built (AMX CPUs included,
-    where the default is oneDNN's): its vector code, or its AMX tiles."""
-    ops = CpuOps(row_invariant=True)
+    """CPU ops that run bf16 weights in the C++ kernel on its vector code, or on its AMX tiles."""
+    ops = CpuOps()
     ops.tiles = kernel == "tiles"
     return ops
 

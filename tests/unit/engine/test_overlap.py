@@ -7,7 +7,7 @@ import pytest
 from lmiserve.rolling_batch.overlap import overlap_enabled
 from lmiserve.wire import GuidedDecoding, SamplingParams
 
-from .engine_helpers import make_engine, run
+from .engine_helpers import fail_request, make_engine, run
 from .overlap_helpers import both, drive, same
 
 PROMPTS = [
@@ -110,14 +110,7 @@ def test_the_setting_turns_overlap_on_for_cuda_only_by_default():
 def test_a_failing_request_ends_alone_with_overlap(tiny_model_dirs, tiny_tokenizer):
     model_dir = tiny_model_dirs["llama"]
     engine = make_engine(model_dir, async_scheduling="true")
-    forward = engine.runner._forward
-
-    def failing(out, *args):
-        if any(item.seq.request_id == "bad" and item.seq.num_generated >= 2 for item in out.scheduled):
-            raise RuntimeError("injected fault")
-        return forward(out, *args)
-
-    engine.runner._forward = failing
+    fail_request(engine, "bad")
     prompts = {rid: tiny_tokenizer(t)["input_ids"] for rid, t in (("a", PROMPTS[0]), ("bad", "Hi there"))}
     tokens, finish, deltas = run(engine, {0: [(r, q, SamplingParams(max_new_tokens=10)) for r, q in prompts.items()]})
     reference, _, _ = run(make_engine(model_dir), {0: [("a", prompts["a"], SamplingParams(max_new_tokens=10))]})

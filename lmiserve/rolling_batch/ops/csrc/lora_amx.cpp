@@ -90,8 +90,6 @@ void lora_tiles_(at::Tensor y, const at::Tensor& x, const at::Tensor& a_packed, 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("lora_tiles_supported() -> bool");
-  m.impl("lora_tiles_supported", c10::DispatchKey::CatchAll, &lora_tiles_supported);
   m.def("lora_tiles_(Tensor(a!) y, Tensor x, Tensor a_packed, Tensor b_packed, Tensor runs, int width) -> ()");
   m.impl("lora_tiles_", c10::DispatchKey::CPU, &lora_tiles_);
 }
