@@ -50,6 +50,8 @@ class EngineConfig:
     """Most prompt tokens in a step that also decodes (None: the whole budget)."""
     decode_step_prefill_tokens_per_sequence: int | None = _setting("option.decode_step_prefill_tokens_per_sequence")
     """In a step that also decodes, most prompt tokens per sequence running or waiting (None: no such limit)."""
+    quantize: str | None = _setting("option.quantize")
+    """The weights' quantization as asked for (None: the checkpoint's own; :mod:`.quant.loading`)."""
     enforce_eager: bool = _setting("option.enforce_eager")
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = _setting("option.deterministic")
@@ -92,6 +94,7 @@ class EngineConfig:
             or defaults.max_decode_step_prefill_tokens,
             decode_step_prefill_tokens_per_sequence=engine.decode_step_prefill_tokens_per_sequence
             or defaults.decode_step_prefill_tokens_per_sequence,
+            quantize=engine.quantize,
             enforce_eager=engine.enforce_eager,
             deterministic=engine.deterministic,
             async_scheduling=engine.async_scheduling,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
+    from ..quant.weights import QuantizedWeight
     from .metadata import LoraStep, PagedAttentionInputs
 
 T = torch.Tensor
@@ -26,6 +27,9 @@ class LinearWeight:
     packed: torch.Tensor | None = None
     packing: str = ""
     """Whose layout ``packed`` is in (a backend's name for it); "" when nothing is packed."""
+    quant: QuantizedWeight | None = None
+    """The weight as it is stored quantized (:mod:`..quant.weights`); ``weight`` is then a tensor
+    on the meta device that only gives the shape."""
 
     @property
     def out_features(self) -> int:
@@ -44,9 +48,9 @@ class Ops(Protocol):
     name: str
 
     # linear layers
-    def prepare_linear(self, weight: T, bias: T | None = None) -> LinearWeight: ...
+    def prepare_linear(self, weight: T | QuantizedWeight, bias: T | None = None) -> LinearWeight: ...
     def linear(self, x: T, w: LinearWeight) -> T: ...
-    def prepare_gate_up(self, weight: T) -> LinearWeight: ...
+    def prepare_gate_up(self, weight: T | QuantizedWeight) -> LinearWeight: ...
     def gate_up_swiglu(self, x: T, w: LinearWeight) -> T: ...
     # normalisation, activation, rotary
     def rms_norm(self, x: T, weight: T, eps: float) -> tuple[T, T]: ...

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
+from ..quant.weights import QuantizedWeight, is_quantized
 from .interface import LinearWeight, Ops
 from .metadata import LoraStep, PagedAttentionInputs
 
@@ -31,16 +32,27 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[t
     return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
 
 
+def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None) -> LinearWeight:
+    """A quantized weight as the ops take it: its shape on the meta device, the weight itself in ``quant``."""
+    shape = torch.empty(weight.shape, device="meta")
+    return LinearWeight(shape, bias, quant=weight)
+
+
 class ReferenceOps(Ops):
     """The :class:`~.interface.Ops` in plain torch; the device implementations fall back to it."""
 
     name = "reference"
 
     # --- linear layers -----------------------------------------------------------------
-    def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
-        return LinearWeight(weight.contiguous(), None if bias is None else bias.contiguous())
+    def prepare_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> LinearWeight:
+        bias = None if bias is None else bias.contiguous()
+        if is_quantized(weight):
+            return quantized_linear(weight, bias)  # type: ignore[arg-type]
+        return LinearWeight(weight.contiguous(), bias)  # type: ignore[union-attr]
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.quant is not None:  # the definition: weights dequantized in fp32, then the product
+            return F.linear(x, w.quant.dequantize(x.dtype), w.bias)
         return F.linear(x, w.weight, w.bias)
 
     def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
