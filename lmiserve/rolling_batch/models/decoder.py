@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight, split_qkv
+from ..quant.weights import cat_rows, dense
 from .spec import ModelSpec
 from .weights import maybe, take
 
@@ -37,7 +38,7 @@ class DecoderModel:
     def __init__(
         self,
         spec: ModelSpec,
-        tensors: dict[str, torch.Tensor],
+        tensors: dict[str, Any],
         ops: Ops,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -51,28 +52,31 @@ class DecoderModel:
         self.ops = ops
         self._all_reduce = all_reduce
         self._row_linear = ops.linear if all_reduce is None else self._linear_all_reduce
-        self.embed = take(tensors, "embed_tokens.weight")
-        self.dtype = self.embed.dtype
+        embed = take(tensors, "embed_tokens.weight")
+        self.norm = take(tensors, "norm.weight")
+        self.dtype = self.norm.dtype
+        self.embed = dense(embed, self.dtype)
+        """The token embeddings, dense (a step reads only its tokens' rows); a tied LM head may
+        keep them quantized."""
         self.cos = cos.to(self.embed.device)
         self.sin = sin.to(self.embed.device)
         self.layers = [self._layer(tensors, i) for i in range(spec.num_layers)]
-        self.norm = take(tensors, "norm.weight")
         head = tensors.get("lm_head.weight")
         self.lm_head = None
         if lm_head:
-            self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
+            self.lm_head = ops.prepare_linear(embed if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.head_dim**-0.5
         self.lora: Any = None
         """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""
 
-    def _layer(self, t: dict[str, torch.Tensor], i: int) -> Layer:
+    def _layer(self, t: dict[str, Any], i: int) -> Layer:
         p = f"layers.{i}."
         a = p + "self_attn."
-        qkv_w = torch.cat([take(t, a + f"{n}_proj.weight") for n in "qkv"], dim=0)
+        qkv_w = cat_rows([take(t, a + f"{n}_proj.weight") for n in "qkv"])
         qkv_b = None
         if self.spec.qkv_bias:
             qkv_b = torch.cat([take(t, a + f"{n}_proj.bias") for n in "qkv"], dim=0)
-        gate_up = torch.cat([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")], dim=0)
+        gate_up = cat_rows([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")])
         return Layer(
             input_norm=take(t, p + "input_layernorm.weight"),
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),

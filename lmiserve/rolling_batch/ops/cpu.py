@@ -10,6 +10,9 @@
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.
+- Linear layers in GGUF blocks (Q4_0, Q4_1, Q8_0) run in ``csrc/quant_linear.cpp``, which
+  dequantizes each block in registers as it streams in; weights of the GPU formats (AWQ, GPTQ,
+  FP8) are dequantized once at load.
 Everything else is the reference implementation, which is also the fallback when no C++
 compiler is available.
 """
@@ -30,9 +33,13 @@ from .cpu_kernels import (
     pack_lora_for_tiles,
 )
 from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
-from .reference import LinearWeight, ReferenceOps
+from ..quant.weights import BlockWeight, Int4Weight, QuantizedWeight, is_quantized
+from .reference import LinearWeight, ReferenceOps, quantized_linear
 
 _HALF = (torch.bfloat16, torch.float16)
+_GGUF_ROWS = (torch.bfloat16, torch.float32)
+GGUF_KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
+"""The GGUF block types ``csrc/quant_linear.cpp`` runs, by its number for them."""
 LONG_RUN = 32
 """Rows from which a LoRA run is faster as two oneDNN products than in the row-by-row kernel."""
 TILE_RUN = 4
@@ -62,7 +69,9 @@ class CpuOps(ReferenceOps):
         """Whether the C++ linear kernel runs this weight: bf16, pairs of input dimensions."""
         return self.own_linear and weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0
 
-    def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+    def prepare_linear(self, weight, bias=None):  # type: ignore[no-untyped-def]
+        if is_quantized(weight):
+            return self._prepare_quantized(weight, bias)
         prepared = super().prepare_linear(weight, bias)
         if self._own_kernel_takes(weight):
             prepared.packed = torch.ops.lmiserve_cpu.pack_linear_bf16(prepared.weight)
@@ -72,9 +81,22 @@ class CpuOps(ReferenceOps):
             prepared.packing = "onednn"
         return prepared
 
-    def prepare_gate_up(self, weight: torch.Tensor) -> LinearWeight:
+    def _prepare_quantized(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearWeight:
+        """GGUF blocks run in ``csrc/quant_linear.cpp`` as they are; the other formats (GPU
+        formats) are dequantized here once, to the dtype of their scales."""
+        if isinstance(weight, BlockWeight):
+            prepared = quantized_linear(weight, bias)
+            if self.kernels:
+                prepared.packing = "gguf"
+            return prepared
+        dtype = weight.scales.dtype if isinstance(weight, Int4Weight) else torch.bfloat16
+        return self.prepare_linear(weight.dequantize(dtype), bias)
+
+    def prepare_gate_up(self, weight):  # type: ignore[no-untyped-def]
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
         so :meth:`gate_up_swiglu` ends with the SwiGLU and never writes gate_up out."""
+        if is_quantized(weight):
+            return self.prepare_linear(weight)
         if weight.shape[0] % 2 == 0 and self._own_kernel_takes(weight):
             packed = torch.ops.lmiserve_cpu.pack_linear_bf16(weight.contiguous(), True)
             return LinearWeight(weight.contiguous(), None, packed, "lmiserve-gated")
@@ -86,6 +108,8 @@ class CpuOps(ReferenceOps):
         return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.packing == "gguf" and x.dtype in _GGUF_ROWS:
+            return torch.ops.lmiserve_cpu.linear_gguf(x, w.quant.blocks, GGUF_KINDS[w.quant.kind], w.bias)  # type: ignore[union-attr]
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:
             return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0], 0, self.tiles)
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:

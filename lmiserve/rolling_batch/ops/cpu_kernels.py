@@ -38,6 +38,7 @@ _SOURCES = [
         "linear.cpp",
         "linear_amx.cpp",
         "lora_amx.cpp",
+        "quant_linear.cpp",
     )
 ]
 PACK_BATCH_HINT = 32

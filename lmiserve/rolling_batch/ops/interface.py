@@ -36,9 +36,10 @@ class LinearWeight:
         return self.weight.shape[0]
 
 
-ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated")
+ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated", "gguf")
 """Packings whose product forms each row's sums in the same order whatever the other rows (the
-CPU's ``csrc/linear.cpp``), so deterministic mode runs them whole rather than in fixed blocks."""
+CPU's ``csrc/linear.cpp`` for bf16 rows, ``csrc/quant_linear.cpp`` for any), so deterministic
+mode runs them whole rather than in fixed blocks."""
 
 
 @runtime_checkable
