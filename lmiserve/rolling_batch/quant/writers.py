@@ -43,6 +43,9 @@ def _groups(k: int, group_size: int) -> torch.Tensor:
 def _group_stats(w: torch.Tensor, g_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per ``(out, group)``: the minimum and maximum of the group's weights."""
     groups = int(g_idx.max()) + 1
+    if torch.equal(g_idx, torch.arange(w.shape[1]) // (w.shape[1] // groups)):  # contiguous groups
+        grouped = w.reshape(w.shape[0], groups, -1)
+        return grouped.amin(dim=2), grouped.amax(dim=2)
     lo = torch.stack([w[:, g_idx == g].amin(dim=1) for g in range(groups)], dim=1)
     hi = torch.stack([w[:, g_idx == g].amax(dim=1) for g in range(groups)], dim=1)
     return lo, hi
