@@ -82,9 +82,9 @@ class CheckpointScheme:
                 parts.append("act-order")
             text = " ".join(parts)
         elif self.weights == "fp8":
-            origin = "quantized at load" if self.on_the_fly else f"{self.method}"
-            activations = f", {self.activations} per-tensor activation scales" if self.activations == "static" else ""
-            text = f"fp8 e4m3 per-{self.strategy} ({origin}){activations}"
+            origin = "quantized at load" if self.on_the_fly else self.method
+            activations = "static per-tensor" if self.activations == "static" else "dynamic per-token"
+            text = f"fp8 e4m3 per-{self.strategy} ({origin}), {activations} activations"
         else:
             text = "int8 q8_0 blocks of 32 (quantized at load)"
         return f"{text}, dequantized at load" if self.dequantize else text

@@ -36,12 +36,14 @@ def test_fp8_and_compressed_tensors():
         "dynamic",
         ("lm_head",),
     )
-    assert s.describe() == "fp8 e4m3 per-channel (compressed-tensors)"
+    assert s.describe() == "fp8 e4m3 per-channel (compressed-tensors), dynamic per-token activations"
     s = checkpoint_scheme(cfg({"quant_method": "fp8", "activation_scheme": "static"}))
     assert (s.method, s.strategy, s.activations) == ("fp8", "tensor", "static")
-    assert "static" in s.describe()
+    assert s.describe() == "fp8 e4m3 per-tensor (fp8), static per-tensor activations"
     s = checkpoint_scheme(cfg(quantization_config("int4", 64)))
     assert (s.method, s.weights, s.group_size, s.zero_point) == ("compressed-tensors", "int4", 64, False)
+    assert s.describe() == "compressed-tensors int4 g64 symmetric"
+    assert resolve_scheme(cfg(quantization_config("gptq", 128)), "none").describe().endswith(", dequantized at load")
 
 
 @pytest.mark.parametrize(
@@ -98,7 +100,9 @@ def test_resolve_with_option_quantize():
     with pytest.raises(ValueError, match="already quantized"):
         resolve_scheme(awq, "fp8")
     fp8 = resolve_scheme(dense, "fp8")
-    assert fp8.on_the_fly and fp8.describe() == "fp8 e4m3 per-channel (quantized at load)"
+    assert (
+        fp8.on_the_fly and fp8.describe() == "fp8 e4m3 per-channel (quantized at load), dynamic per-token activations"
+    )
     assert resolve_scheme(dense, "int8").describe() == "int8 q8_0 blocks of 32 (quantized at load)"
     ct_fp8 = cfg(quantization_config("fp8"))
     assert resolve_scheme(ct_fp8, "fp8").method == "compressed-tensors"
