@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """Write a random-weight model of a named shape, with SmolLM2's tokenizer, for speed work.
 
-    python scripts/random_model.py llama-1b /tmp/llama-1b [--dtype bf16]
+    python scripts/random_model.py llama-1b /tmp/llama-1b [--dtype bf16] [--quantize fp8|awq|gptq]
 
 Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
 outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
 (Llama-3.2-1B's: hidden 2048, 16 layers, 32/8 heads, intermediate 8192), ``llama-8b``
 (Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336). The vocabulary is
 SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
+
+``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
+(:mod:`lmiserve.rolling_batch.quant.writers`): ``awq`` AutoAWQ GEMM, 4-bit with zero points;
+``gptq`` GPTQ v1, 4-bit symmetric, no act-order; ``fp8`` compressed-tensors float-quantized
+(llm-compressor's FP8_DYNAMIC: e4m3 per output channel, dynamic per-token activations). AWQ and
+GPTQ use groups of 128 input rows, or the largest of 64 and 32 that divides every layer's inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -51,13 +58,28 @@ def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: i
     return out
 
 
+def quantize(out: Path, fmt: str) -> int:
+    """The checkpoint in ``out`` rewritten with its projections quantized in ``fmt``; the group size."""
+    from lmiserve.rolling_batch.quant.writers import write_quantized
+
+    config = json.loads((out / "config.json").read_text())
+    widths = (config["hidden_size"], config["intermediate_size"])
+    group_size = next((g for g in (128, 64, 32) if all(w % g == 0 for w in widths)), -1)
+    write_quantized(out, out, fmt, group_size=group_size)
+    return group_size
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--quantize", choices=["fp8", "awq", "gptq"], default=None)
     args = parser.parse_args(argv)
     path = build(args.shape, args.out, args.dtype)
+    if args.quantize:
+        group_size = quantize(path, args.quantize)
+        print(f"quantized: {args.quantize}" + (f" g{group_size}" if args.quantize != "fp8" else ""), file=sys.stderr)
     print(path)
     return 0
 

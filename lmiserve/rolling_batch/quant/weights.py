@@ -115,7 +115,11 @@ class Int4Weight:
     def to(self, device: str | torch.device) -> Int4Weight:
         g_idx = None if self.g_idx is None else self.g_idx.to(device)
         return replace(
-            self, qweight=self.qweight.to(device), scales=self.scales.to(device), zeros=self.zeros.to(device), g_idx=g_idx
+            self,
+            qweight=self.qweight.to(device),
+            scales=self.scales.to(device),
+            zeros=self.zeros.to(device),
+            g_idx=g_idx,
         )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
