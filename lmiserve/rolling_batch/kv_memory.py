@@ -28,9 +28,7 @@ def cpu_kv_cache_bytes() -> int:
     return min(CPU_KV_DEFAULT_BYTES, available_memory() // 4)
 
 
-def kv_cache_blocks(
-    cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str, workspace: int = 0
-) -> int:
+def kv_cache_blocks(cfg: EngineConfig, max_model_len: int, block_bytes: int, device: str, workspace: int = 0) -> int:
     """KV blocks of ``block_bytes`` (one process's share of a block) that fit on ``device``.
 
     ``kv_cache_bytes`` and an accelerator's memory are per process (per device); the CPU default

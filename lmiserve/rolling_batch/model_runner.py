@@ -15,9 +15,9 @@ from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .models.decoder import DecoderModel
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
-from .quant.loading import load_weights
 from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
+from .quant.loading import load_weights
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces

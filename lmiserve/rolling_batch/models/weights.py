@@ -13,7 +13,6 @@ from .pieces import SKIP, Piece, take_piece
 __all__ = ["SKIP", "Piece", "load_state_dict", "take_piece"]
 
 
-
 def load_state_dict(
     model_dir: Path, dtype: torch.dtype, device: str = "cpu", pieces: Callable[[str], Piece] | None = None
 ) -> dict[str, torch.Tensor]:

@@ -133,7 +133,9 @@ class CheckedOps(OpsWrapper):
         _contiguous("qkv", qkv)
         width = (heads + 2 * k_cache.shape[2]) * k_cache.shape[3]
         if qkv.dim() != 2 or qkv.shape[1] != width:
-            raise ContractError(f"qkv must be (tokens, {width}): heads + 2 kv_heads of head_dim, got {tuple(qkv.shape)}")
+            raise ContractError(
+                f"qkv must be (tokens, {width}): heads + 2 kv_heads of head_dim, got {tuple(qkv.shape)}"
+            )
         if slot_mapping.dim() != 1 or slot_mapping.shape[0] != qkv.shape[0] or slot_mapping.is_floating_point():
             raise ContractError("the slot mapping must hold one integer slot per token")
         return self.inner.rotate_and_store(qkv, heads, cos, sin, k_cache, v_cache, slot_mapping)

@@ -11,8 +11,8 @@
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.
 - Linear layers in GGUF blocks (Q4_0, Q4_1, Q8_0) run in ``csrc/quant_linear.cpp``, which
-  dequantizes each block in registers as it streams in; weights of the GPU formats (AWQ, GPTQ,
-  FP8) are dequantized once at load.
+  dequantizes each block in registers as it streams in (the loader dequantizes the GPU formats,
+  AWQ, GPTQ and FP8, for a CPU).
 Everything else is the reference implementation, which is also the fallback when no C++
 compiler is available.
 """
@@ -24,6 +24,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..quant.weights import BlockWeight, QuantizedWeight, is_quantized
 from .cpu_kernels import (
     PACK_BATCH_HINT,
     amx_tiles,
@@ -33,7 +34,6 @@ from .cpu_kernels import (
     pack_lora_for_tiles,
 )
 from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
-from ..quant.weights import BlockWeight, Int4Weight, QuantizedWeight, is_quantized
 from .reference import LinearWeight, ReferenceOps, quantized_linear
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -82,15 +82,12 @@ class CpuOps(ReferenceOps):
         return prepared
 
     def _prepare_quantized(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearWeight:
-        """GGUF blocks run in ``csrc/quant_linear.cpp`` as they are; the other formats (GPU
-        formats) are dequantized here once, to the dtype of their scales."""
-        if isinstance(weight, BlockWeight):
-            prepared = quantized_linear(weight, bias)
-            if self.kernels:
-                prepared.packing = "gguf"
-            return prepared
-        dtype = weight.scales.dtype if isinstance(weight, Int4Weight) else torch.bfloat16
-        return self.prepare_linear(weight.dequantize(dtype), bias)
+        """GGUF blocks run in ``csrc/quant_linear.cpp`` as they are; the GPU formats, which the
+        loader dequantizes for a CPU, take the reference ops' product."""
+        prepared = quantized_linear(weight, bias)
+        if isinstance(weight, BlockWeight) and self.kernels:
+            prepared.packing = "gguf"
+        return prepared
 
     def prepare_gate_up(self, weight):  # type: ignore[no-untyped-def]
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,

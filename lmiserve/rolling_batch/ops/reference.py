@@ -23,7 +23,9 @@ def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Ten
     return block_table.long()[positions // block_size] * block_size + positions % block_size
 
 
-def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(
+    qkv: torch.Tensor, heads: int, kv_heads: int, dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused projection ``(T, (heads + 2 kv_heads) dim)`` as queries ``(T, heads, dim)``, keys
     and values ``(T, kv_heads, dim)``, each contiguous: the ops contract (and the NPU kernels) take
     no strided inputs."""

@@ -101,7 +101,11 @@ def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, 
             continue
         if kind in ("F32", "F16", "BF16"):
             array = np.array(t.data, copy=True)
-            tensor = torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16) if kind == "BF16" else torch.from_numpy(array)
+            tensor = (
+                torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+                if kind == "BF16"
+                else torch.from_numpy(array)
+            )
         else:
             dequantized[kind] += 1
             tensor = torch.from_numpy(dequantize(t.data, GGMLQuantizationType[kind]).astype(np.float32))

@@ -1,15 +1,19 @@
 """Which weights an engine loads, and in what form: ``option.quantize`` against the checkpoint.
 
-- A GGUF file (the model directory converted from one links it, :data:`GGUF_SOURCE`): its
-  linear layers' blocks as they are (:mod:`.gguf_weights`), unless ``option.quantize=none``,
-  which loads the dequantized copy.
-- ``int8`` (CPUs): a dense checkpoint's linear projections quantized at load into Q8_0 blocks.
+- A GGUF file (the directory converted from one links it, :data:`GGUF_SOURCE`): its linear
+  layers' blocks as they are (:mod:`.gguf_weights`); ``option.quantize=none`` loads the
+  dequantized copy instead.
+- A checkpoint with a ``quantization_config`` (AWQ, GPTQ, FP8, compressed-tensors), or a dense
+  one with ``option.quantize`` fp8 or int8: :func:`.schemes.resolve_scheme` says how it is read,
+  :func:`.checkpoint.load_quantized_checkpoint` reads it. On a CPU, the GPU formats (4-bit
+  groups, FP8) are dequantized at load to the model's dtype; their kernels are CUDA's.
 - Otherwise the dense weights in the model's dtype.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,28 +22,13 @@ import torch
 
 from ...model_store import GGUF_SOURCE
 from ..models.weights import Piece, load_state_dict
-from .blocks import quantize_q8_0
+from .checkpoint import load_quantized_checkpoint
 from .gguf_weights import block_types, read_gguf
-
-log = logging.getLogger("lmiserve.quant")
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The linear layers of a decoder layer: what ``option.quantize`` quantizes (never the
-embeddings, the norms or the LM head)."""
+from .schemes import resolve_scheme
 
 
 class QuantizationError(ValueError):
     """``option.quantize`` cannot be served for this checkpoint on this device."""
-
-
-def is_projection(name: str) -> bool:
-    parts = name.split(".")
-    return len(parts) >= 3 and parts[-1] == "weight" and parts[-2] in PROJECTIONS and "layers" in parts
-
-
-def quantize_projections(tensors: dict[str, Any], fn: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
-    """``tensors`` with every decoder layer's projection weight replaced by ``fn(weight)``."""
-    return {name: fn(t) if is_projection(name) and isinstance(t, torch.Tensor) else t for name, t in tensors.items()}
 
 
 def load_weights(
@@ -49,27 +38,47 @@ def load_weights(
     quantize: str | None = None,
     pieces: Callable[[str], Piece] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """The model's tensors (quantized ones as :mod:`.weights` layouts) and a line saying what
-    was loaded (``GET /models``' ``quantization``)."""
-    source = Path(model_dir) / GGUF_SOURCE
+    """The model's tensors (quantized ones in :mod:`.weights` layouts) and what was loaded, in
+    words (``GET /models``' ``quantization`` and the start-up line)."""
+    model_dir = Path(model_dir)
     on_cpu = str(device).startswith("cpu")
     if quantize == "int8" and not on_cpu:
         raise QuantizationError("option.quantize=int8 runs on CPUs; on GPUs use fp8, awq or gptq")
+    if quantize == "fp8" and on_cpu:
+        raise QuantizationError("option.quantize=fp8 runs on GPUs of compute capability 8.9 or later; on CPUs use int8")
+    source = model_dir / GGUF_SOURCE
     if source.exists() and quantize != "none":
-        if quantize not in (None, "int8"):
-            raise QuantizationError(
-                f"option.quantize={quantize} needs a {quantize} checkpoint; a GGUF file is served from its own "
-                "blocks (leave option.quantize empty) or dequantized (option.quantize=none)"
-            )
-        if pieces is not None:
-            raise QuantizationError(
-                "tensor parallelism does not shard GGUF blocks; set option.quantize=none to serve the dequantized weights"
-            )
-        tensors = read_gguf(source.resolve(), dtype)
-        if not on_cpu:
-            tensors = {k: v.to(device) for k, v in tensors.items()}
-        return tensors, f"gguf blocks ({block_types(tensors) or 'none'})"
-    tensors = load_state_dict(model_dir, dtype, device, pieces)
-    if quantize == "int8":
-        return quantize_projections(tensors, quantize_q8_0), "int8 (q8_0 blocks of 32, fp16 scales)"
-    return tensors, "none"
+        return _gguf(source, dtype, device, quantize, pieces)
+    config = json.loads((model_dir / "config.json").read_text())
+    try:
+        scheme = resolve_scheme(config, quantize)
+    except ValueError as exc:
+        raise QuantizationError(str(exc)) from exc
+    if scheme is None:
+        return load_state_dict(model_dir, dtype, device, pieces), "none"
+    if pieces is not None:
+        raise QuantizationError(
+            f"tensor parallelism does not shard quantized weights yet ({scheme.describe()}); "
+            "set option.tensor_parallel_degree=1"
+        )
+    if on_cpu and scheme.weights != "q8_0" and not scheme.dequantize:
+        scheme = dataclasses.replace(scheme, dequantize=True)  # the CPU runs GPU formats dense
+    return load_quantized_checkpoint(model_dir, scheme, dtype, device), scheme.describe()
+
+
+def _gguf(
+    source: Path, dtype: torch.dtype, device: str, quantize: str | None, pieces: Callable[[str], Piece] | None
+) -> tuple[dict[str, Any], str]:
+    if quantize not in (None, "int8"):
+        raise QuantizationError(
+            f"option.quantize={quantize} needs a {quantize} checkpoint; a GGUF file is served from its own "
+            "blocks (leave option.quantize empty) or dequantized (option.quantize=none)"
+        )
+    if pieces is not None:
+        raise QuantizationError(
+            "tensor parallelism does not shard GGUF blocks; set option.quantize=none to serve the dequantized weights"
+        )
+    tensors = read_gguf(source.resolve(), dtype)
+    if not str(device).startswith("cpu"):
+        tensors = {name: t.to(device) for name, t in tensors.items()}
+    return tensors, f"gguf blocks ({block_types(tensors) or 'none'})"

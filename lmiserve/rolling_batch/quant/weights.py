@@ -92,10 +92,9 @@ class Int4Weight:
         return (self.qweight.shape[1], self.qweight.shape[0] * 8)
 
     def groups(self) -> torch.Tensor:
-        k = self.shape[1]
         if self.g_idx is not None:
             return self.g_idx.long()
-        return torch.arange(k, device=self.qweight.device) // self.group_size
+        return torch.arange(self.shape[1], device=self.qweight.device) // self.group_size
 
     def unpacked(self) -> torch.Tensor:
         """The quants as int32 ``(in, out)``."""
@@ -175,7 +174,11 @@ def cat_rows(parts: list) -> torch.Tensor | QuantizedWeight:  # type: ignore[typ
     if isinstance(first, Int4Weight):
         if any(p.group_size != first.group_size for p in parts):
             raise ValueError("a fused projection's parts have different group sizes")
-        if first.g_idx is not None and any(p.g_idx is None or not torch.equal(p.g_idx, first.g_idx) for p in parts):
+        if any(
+            (p.g_idx is None) != (first.g_idx is None)
+            or (p.g_idx is not None and not torch.equal(p.g_idx, first.g_idx))
+            for p in parts
+        ):
             raise ValueError("a fused projection's parts have different act-order group indices (g_idx)")
         return replace(
             first,

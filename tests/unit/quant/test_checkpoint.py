@@ -13,8 +13,9 @@ from lmiserve.rolling_batch.models.rope import rope_tables
 from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
 from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentionInputs
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
+from lmiserve.rolling_batch.quant.blocks import quantize_q8_0
 from lmiserve.rolling_batch.quant.checkpoint import load_quantized_checkpoint, read_safetensors
-from lmiserve.rolling_batch.quant.onthefly import PROJECTION, to_fp8, to_q8_0
+from lmiserve.rolling_batch.quant.onthefly import PROJECTION, to_fp8
 from lmiserve.rolling_batch.quant.schemes import checkpoint_scheme, resolve_scheme
 from lmiserve.rolling_batch.quant.weights import BlockWeight, Fp8Weight, Int4Weight, cat_rows, is_quantized
 from lmiserve.rolling_batch.quant.writers import write_quantized
@@ -72,7 +73,7 @@ def test_option_none_dequantizes(written):
     assert all(torch.equal(loaded[n], w) for n, w in represented.items())
 
 
-@pytest.mark.parametrize("quantize, layout, fn", [("fp8", Fp8Weight, to_fp8), ("int8", BlockWeight, to_q8_0)])
+@pytest.mark.parametrize("quantize, layout, fn", [("fp8", Fp8Weight, to_fp8), ("int8", BlockWeight, quantize_q8_0)])
 def test_plain_checkpoint_quantized_at_load(dense_model, quantize, layout, fn):
     plain = read_safetensors(dense_model)
     loaded = load(dense_model, quantize)
