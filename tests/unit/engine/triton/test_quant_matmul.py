@@ -207,3 +207,32 @@ def test_w8a16_decodes_every_e4m3_value(kernel_device):
     eye = torch.eye(256, device=kernel_device)
     got = fp8_linear(eye, weight, torch.ones(2, device=kernel_device), activations=False)
     assert torch.equal(got.t().cpu(), weight.float().cpu())
+
+
+def test_cuda_ops_below_compute_capability_8_9_take_w8a16(monkeypatch, kernel_device):
+    """Without fp8 instructions the activations stay as they are: the reference ops' product."""
+    from lmiserve.rolling_batch.ops import cuda_quant
+
+    monkeypatch.setattr(cuda_quant, "fp8_activations", lambda x: False)
+    weight = fp8_weight(N, 128).to(kernel_device)
+    x, b = (t.to(kernel_device) for t in activations(5, 128))
+    cuda, ref = create_ops("cpu", "cuda"), ReferenceOps()
+    close(cuda.linear(x, cuda.prepare_linear(weight, b)), ref.linear(x, ref.prepare_linear(weight, b)), 4e-3)
+
+
+def test_no_rows(kernel_device):
+    w = int4_weight(N, 128, 32).to(kernel_device)
+    f = fp8_weight(N, 128).to(kernel_device)
+    x = torch.zeros(0, 128, dtype=torch.bfloat16, device=kernel_device)
+    assert int4_linear(x, w.qweight, w.scales, w.zeros, 32).shape == (0, N)
+    assert fp8_linear(x, f.weight, f.scale).shape == (0, N)
+
+
+def test_the_warm_up_steps_reach_every_configuration():
+    """The warm-up's eager steps of 1 and PROMPT_ROWS rows run both configurations of each
+    kernel (every quantized projection of the model, in the model's dtype)."""
+    from lmiserve.rolling_batch.warmup import PROMPT_ROWS
+
+    reached = {int4_config(m, 4096, 4096, 128) for m in (1, PROMPT_ROWS)}
+    assert reached == {c for _, c in int4_matmul.int4_variants(4096, 4096, 128)}
+    assert {fp8_matmul.fp8_config(m) for m in (1, PROMPT_ROWS)} == {c for _, c in fp8_matmul.fp8_variants()}
