@@ -19,9 +19,10 @@ What changes a token's rounding with the batch, and what is done about it here:
 On CUDA (the Triton ops) neither blocks nor expansion are needed, and both cost a launch per
 block or per token and host reads of the lengths: every linear layer (the LM head included) is
 one launch of a matrix multiply with a single fixed tiling and no split of the inner dimension
-(:mod:`.triton_kernels.invariant_matmul`), and attention is one launch of the paged kernel over
-every row, decodes included, with its query tile pinned (:data:`.triton_kernels.attention.
-INVARIANT_BLOCK_M`). Both are sized from shapes and ``max_q_len`` alone, so these steps can be
+(:mod:`.triton_kernels.invariant_matmul`; for quantized weights the int4 and fp8 kernels in
+such a tiling, never ``_scaled_mm``: :mod:`.cuda_quant`), and attention is one launch of the
+paged kernel over every row, decodes included, with its query tile pinned
+(:data:`.triton_kernels.attention.INVARIANT_BLOCK_M`). Both are sized from shapes and ``max_q_len`` alone, so these steps can be
 captured as graphs, prompt chunks included.
 
 Sampling is already per row, with per-request generators. Different dtypes, devices or kernel
@@ -75,7 +76,7 @@ class BatchInvariantOps(OpsWrapper):
     # --- rows ---------------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if self._cuda:
-            return self.inner.kernels.invariant_linear(x, w.weight, w.bias)  # type: ignore[attr-defined]
+            return self.inner.invariant_linear(x, w)  # type: ignore[attr-defined]
         if _rows_apart(x, w):
             return self.inner.linear(x, w)
         shape = x.shape

@@ -15,8 +15,19 @@
 - LoRA: two launches per projection over the step's device index of adapter rows, sized by
   host integers only (:mod:`.triton_kernels.lora`), so they are captured with the rest.
 - Linear layers: cuBLAS through ``F.linear`` on the fused QKV and gate/up weights.
+- Quantized linear layers (:mod:`.cuda_quant`, one launch per projection, fused ones included;
+  the gate/up product is then the SwiGLU kernel's input as for dense weights):
+
+  - 4-bit groups (AWQ, GPTQ, act-order too): :mod:`.triton_kernels.int4_matmul`, dequantized
+    in the kernel per tile; decode steps (up to 16 rows) split the inner dimension into a fixed
+    number of parts, summed in order by a second launch.
+  - FP8 per channel: W8A8 on compute capability 8.9 and up (activations quantized per token by
+    a Triton kernel, then ``torch._scaled_mm`` for bf16, else :mod:`.triton_kernels.fp8_matmul`),
+    W8A16 below (weights dequantized in the kernel).
+  - GGUF blocks: dequantized once to the model's dtype, then as dense weights.
 - Deterministic mode (:mod:`.batch_invariant`) uses the same kernels differently: linear layers
-  through :mod:`.triton_kernels.invariant_matmul`, and every row (decodes too) through one launch
+  through :mod:`.triton_kernels.invariant_matmul` (quantized ones through their kernels with one
+  fixed tiling and no split of the inner dimension), and every row (decodes too) through one launch
   of :mod:`.triton_kernels.attention` with a fixed query tile.
 
 Triton comes with CUDA builds of torch. The same kernels run on the CPU under
@@ -27,6 +38,8 @@ from __future__ import annotations
 
 import torch
 
+from . import cuda_quant
+from .interface import LinearWeight
 from .metadata import PagedAttentionInputs
 from .reference import ReferenceOps
 
@@ -36,10 +49,26 @@ _HALF = (torch.float16, torch.bfloat16)
 class CudaOps(ReferenceOps):
     name = "cuda"
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the model's, where known, to dequantize GGUF blocks to at prepare."""
         from . import triton_kernels
 
         self.kernels = triton_kernels
+        self.dtype = dtype
+
+    def prepare_linear(self, weight, bias=None):  # type: ignore[no-untyped-def]
+        if isinstance(weight, torch.Tensor):
+            return super().prepare_linear(weight, bias)
+        return cuda_quant.prepare(weight, None if bias is None else bias.contiguous(), self.dtype)
+
+    def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if w.quant is None:
+            return super().linear(x, w)
+        return cuda_quant.linear(self.kernels, x, w)
+
+    def invariant_linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        """:meth:`linear` with each row's bits independent of the other rows (deterministic mode)."""
+        return cuda_quant.linear(self.kernels, x, w, invariant=True)
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
         self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)

@@ -21,3 +21,19 @@ def cast(x, dtype: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(dtype)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def to_e4m3(x):
+    """fp32 ``x`` (within +-448) as e4m3, rounded to nearest even. The interpreter's conversion
+    loses a rounding that carries into the next power of two (124.3 becomes 64), so there the
+    value is first rounded onto the e4m3 grid in fp32 and then converted exactly."""
+    if INTERPRETED:
+        raw = x.to(tl.uint32, bitcast=True)
+        bits = raw & 0x7FFFFFFF
+        mag = bits.to(tl.float32, bitcast=True)
+        normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+        subnormal = ((mag + 16384.0) - 16384.0).to(tl.uint32, bitcast=True)  # a multiple of 2**-9
+        bits = tl.where(mag < 0.015625, subnormal, normal)
+        x = (bits | (raw & 0x80000000)).to(tl.float32, bitcast=True)  # the sign as it was (-0 too)
+    return x.to(tl.float8e4nv)
