@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""What deterministic mode and LoRA adapters cost, against the default server, in one run:
+"""What deterministic mode, LoRA adapters and quantized weights cost or gain, against a base
+server, in one run:
 
     python scripts/mode_bench.py [--shape default] [--device cpu] [--concurrency 1,8,32]
-                                 [--modes default,deterministic,lora4] [--api openai]
+                                 [--modes default,deterministic,lora4] [--base default] [--api openai]
 
 Each mode is its own server, started, measured with ``lmiserve bench`` and stopped in turn, on
 the same model: ``default``; ``deterministic`` (``option.deterministic=true``); ``loraN`` (N random
-rank-16 adapters on every projection, ``option.max_loras=N``, requests spread evenly over them).
+rank-16 adapters on every projection, ``option.max_loras=N``, requests spread evenly over them);
+``quantize-X`` (``option.quantize=X``: none, int8 or fp8); ``awq``, ``gptq``, ``fp8-checkpoint``
+(the random model written in that format by ``scripts/random_model.py --quantize``).
 ``--shape``: ``default`` (the embedded SmolLM2) or a shape of ``scripts/random_model.py``
 (``llama-1b``, ``llama-8b``, ...; random weights). Load: streaming, 190-token prompts, 128 new
-tokens, ``ignore_eos``. A table of throughput and TTFT p99 per level, each as a ratio to the default
-server's, is printed at the end; the reports land in ``--work``.
+tokens, ``ignore_eos``. A table of throughput and TTFT p99 per level, each as a ratio to the base
+server's (``--base``), is printed at the end; the reports land in ``--work``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def _props(args: argparse.Namespace, model: Path | None, mode: str) -> list[str]
         lines.append(f"option.model_id={model}")
     if mode == "deterministic":
         lines.append("option.deterministic=true")
+    if mode.startswith("quantize-"):
+        lines.append(f"option.quantize={mode.removeprefix('quantize-')}")
     if adapters := _adapter_count(mode):
         lines += ["option.enable_lora=true", f"option.max_loras={adapters}", "option.max_lora_rank=16"]
     return lines
@@ -97,22 +102,26 @@ def run_mode(args: argparse.Namespace, work: Path, model: Path | None, mode: str
     return json.loads((work / mode / "report.json").read_text())
 
 
-def table(reports: dict[str, dict]) -> str:
-    """Throughput and TTFT p99 per level, and each as a ratio to the default server's."""
+CHECKPOINTS = {"awq": "awq", "gptq": "gptq", "fp8-checkpoint": "fp8"}
+"""Modes served from the random model written quantized, by ``random_model.py --quantize`` format."""
+
+
+def table(reports: dict[str, dict], base_mode: str = "default") -> str:
+    """Throughput and TTFT p99 per level, and each as a ratio to the base server's."""
     rows = {mode: {r["concurrency"]: r for r in report["server"]} for mode, report in reports.items()}
     levels = sorted({c for per in rows.values() for c in per})
-    base = rows.get("default", {})
+    base = rows.get(base_mode, {})
     head = [f"c={c} tok/s" for c in levels] + [f"TTFT p99 c={c}" for c in levels]
     lines = ["| mode | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for mode, per in rows.items():
         cells = []
         for c in levels:
             tps = per[c]["output_tokens_per_s"] if c in per else float("nan")
-            ratio = f" ({tps / base[c]['output_tokens_per_s']:.2f}x)" if c in base and mode != "default" else ""
+            ratio = f" ({tps / base[c]['output_tokens_per_s']:.2f}x)" if c in base and mode != base_mode else ""
             cells.append(f"{tps:.1f}{ratio}")
         for c in levels:
             ttft = per[c]["ttft_s"]["p99"] if c in per else float("nan")
-            ratio = f" ({ttft / base[c]['ttft_s']['p99']:.2f}x)" if c in base and mode != "default" else ""
+            ratio = f" ({ttft / base[c]['ttft_s']['p99']:.2f}x)" if c in base and mode != base_mode else ""
             cells.append(f"{ttft * 1e3:.0f} ms{ratio}")
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -125,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--modes", default="default,deterministic,lora4")
+    ap.add_argument("--base", default="default", help="the mode the ratios are taken against")
     ap.add_argument("--api", default="openai")
     ap.add_argument("--port", type=int, default=8095)
     ap.add_argument("--max-batch", type=int, default=0, help="option.max_rolling_batch_size (0: the device's default)")
@@ -136,8 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         model = work / "model"
         cmd = [sys.executable, str(ROOT / "scripts/random_model.py"), args.shape, str(model), "--dtype", args.dtype]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    reports = {mode: run_mode(args, work, model, mode) for mode in args.modes.split(",")}
-    print(table(reports))
+    reports = {}
+    for mode in args.modes.split(","):
+        served = model
+        if mode in CHECKPOINTS:
+            if model is None:
+                sys.exit(f"mode {mode} needs a --shape (a random model to write in that format)")
+            served = work / f"model-{mode}"
+            cmd = [sys.executable, str(ROOT / "scripts/random_model.py"), args.shape, str(served)]
+            cmd += ["--dtype", args.dtype, "--quantize", CHECKPOINTS[mode]]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        reports[mode] = run_mode(args, work, served, mode)
+    print(table(reports, args.base))
     print(f"reports: {work}")
     return 0
 

@@ -53,7 +53,7 @@ class ModelRunner:
         cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)
         if shard is None or shard.world_size == 1:
             self.spec = spec
-            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize)
+            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
             self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
         else:
             import torch.distributed as dist
@@ -61,7 +61,8 @@ class ModelRunner:
             self.spec = local_spec(spec, shard)
             head = shard.rank == 0
             pieces = shard_pieces(spec, shard, lm_head=head)
-            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, pieces)
+            formats = self.ops.native_formats
+            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, formats, pieces)
             self.model = DecoderModel(self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head)
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -118,7 +118,7 @@ def test_the_servers_api_cpu_is_read_from_its_metrics(monkeypatch):
 
     from lmiserve.bench import command
 
-    text = "# TYPE lmiserve_api_cpu_seconds counter\nlmiserve_api_cpu_seconds_total{model=\"\"} 12.5\nother_total 3.0\n"
+    text = '# TYPE lmiserve_api_cpu_seconds counter\nlmiserve_api_cpu_seconds_total{model=""} 12.5\nother_total 3.0\n'
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=text))
     assert command.api_cpu_seconds("http://server") == 12.5
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text="other_total 3.0\n"))

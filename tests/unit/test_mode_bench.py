@@ -46,3 +46,15 @@ def test_the_table_gives_each_mode_as_a_ratio_to_the_default_server():
     assert text[0] == "| mode | c=1 tok/s | c=32 tok/s | TTFT p99 c=1 | TTFT p99 c=32 |"
     assert text[2] == "| default | 100.0 | 1000.0 | 50 ms | 200 ms |"
     assert text[3] == "| deterministic | 90.0 (0.90x) | 850.0 (0.85x) | 60 ms (1.20x) | 300 ms (1.50x) |"
+
+
+def test_quantized_modes_and_a_chosen_base():
+    model = Path("/m")
+    default = mode_bench._props(_args(), model, "default")
+    assert mode_bench._props(_args(), model, "quantize-int8") == default + ["option.quantize=int8"]
+    text = mode_bench.table(
+        {"quantize-none": _report({1: (80.0, 0.05)}), "default": _report({1: (100.0, 0.04)})}, "quantize-none"
+    ).splitlines()
+    assert text[2] == "| quantize-none | 80.0 | 50 ms |"
+    assert text[3] == "| default | 100.0 (1.25x) | 40 ms (0.80x) |"
+    assert set(mode_bench.CHECKPOINTS) == {"awq", "gptq", "fp8-checkpoint"}

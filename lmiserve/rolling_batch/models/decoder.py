@@ -56,15 +56,16 @@ class DecoderModel:
         self.norm = take(tensors, "norm.weight")
         self.dtype = self.norm.dtype
         self.embed = dense(embed, self.dtype)
-        """The token embeddings, dense (a step reads only its tokens' rows); a tied LM head may
-        keep them quantized."""
+        """The token embeddings, dense (a step reads only its tokens' rows; a tied LM head is
+        this dense weight too)."""
         self.cos = cos.to(self.embed.device)
         self.sin = sin.to(self.embed.device)
         self.layers = [self._layer(tensors, i) for i in range(spec.num_layers)]
         head = tensors.get("lm_head.weight")
         self.lm_head = None
         if lm_head:
-            self.lm_head = ops.prepare_linear(embed if spec.tie_word_embeddings or head is None else head)
+            # tied: the dense embeddings (held for the lookup anyway) rather than their blocks
+            self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.head_dim**-0.5
         self.lora: Any = None
         """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""

@@ -48,7 +48,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def _rows_apart(x: torch.Tensor, w: LinearWeight) -> bool:
     """Whether ``w``'s kernel forms each row of ``x`` on its own (see :data:`ROW_INVARIANT_PACKINGS`)."""
-    return w.packing in ROW_INVARIANT_PACKINGS and (x.dtype == torch.bfloat16 or w.packing == "gguf")
+    return w.packing in ROW_INVARIANT_PACKINGS and (x.dtype == torch.bfloat16 or w.packing.startswith("gguf"))
 
 
 def in_blocks(fn, x: torch.Tensor, *args):  # type: ignore[no-untyped-def]

@@ -37,9 +37,11 @@ from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
 from .reference import LinearWeight, ReferenceOps, quantized_linear
 
 _HALF = (torch.bfloat16, torch.float16)
-_GGUF_ROWS = (torch.bfloat16, torch.float32)
 GGUF_KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
 """The GGUF block types ``csrc/quant_linear.cpp`` runs, by its number for them."""
+GGUF_PACKINGS = {f"gguf-{kind}": n for kind, n in GGUF_KINDS.items()}
+GGUF_TILE_ROWS = 4
+"""With AMX: rows of bf16 x from which GGUF-block layers run on the tiles (``csrc/quant_linear_amx.cpp``)."""
 LONG_RUN = 32
 """Rows from which a LoRA run is faster as two oneDNN products than in the row-by-row kernel."""
 TILE_RUN = 4
@@ -58,11 +60,16 @@ class CpuOps(ReferenceOps):
 
     def __init__(self, row_invariant: bool = False) -> None:
         """``row_invariant`` (deterministic mode): every LoRA run goes through one of the C++
-        kernels, whose rows do not depend on each other (the linear kernel's never do)."""
+        kernels, whose rows do not depend on each other (the linear kernel's never do), and GGUF
+        blocks take one path whatever the number of rows."""
         self.kernels = load_kernels()
+        self.native_formats = ("gguf",) if self.kernels else ()
         self.row_invariant = row_invariant
         self.own_linear = bf16_linear_kernel()
         self.tiles = self.own_linear and amx_tiles()
+        self.gguf_tile_rows = (1 if row_invariant else GGUF_TILE_ROWS) if self.tiles else 0
+        """Rows from which GGUF-block layers take the tiles (0: never); in deterministic mode all
+        of them, so that no row's sums change with the batch."""
         self._lora_packs: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
 
     def _own_kernel_takes(self, weight: torch.Tensor) -> bool:
@@ -82,12 +89,12 @@ class CpuOps(ReferenceOps):
         return prepared
 
     def _prepare_quantized(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearWeight:
-        """GGUF blocks run in ``csrc/quant_linear.cpp`` as they are; the GPU formats, which the
-        loader dequantizes for a CPU, take the reference ops' product."""
-        prepared = quantized_linear(weight, bias)
-        if isinstance(weight, BlockWeight) and self.kernels:
-            prepared.packing = "gguf"
-        return prepared
+        """GGUF blocks repacked for ``csrc/quant_linear.cpp`` (the blocks themselves are not
+        kept); the GPU formats, which the loader dequantizes for a CPU, take the reference ops'."""
+        if not (isinstance(weight, BlockWeight) and self.kernels):
+            return quantized_linear(weight, bias)
+        packed = torch.ops.lmiserve_cpu.pack_gguf(weight.blocks, GGUF_KINDS[weight.kind], weight.in_features)
+        return LinearWeight(torch.empty(weight.shape, device="meta"), bias, packed, f"gguf-{weight.kind}")
 
     def prepare_gate_up(self, weight):  # type: ignore[no-untyped-def]
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
@@ -105,8 +112,9 @@ class CpuOps(ReferenceOps):
         return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
-        if w.packing == "gguf" and x.dtype in _GGUF_ROWS:
-            return torch.ops.lmiserve_cpu.linear_gguf(x, w.quant.blocks, GGUF_KINDS[w.quant.kind], w.bias)  # type: ignore[union-attr]
+        if w.packing in GGUF_PACKINGS:
+            kind = GGUF_PACKINGS[w.packing]
+            return torch.ops.lmiserve_cpu.linear_gguf(x, w.packed, kind, w.bias, self.gguf_tile_rows)
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:
             return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, w.bias, w.weight.shape[0], 0, self.tiles)
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:

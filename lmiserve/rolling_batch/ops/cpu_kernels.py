@@ -39,6 +39,7 @@ _SOURCES = [
         "linear_amx.cpp",
         "lora_amx.cpp",
         "quant_linear.cpp",
+        "quant_linear_amx.cpp",
     )
 ]
 PACK_BATCH_HINT = 32

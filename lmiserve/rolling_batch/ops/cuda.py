@@ -48,6 +48,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 class CudaOps(ReferenceOps):
     name = "cuda"
+    native_formats: tuple[str, ...] = ("int4", "fp8")
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         """``dtype``: the model's, where known, to dequantize GGUF blocks to at prepare."""

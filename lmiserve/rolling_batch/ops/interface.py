@@ -36,7 +36,7 @@ class LinearWeight:
         return self.weight.shape[0]
 
 
-ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated", "gguf")
+ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated", "gguf-q4_0", "gguf-q4_1", "gguf-q8_0")
 """Packings whose product forms each row's sums in the same order whatever the other rows (the
 CPU's ``csrc/linear.cpp`` for bf16 rows, ``csrc/quant_linear.cpp`` for any), so deterministic
 mode runs them whole rather than in fixed blocks."""
@@ -47,6 +47,9 @@ class Ops(Protocol):
     """The device ops (shapes as :mod:`.reference` documents them). ``T`` is a tensor."""
 
     name: str
+    native_formats: tuple[str, ...]
+    """The quantized layouts (``gguf``, ``int4``, ``fp8``) these ops multiply as they are; the
+    loader dequantizes the others."""
 
     # linear layers
     def prepare_linear(self, weight: T | QuantizedWeight, bias: T | None = None) -> LinearWeight: ...
@@ -87,6 +90,10 @@ class OpsWrapper(Ops):
     def kernels(self) -> bool:
         """Whether the innermost ops run compiled kernels (the CPU ops may fall back)."""
         return bool(getattr(self.inner, "kernels", False))
+
+    @property
+    def native_formats(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.native_formats
 
 
 OP_NAMES = tuple(name for name in vars(Ops) if not name.startswith("_") and callable(getattr(Ops, name)))

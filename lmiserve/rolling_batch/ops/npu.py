@@ -40,6 +40,7 @@ ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 
 class NpuOps(ReferenceOps):
     name = "npu"
+    native_formats: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         import torch_npu

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
-from ..quant.weights import QuantizedWeight, is_quantized
+from ..quant.fp8_activations import w8a8_reference
+from ..quant.weights import Fp8Weight, QuantizedWeight, is_quantized
 from .interface import LinearWeight, Ops
 from .metadata import LoraStep, PagedAttentionInputs
 
@@ -44,6 +45,8 @@ class ReferenceOps(Ops):
     """The :class:`~.interface.Ops` in plain torch; the device implementations fall back to it."""
 
     name = "reference"
+    native_formats: tuple[str, ...] = ("gguf", "int4", "fp8")
+    """Every format: :meth:`linear` is each one's definition (it dequantizes per call)."""
 
     # --- linear layers -----------------------------------------------------------------
     def prepare_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> LinearWeight:
@@ -53,6 +56,8 @@ class ReferenceOps(Ops):
         return LinearWeight(weight.contiguous(), bias)  # type: ignore[union-attr]
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if isinstance(w.quant, Fp8Weight):  # W8A8: activations quantized per token too
+            return w8a8_reference(x, w.quant.weight, w.quant.scale, w.bias)
         if w.quant is not None:  # the definition: weights dequantized in fp32, then the product
             return F.linear(x, w.quant.dequantize(x.dtype), w.bias)
         return F.linear(x, w.weight, w.bias)

@@ -1,10 +1,11 @@
 """A GGUF file's tensors, under Hugging Face names, with the linear layers' blocks kept as they are.
 
-Q4_0, Q4_1 and Q8_0 weights of the linear layers (and of the LM head, tied to the embeddings
-or not) become :class:`~.weights.BlockWeight`; every other tensor, and a linear weight of a type
-the block kernels do not run (the K-quants, for one), is dequantized by gguf-py to the model's
-dtype, and the types dequantized are named once at start. The token embeddings are dequantized
-too (a step reads only its tokens' rows), while a tied LM head keeps the embeddings' blocks.
+Q4_0, Q4_1 and Q8_0 weights of the linear layers (and of an LM head of its own) become
+:class:`~.weights.BlockWeight`; every other tensor, and a linear weight of a type the block
+kernels do not run (the K-quants, for one), is dequantized by gguf-py to the model's dtype, and
+the types dequantized are named once at start. The token embeddings are dequantized too: a step
+reads only its tokens' rows, and an LM head tied to them multiplies the dense table (on a CPU
+whose caches hold it, faster than Q8_0 blocks; it is in memory for the lookup anyway).
 
 llama.cpp stores a Llama's query and key rows permuted for its rotary layout (each head's rows
 interleaved by halves); they are put back in Hugging Face's order, as transformers does when it
@@ -90,7 +91,7 @@ def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, 
             log.warning("%s: tensor %s is not used", path.name, t.name)
             continue
         kind = t.tensor_type.name
-        linear = name.endswith("_proj.weight") or name == "lm_head.weight" or name == "model.embed_tokens.weight"
+        linear = name.endswith("_proj.weight") or name == "lm_head.weight"
         order = None
         if arch in _PERMUTED and heads and (".q_proj." in name or ".k_proj." in name):
             order = unpermute_rows(int(t.shape[-1]), heads if ".q_proj." in name else kv_heads)

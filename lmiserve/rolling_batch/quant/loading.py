@@ -1,12 +1,14 @@
-"""Which weights an engine loads, and in what form: ``option.quantize`` against the checkpoint.
+"""Which weights an engine loads, and in what form: ``option.quantize`` against the checkpoint
+and what the device's ops multiply as it is (their ``native_formats``: the CPU's kernels run GGUF
+blocks, CUDA's Triton kernels 4-bit groups and FP8); any other quantized weight is dequantized
+at load to the model's dtype.
 
 - A GGUF file (the directory converted from one links it, :data:`GGUF_SOURCE`): its linear
   layers' blocks as they are (:mod:`.gguf_weights`); ``option.quantize=none`` loads the
-  dequantized copy instead.
+  dequantized copy.
 - A checkpoint with a ``quantization_config`` (AWQ, GPTQ, FP8, compressed-tensors), or a dense
   one with ``option.quantize`` fp8 or int8: :func:`.schemes.resolve_scheme` says how it is read,
-  :func:`.checkpoint.load_quantized_checkpoint` reads it. On a CPU, the GPU formats (4-bit
-  groups, FP8) are dequantized at load to the model's dtype; their kernels are CUDA's.
+  :func:`.checkpoint.load_quantized_checkpoint` reads it.
 - Otherwise the dense weights in the model's dtype.
 """
 
@@ -26,6 +28,10 @@ from .checkpoint import load_quantized_checkpoint
 from .gguf_weights import block_types, read_gguf
 from .schemes import resolve_scheme
 
+EVERY_FORMAT = ("gguf", "int4", "fp8")
+FORMAT_OF = {"int4": "int4", "fp8": "fp8", "q8_0": "gguf"}
+"""The ops format that runs each scheme's weights (:attr:`~.schemes.CheckpointScheme.weights`)."""
+
 
 class QuantizationError(ValueError):
     """``option.quantize`` cannot be served for this checkpoint on this device."""
@@ -36,19 +42,23 @@ def load_weights(
     dtype: torch.dtype,
     device: str,
     quantize: str | None = None,
+    native: tuple[str, ...] = EVERY_FORMAT,
     pieces: Callable[[str], Piece] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The model's tensors (quantized ones in :mod:`.weights` layouts) and what was loaded, in
     words (``GET /models``' ``quantization`` and the start-up line)."""
     model_dir = Path(model_dir)
-    on_cpu = str(device).startswith("cpu")
-    if quantize == "int8" and not on_cpu:
-        raise QuantizationError("option.quantize=int8 runs on CPUs; on GPUs use fp8, awq or gptq")
-    if quantize == "fp8" and on_cpu:
-        raise QuantizationError("option.quantize=fp8 runs on GPUs of compute capability 8.9 or later; on CPUs use int8")
+    if quantize == "int8" and "gguf" not in native:
+        raise QuantizationError(
+            "option.quantize=int8 runs on CPUs (the C++ block kernels); on GPUs use fp8, awq or gptq"
+        )
+    if quantize == "fp8" and "fp8" not in native:
+        raise QuantizationError(
+            "option.quantize=fp8 runs on CUDA GPUs (compute capability 8.9 or later); on CPUs use int8"
+        )
     source = model_dir / GGUF_SOURCE
     if source.exists() and quantize != "none":
-        return _gguf(source, dtype, device, quantize, pieces)
+        return _gguf(source, dtype, device, quantize, "gguf" in native, pieces)
     config = json.loads((model_dir / "config.json").read_text())
     try:
         scheme = resolve_scheme(config, quantize)
@@ -61,13 +71,18 @@ def load_weights(
             f"tensor parallelism does not shard quantized weights yet ({scheme.describe()}); "
             "set option.tensor_parallel_degree=1"
         )
-    if on_cpu and scheme.weights != "q8_0" and not scheme.dequantize:
-        scheme = dataclasses.replace(scheme, dequantize=True)  # the CPU runs GPU formats dense
+    if FORMAT_OF.get(scheme.weights) not in native and not scheme.dequantize:
+        scheme = dataclasses.replace(scheme, dequantize=True)  # these ops have no kernel for it
     return load_quantized_checkpoint(model_dir, scheme, dtype, device), scheme.describe()
 
 
 def _gguf(
-    source: Path, dtype: torch.dtype, device: str, quantize: str | None, pieces: Callable[[str], Piece] | None
+    source: Path,
+    dtype: torch.dtype,
+    device: str,
+    quantize: str | None,
+    blocks: bool,
+    pieces: Callable[[str], Piece] | None,
 ) -> tuple[dict[str, Any], str]:
     if quantize not in (None, "int8"):
         raise QuantizationError(
@@ -78,7 +93,9 @@ def _gguf(
         raise QuantizationError(
             "tensor parallelism does not shard GGUF blocks; set option.quantize=none to serve the dequantized weights"
         )
-    tensors = read_gguf(source.resolve(), dtype)
+    tensors = read_gguf(source.resolve(), dtype, blocks=blocks)
     if not str(device).startswith("cpu"):
         tensors = {name: t.to(device) for name, t in tensors.items()}
+    if not blocks:
+        return tensors, "gguf (dequantized at load: these ops have no block kernels)"
     return tensors, f"gguf blocks ({block_types(tensors) or 'none'})"

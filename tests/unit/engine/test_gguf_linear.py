@@ -1,4 +1,5 @@
-"""The CPU kernel for GGUF blocks (``csrc/quant_linear.cpp``) against the weights dequantized in fp32."""
+"""The CPU kernel for GGUF blocks (``csrc/quant_linear.cpp``, on AMX tiles
+``csrc/quant_linear_amx.cpp``) against the weights dequantized in fp32."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import quantize
 
-from lmiserve.rolling_batch.ops.cpu_kernels import load_kernels
+from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel, load_kernels
 from lmiserve.rolling_batch.quant.weights import BlockWeight
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="the CPU kernels do not build here")
 
 KINDS = {"q4_0": (0, GT.Q4_0), "q4_1": (1, GT.Q4_1), "q8_0": (2, GT.Q8_0)}
+TILES = [0] + ([1] if amx_tiles() else [])
+"""Rows from which the tiles run: never, and (with AMX) always."""
 
 
 def blocks(kind: str, n: int, k: int, seed: int = 0) -> BlockWeight:
@@ -23,44 +26,59 @@ def blocks(kind: str, n: int, k: int, seed: int = 0) -> BlockWeight:
     return BlockWeight(kind, torch.from_numpy(np.ascontiguousarray(raw)), k)
 
 
+def packed(w: BlockWeight) -> torch.Tensor:
+    return torch.ops.lmiserve_cpu.pack_gguf(w.blocks, KINDS[w.kind][0], w.in_features)
+
+
+def linear(x, w: BlockWeight, bias=None, tile_rows=0):  # type: ignore[no-untyped-def]
+    return torch.ops.lmiserve_cpu.linear_gguf(x, packed(w), KINDS[w.kind][0], bias, tile_rows)
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-@pytest.mark.parametrize("n", [8, 13])
-def test_fp32_rows_match_dequantized_weights(kind: str, m: int, n: int) -> None:
-    w = blocks(kind, n, 96)
-    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(1))
-    bias = torch.randn(n)
-    got = torch.ops.lmiserve_cpu.linear_gguf(x, w.blocks, KINDS[kind][0], bias)
+@pytest.mark.parametrize("k", [96, 128])
+def test_fp32_rows_match_dequantized_weights(kind: str, m: int, k: int) -> None:
+    """96 inputs: three blocks, an odd number (Q4's last pair half empty)."""
+    w = blocks(kind, 13, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(13)
+    got = linear(x, w, bias)
     want = F.linear(x.double(), w.dequantize(torch.float64), bias.double())
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.skipif(not bf16_linear_kernel(), reason="bf16 rows run through fp32 without AVX512_BF16")
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("m", [1, 4, 7])
-def test_bf16_rows_match_the_bf16_weights(kind: str, m: int) -> None:
-    """bf16 x: the product of the weights rounded to bf16 (what a bf16 model holds), summed in fp32."""
-    w = blocks(kind, 12, 128)
-    x = torch.randn(m, 128, generator=torch.Generator().manual_seed(2)).bfloat16()
-    got = torch.ops.lmiserve_cpu.linear_gguf(x, w.blocks, KINDS[kind][0], None)
-    assert got.dtype == torch.bfloat16 and got.shape == (m, 12)
-    want = F.linear(x.double(), w.dequantize(torch.bfloat16).double())
-    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=2e-2)
+@pytest.mark.parametrize("m", [1, 4, 7, 40])
+@pytest.mark.parametrize("tile_rows", TILES)
+def test_bf16_rows_match_the_dequantized_weights(kind: str, m: int, tile_rows: int) -> None:
+    """Products in fp32 of bf16 x; within bf16 rounding of the exact product."""
+    w = blocks(kind, 37, 96)
+    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
+    bias = torch.randn(37)
+    got = linear(x, w, bias, tile_rows)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, 37)
+    want = F.linear(x.double(), w.dequantize(torch.float64), bias.double())
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=5e-2)
 
 
-def test_a_row_does_not_depend_on_the_others() -> None:
+@pytest.mark.parametrize("tile_rows", TILES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_the_others(tile_rows: int, dtype: torch.dtype) -> None:
     w = blocks("q4_1", 20, 64)
-    x = torch.randn(11, 64).bfloat16()
-    whole = torch.ops.lmiserve_cpu.linear_gguf(x, w.blocks, 1, None)
-    for i in range(11):
-        alone = torch.ops.lmiserve_cpu.linear_gguf(x[i : i + 1], w.blocks, 1, None)
-        assert torch.equal(alone[0], whole[i])
+    x = torch.randn(35, 64).to(dtype)
+    whole = linear(x, w, None, tile_rows)
+    for i in (0, 16, 34):
+        assert torch.equal(linear(x[i : i + 1], w, None, tile_rows)[0], whole[i])
 
 
-def test_batched_leading_dimensions_and_wrong_shapes() -> None:
+def test_fp16_rows_leading_dimensions_and_wrong_shapes() -> None:
     w = blocks("q8_0", 6, 64)
     x = torch.randn(2, 3, 64)
-    y = torch.ops.lmiserve_cpu.linear_gguf(x, w.blocks, 2, None)
+    y = linear(x, w)
     assert y.shape == (2, 3, 6)
     torch.testing.assert_close(y, F.linear(x, w.dequantize()), rtol=1e-5, atol=1e-4)
+    half = linear(x.half(), w)
+    assert half.dtype == torch.float16
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.lmiserve_cpu.linear_gguf(torch.randn(1, 96), w.blocks, 2, None)
+        torch.ops.lmiserve_cpu.linear_gguf(torch.randn(1, 96), packed(w), 2, None, 0)

@@ -1,7 +1,6 @@
 """Tensor parallelism on the CPU, without processes: the sharding arithmetic, and the sharded
 forward pass against the whole model."""
 
-
 import pytest
 import torch
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from lmiserve.rolling_batch.models import decoder as decoder_module
 from lmiserve.rolling_batch.models.decoder import DecoderModel
 from lmiserve.rolling_batch.models.rope import rope_tables
 from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
@@ -15,9 +15,10 @@ from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentio
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.quant.blocks import quantize_q8_0
 from lmiserve.rolling_batch.quant.checkpoint import load_quantized_checkpoint, read_safetensors
+from lmiserve.rolling_batch.quant.fp8_activations import w8a8_reference
 from lmiserve.rolling_batch.quant.onthefly import PROJECTION, to_fp8
 from lmiserve.rolling_batch.quant.schemes import checkpoint_scheme, resolve_scheme
-from lmiserve.rolling_batch.quant.weights import BlockWeight, Fp8Weight, Int4Weight, cat_rows, is_quantized
+from lmiserve.rolling_batch.quant.weights import BlockWeight, Fp8Weight, Int4Weight, is_quantized
 from lmiserve.rolling_batch.quant.writers import write_quantized
 from tests.tiny_models import build_model
 
@@ -94,16 +95,20 @@ def test_to_fp8_scales_each_channel_to_448():
     assert torch.equal(q.dequantize()[:2], w[:2])
 
 
-class _TorchQuantCat:
-    """``torch`` for the decoder module, whose fused projections concatenate with torch.cat:
-    quantized parts through ``cat_rows``."""
+class _WeightsOnly(ReferenceOps):
+    """The reference ops with FP8 weights dequantized and the activations left as they are."""
 
-    def __getattr__(self, name):
-        return getattr(torch, name)
+    def linear(self, x, w):
+        if isinstance(w.quant, Fp8Weight):
+            return F.linear(x, w.quant.dequantize(x.dtype), w.bias)
+        return super().linear(x, w)
 
-    @staticmethod
-    def cat(parts, dim=0):
-        return cat_rows(list(parts)) if dim == 0 else torch.cat(parts, dim=dim)
+
+def test_the_reference_fp8_product_is_w8a8():
+    w = to_fp8(torch.randn(24, 64))
+    x = torch.randn(3, 64).bfloat16()
+    got = ReferenceOps().linear(x, ReferenceOps().prepare_linear(w))
+    assert torch.equal(got, w8a8_reference(x, w.weight, w.scale))
 
 
 def greedy(model, spec, prompt, new_tokens):
@@ -130,12 +135,12 @@ def greedy(model, spec, prompt, new_tokens):
 
 
 @pytest.mark.parametrize("name", list(LAYOUT))
-def test_decoder_on_quantized_weights_matches_their_dequantized_values(written, dense_model, name, monkeypatch):
-    monkeypatch.setattr(decoder_module, "torch", _TorchQuantCat())
+def test_decoder_on_quantized_weights_matches_their_dequantized_values(written, dense_model, name):
+    """FP8's product quantizes the activations too (W8A8): its weights alone are compared here."""
     path, represented = written[name]
     spec = spec_from_config(read_config(path))
     cos, sin = rope_tables(path, spec.architecture, 64)
-    ops = ReferenceOps()
+    ops = _WeightsOnly() if LAYOUT[name] is Fp8Weight else ReferenceOps()
     quantized = DecoderModel(spec, load(path), ops, cos, sin)
     assert quantized.layers[0].qkv.quant is not None and quantized.layers[1].gate_up.quant is not None
     dense = DecoderModel(spec, represented, ops, cos, sin)

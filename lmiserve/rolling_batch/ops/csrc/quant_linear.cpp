@@ -1,17 +1,16 @@
-// Linear layers whose weight is in GGUF blocks (Q4_0, Q4_1, Q8_0), read as the file stores them:
-// y = x W^T (+ bias) with W (N, K) as N rows of K / 32 blocks, each an fp16 scale d (Q4_1: and an
-// fp16 minimum m) then its 32 quants. A quant becomes its weight exactly as the fp32 dequantization
-// does (d * q + m, d * (q - 8), d * q: one rounding, which a fused multiply-add gives too).
+// Linear layers whose weight is in GGUF blocks (Q4_0, Q4_1, Q8_0): y = x W^T (+ bias), the
+// weight repacked once (csrc/gguf_layout.h) and read from memory once a call, at 4.5 to 8.5 bits
+// a weight. Threads split the output rows; four weight rows at a time against up to four x rows.
 //
-// Each output row's blocks are dequantized in registers as they stream in, and used against every
-// row of x before the next block: the weight is read from memory once a call, at 4.5 to 8.5 bits a
-// weight. Threads split the output rows. Four weight rows at a time, against up to four x rows.
-//
-// - bf16 x (CPUs with AVX512_BF16): a block's 32 weights are rounded to bf16 (as the model's bf16
-//   weights would be) and multiplied with vdpbf16ps, 32 products an instruction.
-// - fp32 x: fp32 weights and fused multiply-adds, on AVX-512 or AVX2 (16 or 8 lanes), else plain C++.
-// The sums of a row are formed in the same order whatever the number of rows: a row's result does
-// not depend on the rest of the batch.
+// - bf16 x (CPUs with AVX512_BF16): Q4 weights d q + m rounded to bf16 (as the model's bf16 weights
+//   would be), looked up by their nibbles in a table of the 32 values a pair of blocks can take;
+//   Q8_0's quants themselves as bf16 operands (16 times the high four bits plus the low four), each
+//   block's sums scaled by its d. Sums in fp32, 32 products an instruction. From `tile_rows` rows
+//   on, on AMX tiles instead (csrc/quant_linear_amx.cpp).
+// - fp32 x: each weight dequantized exactly as the fp32 dequantization does (one rounding of
+//   d q + m) and multiplied in fp32, on AVX-512 or AVX2, else plain C++.
+// A row's sums are formed in the same order whatever the number of rows: a row's result does not
+// depend on the rest of the batch (with tiles, as long as every call takes them).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,6 +21,9 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
+
+#include "gguf_layout.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,235 +34,269 @@
 #endif
 #define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
+namespace lmiserve_gguf {
+bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias,
+              uint16_t* y);
+}
+
 namespace {
 
-enum Kind : int64_t { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2 };
-constexpr int64_t kBlock = 32;
-constexpr int64_t kR = 4;  // weight rows at a time
-constexpr int64_t kM = 4;  // x rows at a time
+using namespace lmiserve_gguf;
 
-constexpr int64_t block_bytes(int64_t kind) { return kind == kQ4_0 ? 18 : kind == kQ4_1 ? 20 : 34; }
-
-inline float half_at(const uint8_t* p) {
+inline uint16_t u16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+  return h;
 }
 
-// One block's 32 weights in fp32 (the portable path, and the definition the vector code follows).
-template <int64_t KIND>
-inline void dequant_scalar(const uint8_t* b, float* w) {
-  const float d = half_at(b);
-  if constexpr (KIND == kQ8_0) {
-    for (int i = 0; i < 32; ++i) w[i] = d * static_cast<float>(static_cast<int8_t>(b[2 + i]));
-  } else {
-    const float m = KIND == kQ4_1 ? half_at(b + 2) : -8.f * d;
-    const uint8_t* qs = b + (KIND == kQ4_1 ? 4 : 2);
-    for (int i = 0; i < 16; ++i) {
-      w[i] = std::fma(static_cast<float>(qs[i] & 0xF), d, m);
-      w[i + 16] = std::fma(static_cast<float>(qs[i] >> 4), d, m);
+at::Tensor pack_gguf(const at::Tensor& blocks, int64_t kind, int64_t k) {
+  TORCH_CHECK(kind >= kQ4_0 && kind <= kQ8_0 && k % kBlock == 0, "kind 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0), K of whole blocks");
+  const Layout L(kind, k);
+  const int64_t bb = gguf_block_bytes(kind), n = blocks.size(0);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) == L.blocks * bb,
+              "blocks: uint8 (N, K / 32 * block bytes)");
+  const auto src = blocks.contiguous();
+  auto out = at::zeros({n, L.row_bytes}, src.options());
+  const uint8_t* s = src.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = s + r * L.blocks * bb;
+      uint8_t* q = o + r * L.row_bytes;
+      uint8_t* d = q + L.quant_bytes;
+      uint8_t* mins = d + 2 * L.scales;
+      for (int64_t b = 0; b < L.blocks; ++b) {
+        std::memcpy(d + 2 * b, row + b * bb, 2);
+        if (kind == kQ4_1) std::memcpy(mins + 2 * b, row + b * bb + 2, 2);
+        if (kind == kQ8_0) std::memcpy(q + b * 32, row + b * bb + 2, 32);
+      }
+      if (kind == kQ8_0) continue;
+      const int64_t qoff = kind == kQ4_1 ? 4 : 2;
+      for (int64_t p = 0; p < L.pairs; ++p)
+        for (int j = 0; j < 32; ++j) {  // byte j holds the quants of arranged values j and 32 + j
+          const int64_t block = 2 * p + pair_source(j) / kBlock, byte = pair_source(j) % kBlock;
+          q[p * 32 + j] = block < L.blocks ? row[block * bb + qoff + byte] : 0;
+        }
     }
-  }
+  });
+  return out;
 }
 
-#if defined(__AVX512F__)
-// A block's weights 0-15 (lo) and 16-31 (hi) in fp32.
-template <int64_t KIND>
-inline void dequant16x2(const uint8_t* b, __m512& lo, __m512& hi) {
-  const __m512 d = _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b)));
-  if constexpr (KIND == kQ8_0) {
-    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)))));
-    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)))));
-  } else {
-    const __m512 m = KIND == kQ4_1 ? _mm512_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b + 2)))
-                                   : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (KIND == kQ4_1 ? 4 : 2))));
-    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xF))), d, m);
-    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+#if defined(__AVX512BF16__)
+// Q8_0's quants as bf16 operands, q = 16 (q >> 4) + (q & 15): bf16 of (j & 15), and of 16 times
+// the four-bit two's complement (j & 15), for j < 32 (vpermw reads an index's low five bits only)
+inline __m512i nibble_table(bool high) {
+  alignas(64) uint16_t t[32];
+  for (int j = 0; j < 32; ++j) {
+    const int v = j & 15;
+    const float f = high ? 16.f * static_cast<float>(v < 8 ? v : v - 16) : static_cast<float>(v);
+    t[j] = c10::BFloat16(f).x;
   }
-}
-#elif defined(__AVX2__)
-// A block's weights in four vectors of 8: 0-7, 8-15, 16-23, 24-31.
-template <int64_t KIND>
-inline void dequant8x4(const uint8_t* b, __m256* w) {
-  const __m256 d = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b)));
-  if constexpr (KIND == kQ8_0) {
-    for (int i = 0; i < 4; ++i)
-      w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i)))));
-  } else {
-    const __m256 m = KIND == kQ4_1 ? _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(b + 2)))
-                                   : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-    const uint8_t* qs = b + (KIND == kQ4_1 ? 4 : 2);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * h)));
-      w[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(0xF))), d, m);
-      w[h + 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, m);
-    }
-  }
+  return _mm512_load_si512(t);
 }
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#endif
-
-// fp32 x: R weight rows (n0 ..) against MR rows of x (ldx apart), sums into out[r * MR + m].
 template <int64_t KIND, int R, int MR>
-void rows_f32(const uint8_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t blocks, float* out) {
-#if defined(__AVX512F__)
+void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* xa, float* out) {
+  const __m512i lo_table = nibble_table(false), hi_table = nibble_table(true);
+  const int64_t lda = L.arranged();
   __m512 acc[R][MR];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int r = 0; r < R; ++r) {
-      __m512 lo, hi;
-      dequant16x2<KIND>(w + r * ldw + b * block_bytes(KIND), lo, hi);
-      for (int m = 0; m < MR; ++m) {
-        const float* xb = x + m * ldx + b * kBlock;
-        acc[r][m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[r][m]);
-        acc[r][m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc[r][m]);
+  if constexpr (KIND == kQ8_0) {
+    for (int64_t b = 0; b < L.blocks; ++b) {
+      __m512bh xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(xa + m * lda + b * kBlock);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* row = w + r * ldw;
+        const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32)));
+        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(q, lo_table);
+        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srai_epi16(q, 4), hi_table);
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(u16(row + L.quant_bytes + 2 * b)));
+        for (int m = 0; m < MR; ++m) {
+          const __m512 t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), lo, xv[m]), hi, xv[m]);
+          acc[r][m] = _mm512_fmadd_ps(t, d, acc[r][m]);
+        }
+      }
+    }
+  } else {
+    for (int64_t g = 0; 8 * g < L.pairs; ++g) {  // eight pairs at a time: their scales converted once
+      __m512 d16[R], m16[R];
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* scales = w + r * ldw + L.quant_bytes;
+        d16[r] = scales16(scales, g, L.scales);
+        m16[r] = KIND == kQ4_1 ? scales16(scales + 2 * L.scales, g, L.scales) : _mm512_setzero_ps();
+      }
+      for (int64_t p = 8 * g; p < std::min<int64_t>(L.pairs, 8 * g + 8); ++p) {
+        __m512bh xl[MR], xh[MR];
+        for (int m = 0; m < MR; ++m) {
+          xl[m] = (__m512bh)_mm512_loadu_si512(xa + m * lda + p * 64);
+          xh[m] = (__m512bh)_mm512_loadu_si512(xa + m * lda + p * 64 + 32);
+        }
+        for (int r = 0; r < R; ++r) {  // the next rows' quants asked for as these are used
+          _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * ldw + p * 32), _MM_HINT_T0);
+          const __m512 dp = pair_scales(d16[r], p - 8 * g);
+          const __m512 mp = KIND == kQ4_1 ? pair_scales(m16[r], p - 8 * g) : _mm512_mul_ps(dp, _mm512_set1_ps(-8.f));
+          __m512i lo, hi;
+          q4_pair_bf16(w + r * ldw + p * 32, dp, mp, lo, hi);
+          for (int m = 0; m < MR; ++m) {
+            acc[r][m] = _mm512_dpbf16_ps(acc[r][m], (__m512bh)lo, xl[m]);
+            acc[r][m] = _mm512_dpbf16_ps(acc[r][m], (__m512bh)hi, xh[m]);
+          }
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
-#elif defined(__AVX2__)
-  __m256 acc[R][MR];
+}
+#endif
+// fp32 x (arranged): each weight d q + m in fp32, then fused multiply-adds.
+template <int64_t KIND, int R, int MR>
+void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, float* out) {
+  const int64_t lda = L.arranged();
+#if defined(__AVX512F__)
+  __m512 acc[R][MR];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
+  if constexpr (KIND == kQ8_0) {
+    for (int64_t b = 0; b < L.blocks; ++b)
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* row = w + r * ldw;
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(u16(row + L.quant_bytes + 2 * b)));
+        for (int h = 0; h < 2; ++h) {
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 32 + 16 * h));
+          const __m512 wv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+          for (int m = 0; m < MR; ++m)
+            acc[r][m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xa + m * lda + b * 32 + 16 * h), acc[r][m]);
+        }
+      }
+  } else {
+    // dwords from bytes 16 h + i belong to the pair's block (i / 2) % 2: scales d0 d0 d1 d1 ...
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1);
+    for (int64_t p = 0; p < L.pairs; ++p)
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* row = w + r * ldw;
+        uint32_t dd;
+        std::memcpy(&dd, row + L.quant_bytes + 4 * p, 4);
+        const __m512 d = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_set1_epi32(static_cast<int>(dd))));
+        __m512 mv;
+        if constexpr (KIND == kQ4_1) {
+          uint32_t mm;
+          std::memcpy(&mm, row + L.quant_bytes + 2 * L.scales + 4 * p, 4);
+          mv = _mm512_permutexvar_ps(twice, _mm512_cvtph_ps(_mm256_set1_epi32(static_cast<int>(mm))));
+        } else {
+          mv = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+        }
+        for (int h = 0; h < 2; ++h) {
+          const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p * 32 + 16 * h)));
+          const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xF))), d, mv);
+          const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, mv);
+          for (int m = 0; m < MR; ++m) {
+            const float* xb = xa + m * lda + p * 64 + 16 * h;
+            acc[r][m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[r][m]);
+            acc[r][m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 32), acc[r][m]);
+          }
+        }
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
+#else
+  // AVX2 or plain C++: a block (Q8) or a pair (Q4) dequantized into fp32, then multiplied
+  float acc[R][MR][8] = {};
+  alignas(32) float wv[64];
+  const int64_t units = KIND == kQ8_0 ? L.blocks : L.pairs, width = KIND == kQ8_0 ? 32 : 64;
+  for (int64_t u = 0; u < units; ++u) {
     for (int r = 0; r < R; ++r) {
-      __m256 v[4];
-      dequant8x4<KIND>(w + r * ldw + b * block_bytes(KIND), v);
+      const uint8_t* row = w + r * ldw;
+      const uint8_t* scales = row + L.quant_bytes;
+      if constexpr (KIND == kQ8_0) {
+        const float d = half_bits(u16(scales + 2 * u));
+        for (int i = 0; i < 32; ++i) wv[i] = d * static_cast<float>(static_cast<int8_t>(row[u * 32 + i]));
+      } else {
+        for (int j = 0; j < 32; ++j) {
+          const int64_t b = 2 * u + (j / 2) % 2;
+          const float d = half_bits(u16(scales + 2 * b));
+          const float mn = KIND == kQ4_1 ? half_bits(u16(scales + 2 * L.scales + 2 * b)) : -8.f * d;
+          const uint8_t byte = row[u * 32 + j];
+          wv[j] = std::fma(static_cast<float>(byte & 0xF), d, mn);
+          wv[32 + j] = std::fma(static_cast<float>(byte >> 4), d, mn);
+        }
+      }
       for (int m = 0; m < MR; ++m) {
-        const float* xb = x + m * ldx + b * kBlock;
-        for (int i = 0; i < 4; ++i) acc[r][m] = _mm256_fmadd_ps(v[i], _mm256_loadu_ps(xb + 8 * i), acc[r][m]);
+        const float* xb = xa + m * lda + u * width;
+#if defined(__AVX2__)
+        __m256 a = _mm256_loadu_ps(acc[r][m]);
+        for (int i = 0; i < width; i += 8) a = _mm256_fmadd_ps(_mm256_load_ps(wv + i), _mm256_loadu_ps(xb + i), a);
+        _mm256_storeu_ps(acc[r][m], a);
+#else
+        for (int i = 0; i < width; ++i) acc[r][m][i % 8] = std::fma(wv[i], xb[i], acc[r][m][i % 8]);
+#endif
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) out[r * MR + m] = hsum8(acc[r][m]);
-#else
-  float acc[R][MR][kBlock] = {};
-  float v[kBlock];
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int r = 0; r < R; ++r) {
-      dequant_scalar<KIND>(w + r * ldw + b * block_bytes(KIND), v);
-      for (int m = 0; m < MR; ++m)
-        for (int i = 0; i < kBlock; ++i) acc[r][m][i] = std::fma(v[i], x[m * ldx + b * kBlock + i], acc[r][m][i]);
-    }
-  for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) {
       float s = 0.f;
-      for (int i = 0; i < kBlock; ++i) s += acc[r][m][i];
+      for (int i = 0; i < 8; ++i) s += acc[r][m][i];
       out[r * MR + m] = s;
     }
 #endif
 }
 
-#if defined(__AVX512BF16__)
-// bf16 x: a block's 32 weights rounded to bf16, in x's order (0-15 then 16-31).
-template <int64_t KIND>
-inline __m512bh dequant_bf16(const uint8_t* b) {
-  __m512 lo, hi;
-  dequant16x2<KIND>(b, lo, hi);
-  return _mm512_cvtne2ps_pbh(hi, lo);
-}
-
-template <int64_t KIND, int R, int MR>
-void rows_bf16(const uint8_t* w, int64_t ldw, const uint16_t* x, int64_t ldx, int64_t blocks, float* out) {
-  __m512 acc[R][MR];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512bh xv[MR];
-    for (int m = 0; m < MR; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * ldx + b * kBlock);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh wv = dequant_bf16<KIND>(w + r * ldw + b * block_bytes(KIND));
-      for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
-}
+#if defined(__AVX512F__)
+constexpr int kR = 4, kM = 4;
+#else
+constexpr int kR = 2, kM = 2;
 #endif
 
-template <typename T>
-inline void put(T* y, float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    *y = v;
-  } else {
-    *y = static_cast<T>(v);  // c10::BFloat16 rounds to nearest even
+// R weight rows against mr (<= kM) arranged x rows: their sums into s[r * mr + m].
+template <int64_t KIND, int R, typename A>
+void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int64_t mr, float* s) {
+  auto call = [&](auto tag) {
+    constexpr int MR = decltype(tag)::value;
+    if constexpr (std::is_same_v<A, float>) {
+      rows_f32<KIND, R, MR>(w, ldw, L, xa, s);
+    } else {
+#if defined(__AVX512BF16__)
+      rows_bf16<KIND, R, MR>(w, ldw, L, xa, s);
+#endif
+    }
+  };
+  switch (mr) {
+    case 1: call(std::integral_constant<int, 1>{}); break;
+#if defined(__AVX512F__)
+    case 2: call(std::integral_constant<int, 2>{}); break;
+    case 3: call(std::integral_constant<int, 3>{}); break;
+    default: call(std::integral_constant<int, 4>{}); break;
+#else
+    default: call(std::integral_constant<int, 2>{}); break;
+#endif
   }
 }
 
-template <int64_t KIND, typename X>
-void multiply(const X* x, const uint8_t* w, const float* bias, X* y, int64_t m, int64_t n, int64_t k) {
-  const int64_t blocks = k / kBlock, ldw = blocks * block_bytes(KIND);
-  const int64_t groups = (n + kR - 1) / kR;
+// y (m, n) = x W^T from arranged x (A: float, or bf16 bits).
+template <int64_t KIND, typename A, typename Y>
+void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
+              const float* bias, Y* y) {
+  const int64_t groups = (n + kR - 1) / kR, lda = L.arranged();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    float sums[kR * kM];
+    float s[kR * kM];
     for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n0 = g * kR, rows = std::min(kR, n - n0);
+      const int64_t n0 = g * kR, rows = std::min<int64_t>(kR, n - n0);
       for (int64_t m0 = 0; m0 < m; m0 += kM) {
-        const int64_t mr = std::min(kM, m - m0);
-        const uint8_t* wg = w + n0 * ldw;
-        // full groups of weight rows take the 4-row kernels; the last partial one, row by row
+        const int64_t mr = std::min<int64_t>(kM, m - m0);
+        const A* xm = xa + m0 * lda;
         for (int64_t r0 = 0; r0 < rows; r0 += (rows == kR ? kR : 1)) {
           const int64_t rr = rows == kR ? kR : 1;
-          float* s = sums;
-#if defined(__AVX512BF16__)
-          if constexpr (std::is_same_v<X, c10::BFloat16>) {
-            const auto* xb = reinterpret_cast<const uint16_t*>(x + m0 * k);
-            const uint8_t* wr = wg + r0 * ldw;
-            if (rr == kR) {
-              switch (mr) {
-                case 1: rows_bf16<KIND, kR, 1>(wr, ldw, xb, k, blocks, s); break;
-                case 2: rows_bf16<KIND, kR, 2>(wr, ldw, xb, k, blocks, s); break;
-                case 3: rows_bf16<KIND, kR, 3>(wr, ldw, xb, k, blocks, s); break;
-                default: rows_bf16<KIND, kR, 4>(wr, ldw, xb, k, blocks, s); break;
-              }
-            } else {
-              switch (mr) {
-                case 1: rows_bf16<KIND, 1, 1>(wr, ldw, xb, k, blocks, s); break;
-                case 2: rows_bf16<KIND, 1, 2>(wr, ldw, xb, k, blocks, s); break;
-                case 3: rows_bf16<KIND, 1, 3>(wr, ldw, xb, k, blocks, s); break;
-                default: rows_bf16<KIND, 1, 4>(wr, ldw, xb, k, blocks, s); break;
-              }
-            }
-          } else
-#endif
-          {
-            static_assert(std::is_same_v<X, float> || std::is_same_v<X, c10::BFloat16>);
-            if constexpr (std::is_same_v<X, float>) {
-              const float* xf = x + m0 * k;
-              const uint8_t* wr = wg + r0 * ldw;
-              if (rr == kR) {
-                switch (mr) {
-                  case 1: rows_f32<KIND, kR, 1>(wr, ldw, xf, k, blocks, s); break;
-                  case 2: rows_f32<KIND, kR, 2>(wr, ldw, xf, k, blocks, s); break;
-                  case 3: rows_f32<KIND, kR, 3>(wr, ldw, xf, k, blocks, s); break;
-                  default: rows_f32<KIND, kR, 4>(wr, ldw, xf, k, blocks, s); break;
-                }
-              } else {
-                switch (mr) {
-                  case 1: rows_f32<KIND, 1, 1>(wr, ldw, xf, k, blocks, s); break;
-                  case 2: rows_f32<KIND, 1, 2>(wr, ldw, xf, k, blocks, s); break;
-                  case 3: rows_f32<KIND, 1, 3>(wr, ldw, xf, k, blocks, s); break;
-                  default: rows_f32<KIND, 1, 4>(wr, ldw, xf, k, blocks, s); break;
-                }
-              }
-            }
-          }
+          const uint8_t* wr = w + (n0 + r0) * L.row_bytes;
+          if (rr == kR) some_rows<KIND, kR>(wr, L.row_bytes, L, xm, mr, s);
+          else some_rows<KIND, 1>(wr, L.row_bytes, L, xm, mr, s);
           for (int64_t r = 0; r < rr; ++r)
             for (int64_t i = 0; i < mr; ++i) {
               const int64_t col = n0 + r0 + r;
-              float v = s[r * mr + i];
-              if (bias) v += bias[col];
-              put(y + (m0 + i) * n + col, v);
+              const float v = s[r * mr + i] + (bias ? bias[col] : 0.f);
+              y[(m0 + i) * n + col] = static_cast<Y>(v);
             }
         }
       }
@@ -280,20 +316,36 @@ std::string quant_linear_isa() {
 #endif
 }
 
-// y = x W^T (+ bias): x (..., K) fp32 or bf16, blocks (N, K / 32 * bytes) uint8, kind 0 (Q4_0),
-// 1 (Q4_1) or 2 (Q8_0). bf16 x without AVX512_BF16 is widened to fp32 first.
-at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& blocks, int64_t kind, const c10::optional<at::Tensor>& bias) {
+template <typename A, typename Y>
+void dispatch(int64_t kind, const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
+              const float* bias, Y* y) {
+  switch (kind) {
+    case kQ4_0: multiply<kQ4_0>(xa, m, w, L, n, bias, y); break;
+    case kQ4_1: multiply<kQ4_1>(xa, m, w, L, n, bias, y); break;
+    default: multiply<kQ8_0>(xa, m, w, L, n, bias, y); break;
+  }
+}
+
+// y = x W^T (+ bias) for a weight from pack_gguf: x (..., K) fp32, bf16 or fp16 (fp16 through
+// fp32). bf16 rows take the tiles from `tile_rows` rows on (0: never) where AMX runs here.
+at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind, const c10::optional<at::Tensor>& bias,
+                       int64_t tile_rows) {
   TORCH_CHECK(kind >= kQ4_0 && kind <= kQ8_0, "kind is 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0)");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(), "blocks: contiguous uint8 (N, bytes)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_gguf takes fp32 or bf16 x");
-  const int64_t k = x.size(-1), n = blocks.size(0);
-  TORCH_CHECK(k % kBlock == 0 && blocks.size(1) == k / kBlock * block_bytes(kind), "x has ", k,
-              " features; the blocks hold ", blocks.size(1), " bytes a row");
-  auto x2 = x.reshape({-1, k}).contiguous();
+  const int64_t k = x.size(-1), n = packed.size(0);
+  TORCH_CHECK(k % kBlock == 0, "x has ", k, " features, not whole blocks of 32");
+  const Layout L(kind, k);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) == L.row_bytes,
+              "x has ", k, " features; the packed weight does not take them");
   const auto out_dtype = x.scalar_type();
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16 || out_dtype == at::kHalf,
+              "linear_gguf takes fp32, bf16 or fp16 x");
+  auto x2 = x.reshape({-1, k}).contiguous();
+  bool bf16 = out_dtype == at::kBFloat16;
 #if !defined(__AVX512BF16__)
-  if (x2.scalar_type() == at::kBFloat16) x2 = x2.to(at::kFloat);
+  bf16 = false;
 #endif
+  if (!bf16 && x2.scalar_type() != at::kFloat) x2 = x2.to(at::kFloat);
   const int64_t m = x2.size(0);
   auto shape = x.sizes().vec();
   shape.back() = n;
@@ -304,20 +356,19 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
     bias_f32 = bias->to(at::kFloat).contiguous();
   }
   const float* bs = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  if (m > 0) {
-    auto run = [&](auto tag) {
-      using X = decltype(tag);
-      const X* xs = x2.data_ptr<X>();
-      X* ys = y.data_ptr<X>();
-      switch (kind) {
-        case kQ4_0: multiply<kQ4_0, X>(xs, w, bs, ys, m, n, k); break;
-        case kQ4_1: multiply<kQ4_1, X>(xs, w, bs, ys, m, n, k); break;
-        default: multiply<kQ8_0, X>(xs, w, bs, ys, m, n, k); break;
-      }
-    };
-    if (x2.scalar_type() == at::kFloat) run(float{});
-    else run(c10::BFloat16{});
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  if (m > 0 && bf16) {
+    const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr());
+    auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr());
+    if (!(tile_rows > 0 && m >= tile_rows && amx_gguf(xs, m, w, L, n, bs, ys))) {
+      std::vector<uint16_t> xa(m * L.arranged());
+      arrange_x(reinterpret_cast<const c10::BFloat16*>(xs), m, L, reinterpret_cast<c10::BFloat16*>(xa.data()));
+      dispatch(kind, xa.data(), m, w, L, n, bs, reinterpret_cast<c10::BFloat16*>(ys));
+    }
+  } else if (m > 0) {
+    std::vector<float> xa(m * L.arranged());
+    arrange_x(x2.data_ptr<float>(), m, L, xa.data());
+    dispatch(kind, xa.data(), m, w, L, n, bs, y.data_ptr<float>());
   }
   return y.to(out_dtype).view(shape);
 }
@@ -325,7 +376,9 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& blocks, int64_t ki
 }  // namespace
 
 LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
-  m.def("linear_gguf(Tensor x, Tensor blocks, int kind, Tensor? bias=None) -> Tensor");
+  m.def("pack_gguf(Tensor blocks, int kind, int k) -> Tensor");
+  m.impl("pack_gguf", c10::DispatchKey::CPU, &pack_gguf);
+  m.def("linear_gguf(Tensor x, Tensor packed, int kind, Tensor? bias=None, int tile_rows=0) -> Tensor");
   m.impl("linear_gguf", c10::DispatchKey::CPU, &linear_gguf);
   m.def("quant_linear_isa() -> str");
   m.impl("quant_linear_isa", c10::DispatchKey::CatchAll, &quant_linear_isa);

@@ -26,33 +26,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ...quant.fp8_activations import FP8_MAX, MIN_SCALE, quantize_per_token_reference, w8a8_reference
 from .attention import INTERPRETED
 from .rounding import cast, to_e4m3
 
-FP8_MAX = 448.0
-"""The largest finite e4m3 value."""
-MIN_SCALE = 1e-12
-"""The smallest activation scale (a row of zeros quantizes to zeros)."""
+__all__ = ["FP8_MAX", "MIN_SCALE", "fp8_linear", "quantize_per_token", "quantize_per_token_reference", "w8a8_reference"]
+
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
 SMALL_ROWS = 16
-
-
-def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, scale)``: ``x`` ``(M, K)`` as e4m3 ``(M, K)`` and fp32 ``(M,)``, ``x ~ q * scale``."""
-    xf = x.float()
-    scale = torch.clamp(xf.abs().amax(dim=-1) / FP8_MAX, min=MIN_SCALE)
-    q = torch.clamp(xf / scale[:, None], -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
-
-
-def w8a8_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-    """The W8A8 product in torch, fp32 throughout, rounded to ``x``'s dtype at the end."""
-    q, xs = quantize_per_token_reference(x)
-    y = (q.float() @ weight.float().t()) * xs[:, None] * scale.float()[None, :]
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype)
 
 
 @triton.jit
