@@ -53,6 +53,7 @@ def test_greedy_tokens_equal_the_dequantized_reference_in_fp32(gguf_model) -> No
     hf, dense, _ = gguf_model
     engine = make_engine(hf)
     assert engine.runner.quantization.startswith("gguf blocks (q4_0 x")
+    assert engine.info["quantization"] == engine.runner.quantization  # GET /models' engine description
     assert engine.runner.model.layers[0].qkv.packing == "gguf-q4_0"
     assert _greedy(hf) == _greedy(dense, ops="reference")
 
