@@ -14,9 +14,10 @@ __all__ = ["SKIP", "Piece", "load_state_dict", "take_piece"]
 
 
 def load_state_dict(
-    model_dir: Path, dtype: torch.dtype, device: str = "cpu", pieces: Callable[[str], Piece] | None = None
+    model_dir: Path, dtype: torch.dtype | None, device: str = "cpu", pieces: Callable[[str], Piece] | None = None
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file in ``model_dir``, cast to ``dtype``.
+    """Every tensor of every ``*.safetensors`` file in ``model_dir``, floating ones cast to
+    ``dtype`` (None: as stored).
 
     ``pieces`` names the part of each tensor to read (a tensor-parallel rank's shard); only
     that part is read from the file.
@@ -32,7 +33,8 @@ def load_state_dict(
                 if piece == SKIP:
                     continue
                 t = f.get_tensor(name) if piece is None else take_piece(f.get_slice(name), piece)  # type: ignore[arg-type]
-                tensors[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+                cast = dtype is not None and t.is_floating_point()
+                tensors[name] = t.to(device=device, dtype=dtype) if cast else t.to(device)
     return tensors
 
 

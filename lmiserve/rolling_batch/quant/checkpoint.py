@@ -17,8 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from safetensors import safe_open
 
+from ..models.weights import load_state_dict
 from . import awq, compressed_tensors, fp8_checkpoint, gptq
 from .onthefly import ON_THE_FLY, quantize_linear_weights
 from .schemes import CheckpointScheme
@@ -38,15 +38,8 @@ FP32_SUFFIXES = ("input_scale", "k_scale", "v_scale", "output_scale")
 
 
 def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
-    return tensors
+    """Every tensor of the checkpoint, as stored."""
+    return load_state_dict(model_dir, None)
 
 
 def quantized_modules(tensors: dict[str, torch.Tensor], marker: str, fp8: bool) -> list[str]:

@@ -43,11 +43,11 @@ struct alignas(64) TileConfig {
 
 }  // namespace
 
-// Tiles 0-2: sums (16 rows x 16 fp32); 3: x (16 rows x 16 pairs); 4-6: the weight (16 pairs x 16
-// columns x 2). Every one is 16 rows of 64 bytes.
+// All eight tiles as 16 rows of 64 bytes. Here tiles 0-2 are sums (16 rows x 16 fp32); 3: x (16
+// rows x 16 pairs); 4-6: the weight (16 pairs x 16 columns x 2); csrc/quant_linear_amx.cpp uses 8.
 void configure_tiles() {
   TileConfig cfg;
-  for (int t = 0; t < 7; ++t) {
+  for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = kTileRows;
     cfg.bytes_per_row[t] = 64;
   }

@@ -71,26 +71,6 @@ void dequant_strip(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, uin
   }
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: sums (16 weight rows x 16 rows of x, fp32); 4-5: two strips' weights (16 rows x 32
-// k); 6-7: two chunks of x (16 pairs of k x 16 rows x 2). Every one is 16 rows of 64 bytes.
-void configure_eight() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.bytes_per_row[t] = 64;
-  }
-  asm volatile("" : : "r"(&cfg) : "memory");  // keep the stores above (see csrc/linear_amx.cpp)
-  _tile_loadconfig(&cfg);
-}
-
 // 16 rows' 16 32-bit values from `at` on, transposed into t (t[j]: value j of every row).
 void transpose16(const float* const* rows, int64_t at, __m512* t) {
   __m512 a[16], b[16];
@@ -144,7 +124,9 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
   }
   // two strips against two chunks of x at a time: four independent tiles of sums
   at::parallel_for(0, (strips + 1) / 2, 1, [&](int64_t u0, int64_t u1) {
-    configure_eight();
+    // tiles 0-3: sums (16 weight rows x 16 rows of x, fp32); 4-5: two strips' weights (16 rows
+    // x 32 k); 6-7: two chunks of x (16 pairs of k x 16 rows x 2)
+    lmiserve_linear::configure_tiles();
     std::vector<uint16_t> strip(2 * kStrip * lda);
     uint16_t* const strip1 = strip.data() + kStrip * lda;
     alignas(64) float sums_tile[4][kStrip * 16];

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ...quant.fp8_activations import FP8_MAX, MIN_SCALE, quantize_per_token_reference, w8a8_reference
 from .attention import INTERPRETED
+from .invariant_matmul import grouped_tile
 from .rounding import cast, to_e4m3
 
 __all__ = ["FP8_MAX", "MIN_SCALE", "fp8_linear", "quantize_per_token", "quantize_per_token_reference", "w8a8_reference"]
@@ -122,14 +123,7 @@ def _fp8_matmul_kernel(
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    m_tile = first_m + (pid % per_group) % group_rows
-    n_tile = (pid % per_group) // group_rows
+    m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -39,6 +39,18 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 
 
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program ``pid``'s output tile ``(m_tile, n_tile)`` in grouped order: GROUP_M row tiles
+    walk the column tiles together, so their weight columns are read while still cached."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
 @triton.jit(do_not_specialize=["M"])
 def _invariant_matmul_kernel(
     x_ptr,
@@ -58,14 +70,7 @@ def _invariant_matmul_kernel(
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    m_tile = first_m + (pid % per_group) % group_rows
-    n_tile = (pid % per_group) // group_rows
+    m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
