@@ -74,3 +74,20 @@ def test_gpu_schemes_are_refused_for_a_gguf_file(gguf_model) -> None:
     hf, _, _ = gguf_model
     with pytest.raises(ValueError, match="option.quantize=awq needs a awq checkpoint"):
         make_engine(hf, quantize="awq")
+
+
+def test_the_default_model_is_served_from_its_q4_1_blocks(smollm2_dir) -> None:
+    """The embedded SmolLM2's file: every linear layer in Q4_1 blocks that dequantize to exactly the
+    weights transformers reads from it (the converted copy); the engine runs them in the kernel.
+    (tests/unit/engine/test_smollm2_bf16_cpu.py checks its greedy tokens against transformers.)"""
+    from safetensors import safe_open
+
+    blocks = read_gguf((smollm2_dir / GGUF_SOURCE).resolve(), torch.float32)
+    kinds = {t.kind for t in blocks.values() if isinstance(t, BlockWeight)}
+    assert kinds == {"q4_1"} and sum(isinstance(t, BlockWeight) for t in blocks.values()) == 210
+    with safe_open(str(next(smollm2_dir.glob("*.safetensors"))), framework="pt") as f:
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.29.mlp.down_proj.weight"):
+            assert torch.equal(blocks[name].dequantize(), f.get_tensor(name).float()), name
+    engine = make_engine(smollm2_dir, dtype="bf16", max_model_len=64)
+    assert engine.runner.quantization == "gguf blocks (q4_1 x210)"
+    assert engine.runner.model.layers[0].gate_up.packing == "gguf-q4_1"
