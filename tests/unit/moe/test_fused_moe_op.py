@@ -61,3 +61,16 @@ def test_reference_matches_a_dense_loop():
             gate, up = (w13[e] @ x[t]).chunk(2)
             expected[t] += weights[t, j] * (w2[e] @ (torch.nn.functional.silu(gate) * up))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_wrappers_pass_the_op_through():
+    from lmiserve.rolling_batch.ops.batch_invariant import BatchInvariantOps
+    from lmiserve.rolling_batch.ops.contract import CheckedOps
+    from lmiserve.rolling_batch.ops.interface import OP_NAMES
+
+    assert {"prepare_experts", "fused_moe"} <= set(OP_NAMES)
+    ref = ReferenceOps()
+    for wrapper in (CheckedOps(ref), BatchInvariantOps(ref)):
+        x, weights, ids, w13, w2 = _case(5, 32, 16, 4, 2, torch.float32)
+        experts = wrapper.prepare_experts(w13, w2)
+        torch.testing.assert_close(wrapper.fused_moe(x, weights, ids, experts), ref.fused_moe(x, weights, ids, experts))
