@@ -6,7 +6,10 @@
 Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
 outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
 (Llama-3.2-1B's: hidden 2048, 16 layers, 32/8 heads, intermediate 8192), ``llama-8b``
-(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336). The vocabulary is
+(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336), ``mixtral-small`` (a
+Mixtral layout that fits one GPU: hidden 2048, 16 layers, 16/8 heads, 8 experts of intermediate
+5632, top 2), ``olmoe-1b-7b`` (OLMoE-1B-7B's: hidden 2048, 16 layers, 16 heads, 64 experts of
+intermediate 1024, top 8). The vocabulary is
 SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
@@ -30,28 +33,38 @@ SHAPES = {
                      intermediate_size=8192, tie_word_embeddings=True, rope_theta=500000.0),
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, tie_word_embeddings=False, rope_theta=500000.0),
+    "mixtral-small": dict(config="MixtralConfig", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                          num_key_value_heads=8, intermediate_size=5632, num_local_experts=8, num_experts_per_tok=2,
+                          tie_word_embeddings=False, rope_theta=1000000.0),
+    "olmoe-1b-7b": dict(config="OlmoeConfig", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                        num_key_value_heads=16, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
+                        norm_topk_prob=False, tie_word_embeddings=False, rope_theta=10000.0),
 }  # fmt: skip
+"""Each shape's config fields; ``config`` names the transformers config class (LlamaConfig if absent)."""
 
 
 def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192) -> Path:
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lmiserve.devices import torch_dtype
     from lmiserve.model_store import DEFAULT_MODEL_ID, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
-    config = LlamaConfig(
+    fields = dict(SHAPES[shape])
+    config_class = getattr(transformers, fields.pop("config", "LlamaConfig"))
+    config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         rms_norm_eps=1e-5,
-        **SHAPES[shape],
+        **fields,
     )
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_config(config).to(torch_dtype(dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

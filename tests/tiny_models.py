@@ -80,9 +80,34 @@ def build_model(out: Path, arch: str = "llama", seed: int = 0, **overrides):
 
         common.setdefault("head_dim", 16)
         config = Qwen3Config(**common)
+    elif arch in MOE_ARCHS:
+        config = _moe_config(arch, common)
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
     return out
+
+
+MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe")
+"""Mixture-of-experts families :func:`build_model` builds: 4 experts, the top 2 per token."""
+
+
+def _moe_config(arch: str, common: dict):
+    import transformers
+
+    moe = dict(num_experts_per_tok=2)
+    if arch == "mixtral":
+        return transformers.MixtralConfig(**common, **moe, num_local_experts=4)
+    moe.update(num_experts=4)
+    if arch == "qwen3_moe":  # renormalised top k; layer 1 dense
+        common.setdefault("head_dim", 16)
+        return transformers.Qwen3MoeConfig(
+            **common, **moe, moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1]
+        )
+    if arch == "qwen2_moe":  # a shared expert beside the routed ones
+        return transformers.Qwen2MoeConfig(
+            **common, **moe, moe_intermediate_size=48, shared_expert_intermediate_size=96, norm_topk_prob=False
+        )
+    return transformers.OlmoeConfig(**common, **moe, norm_topk_prob=False)

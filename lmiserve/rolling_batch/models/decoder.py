@@ -18,7 +18,8 @@ from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight, split_qkv
 from ..quant.weights import cat_rows, dense
-from .spec import ModelSpec
+from .moe import MoeLayer, load_moe_layer, moe_mlp
+from .spec import ModelSpec, UnsupportedModel
 from .weights import maybe, take
 
 
@@ -28,10 +29,12 @@ class Layer:
     qkv: LinearWeight
     o: LinearWeight
     post_norm: torch.Tensor
-    gate_up: LinearWeight
-    down: LinearWeight
+    gate_up: LinearWeight | None
+    down: LinearWeight | None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    moe: MoeLayer | None = None
+    """The experts that replace the dense MLP (gate_up and down None) in a mixture-of-experts layer."""
 
 
 class DecoderModel:
@@ -48,6 +51,8 @@ class DecoderModel:
         """``spec`` gives the heads and MLP width this process computes; with tensor parallelism
         that is its shard, and ``all_reduce`` sums the shards' outputs of the row-parallel
         projections (o and down). Ranks that compute no logits pass ``lm_head=False``."""
+        if spec.num_experts and all_reduce is not None:
+            raise UnsupportedModel("mixture-of-experts models do not run tensor parallel")
         self.spec = spec
         self.ops = ops
         self._all_reduce = all_reduce
@@ -77,16 +82,23 @@ class DecoderModel:
         qkv_b = None
         if self.spec.qkv_bias:
             qkv_b = torch.cat([take(t, a + f"{n}_proj.bias") for n in "qkv"], dim=0)
-        gate_up = cat_rows([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")])
+        moe = load_moe_layer(t, i, self.spec, self.ops)
+        gate_up = down = None
+        if moe is None:
+            gate_up = self.ops.prepare_gate_up(
+                cat_rows([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")])
+            )
+            down = self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight"))
         return Layer(
             input_norm=take(t, p + "input_layernorm.weight"),
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),
             o=self.ops.prepare_linear(take(t, a + "o_proj.weight"), maybe(t, a + "o_proj.bias")),
             post_norm=take(t, p + "post_attention_layernorm.weight"),
-            gate_up=self.ops.prepare_gate_up(gate_up),
-            down=self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight")),
+            gate_up=gate_up,
+            down=down,
             q_norm=maybe(t, a + "q_norm.weight") if self.spec.qk_norm else None,
             k_norm=maybe(t, a + "k_norm.weight") if self.spec.qk_norm else None,
+            moe=moe,
         )
 
     def forward(
@@ -117,8 +129,12 @@ class DecoderModel:
                 q = ops.rotate_and_store(qkv, spec.num_heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
             else:  # q and k normalised per head before the rotation (Qwen3)
                 q, k, v = split_qkv(qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim)
-                q, _ = ops.rms_norm(q, layer.q_norm, eps)
-                k, _ = ops.rms_norm(k, layer.k_norm, eps)
+                if spec.qk_norm_whole:  # over the whole projections (OLMoE)
+                    q = ops.rms_norm(q.view(tokens, -1), layer.q_norm, eps)[0].view_as(q)
+                    k = ops.rms_norm(k.view(tokens, -1), layer.k_norm, eps)[0].view_as(k)
+                else:
+                    q, _ = ops.rms_norm(q, layer.q_norm, eps)
+                    k, _ = ops.rms_norm(k, layer.k_norm, eps)
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
@@ -126,6 +142,13 @@ class DecoderModel:
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
             x, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
+            if layer.moe is not None:
+                if lora is not None and (lora.get("gate_up") or lora.get("down")):
+                    raise UnsupportedModel("MLP adapters on mixture-of-experts layers are not supported")
+                mlp = moe_mlp(ops, x, layer.moe)
+                next_norm = self.norm if i == last else self.layers[i + 1].input_norm
+                x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
+                continue
             if lora is None:
                 act = ops.gate_up_swiglu(x, layer.gate_up)
             else:  # the adapters add to gate_up before the activation

@@ -12,6 +12,10 @@ _ROTARY_CLASSES = {
     "mistral": ("transformers.models.mistral.modeling_mistral", "MistralRotaryEmbedding"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RotaryEmbedding"),
+    "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralRotaryEmbedding"),
+    "qwen2_moe": ("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeRotaryEmbedding"),
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRotaryEmbedding"),
+    "olmoe": ("transformers.models.olmoe.modeling_olmoe", "OlmoeRotaryEmbedding"),
 }
 
 

@@ -30,6 +30,23 @@ class ModelSpec:
     qk_norm: bool = False
     sliding_window: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (models/moe.py); num_experts 0: every MLP is dense
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    """The chosen experts' probabilities renormalised to sum to 1."""
+    router_weights_rounded: bool = False
+    """The routing weights cast to the model's dtype before they scale the experts (Qwen, OLMoE;
+    Mixtral keeps them in fp32)."""
+    shared_expert_intermediate_size: int = 0
+    """A shared expert beside the routed ones, scaled by a sigmoid gate (Qwen2-MoE); 0: none."""
+    dense_mlp_layers: tuple[int, ...] = ()
+    """Layers whose MLP is dense (``intermediate_size`` wide) in a mixture-of-experts model."""
+    moe_prefix: str = "mlp"
+    """Where a layer's router and experts are named: ``mlp`` or Mixtral's ``block_sparse_moe``."""
+    qk_norm_whole: bool = False
+    """q_norm and k_norm over the whole q and k projections rather than per head (OLMoE)."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -90,11 +107,87 @@ def _qwen3(config: dict[str, Any]) -> ModelSpec:
     return _common(config, "qwen3", qkv_bias=bool(config.get("attention_bias", False)), qk_norm=True)
 
 
+def _dense_layers(config: dict[str, Any]) -> tuple[int, ...]:
+    """Qwen-MoE's layers with a dense MLP: ``mlp_only_layers``, and those off ``decoder_sparse_step``."""
+    only = set(config.get("mlp_only_layers") or [])
+    step = int(config.get("decoder_sparse_step") or 1)
+    return tuple(i for i in range(config["num_hidden_layers"]) if i in only or (i + 1) % step != 0)
+
+
+def _num_experts(config: dict[str, Any]) -> int:
+    """``num_experts`` (Qwen, OLMoE checkpoints) or ``num_local_experts`` (Mixtral, and what some
+    transformers versions write for the others)."""
+    return int(config.get("num_experts") or config["num_local_experts"])
+
+
+def _mixtral(config: dict[str, Any]) -> ModelSpec:
+    return _common(
+        config,
+        "mixtral",
+        sliding_window=_window(config),
+        num_experts=_num_experts(config),
+        experts_per_token=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=config["intermediate_size"],
+        norm_topk_prob=True,
+        moe_prefix="block_sparse_moe",
+    )
+
+
+def _qwen_moe(config: dict[str, Any], architecture: str, **extra: Any) -> ModelSpec:
+    if config.get("use_sliding_window"):
+        raise UnsupportedModel(f"{architecture} with use_sliding_window=true is not supported")
+    return _common(
+        config,
+        architecture,
+        num_experts=_num_experts(config),
+        experts_per_token=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=config["moe_intermediate_size"],
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        router_weights_rounded=True,
+        dense_mlp_layers=_dense_layers(config),
+        **extra,
+    )
+
+
+def _qwen2_moe(config: dict[str, Any]) -> ModelSpec:
+    return _qwen_moe(
+        config,
+        "qwen2_moe",
+        qkv_bias=bool(config.get("qkv_bias", True)),
+        shared_expert_intermediate_size=int(config.get("shared_expert_intermediate_size") or 0),
+    )
+
+
+def _qwen3_moe(config: dict[str, Any]) -> ModelSpec:
+    return _qwen_moe(config, "qwen3_moe", qkv_bias=bool(config.get("attention_bias", False)), qk_norm=True)
+
+
+def _olmoe(config: dict[str, Any]) -> ModelSpec:
+    if config.get("clip_qkv") is not None:
+        raise UnsupportedModel("OLMoE with clip_qkv is not supported")
+    return _common(
+        config,
+        "olmoe",
+        qkv_bias=bool(config.get("attention_bias", False)),
+        qk_norm=True,
+        qk_norm_whole=True,
+        num_experts=_num_experts(config),
+        experts_per_token=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=config["intermediate_size"],
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        router_weights_rounded=True,
+    )
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
     "Qwen2ForCausalLM": _qwen2,
     "Qwen3ForCausalLM": _qwen3,
+    "MixtralForCausalLM": _mixtral,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "Qwen2MoeForCausalLM": _qwen2_moe,
+    "OlmoeForCausalLM": _olmoe,
 }
 
 

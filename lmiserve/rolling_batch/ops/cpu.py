@@ -10,6 +10,8 @@
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.
+- Mixture-of-experts layers (fp32 or bf16) run in ``csrc/moe.cpp``: the rows routed to each
+  expert multiplied as one grouped product, parallel over experts and tiles of columns.
 - Linear layers in GGUF blocks (Q4_0, Q4_1, Q8_0) run in ``csrc/quant_linear.cpp``, which
   dequantizes each block in registers as it streams in (the loader dequantizes the GPU formats,
   AWQ, GPTQ and FP8, for a CPU).
@@ -127,6 +129,18 @@ class CpuOps(ReferenceOps):
             y = torch.ops.mkldnn._linear_pointwise(x2, w.packed, w.bias, "none", [], "")
             return y.view(*shape[:-1], y.shape[-1])
         return F.linear(x, w.weight, w.bias)
+
+    def fused_moe(self, x, topk_weights, topk_ids, experts):  # type: ignore[no-untyped-def]
+        """The grouped product of ``csrc/moe.cpp`` for fp32 and bf16 (rows never depend on each other)."""
+        if self.kernels and x.dtype in (torch.float32, torch.bfloat16) and experts.w13.dtype == x.dtype:
+            return torch.ops.lmiserve_cpu.fused_moe(
+                x.contiguous(),
+                topk_weights.float().contiguous(),
+                topk_ids.to(torch.int32).contiguous(),
+                experts.w13,
+                experts.w2,
+            )
+        return super().fused_moe(x, topk_weights, topk_ids, experts)
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
         """One C++ call per layer for both caches (the reference masks the -1 slots and copies twice)."""

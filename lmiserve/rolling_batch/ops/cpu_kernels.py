@@ -40,6 +40,7 @@ _SOURCES = [
         "lora_amx.cpp",
         "quant_linear.cpp",
         "quant_linear_amx.cpp",
+        "moe.cpp",
     )
 ]
 PACK_BATCH_HINT = 32

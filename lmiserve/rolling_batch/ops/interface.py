@@ -36,6 +36,22 @@ class LinearWeight:
         return self.weight.shape[0]
 
 
+@dataclass
+class ExpertWeights:
+    """A mixture-of-experts layer's experts, prepared for :meth:`Ops.fused_moe` (backends may pack them)."""
+
+    w13: torch.Tensor
+    """``(experts, 2 * intermediate, hidden)``: each expert's gate rows, then its up rows."""
+    w2: torch.Tensor
+    """``(experts, hidden, intermediate)``: each expert's down projection."""
+    packed: tuple[torch.Tensor, ...] = ()
+    packing: str = ""
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+
 ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated", "gguf-q4_0", "gguf-q4_1", "gguf-q8_0")
 """Packings whose product forms each row's sums in the same order whatever the other rows (the
 CPU's ``csrc/linear.cpp`` for bf16 rows, ``csrc/quant_linear.cpp`` for any), so deterministic
@@ -67,6 +83,9 @@ class Ops(Protocol):
     def attention(
         self, q: T, k_cache: T, v_cache: T, paged: PagedAttentionInputs, scale: float, window: int = 0
     ) -> T: ...
+    # mixture of experts (the routing, which differs by family, is the model's)
+    def prepare_experts(self, w13: T, w2: T) -> ExpertWeights: ...
+    def fused_moe(self, x: T, topk_weights: T, topk_ids: T, experts: ExpertWeights) -> T: ...
     # adapters
     def lora_add(self, y: T, x: T, a: T, b: T, lora: LoraStep, parts: tuple[int, ...] | None = None) -> None: ...
     # sampling

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ...generation.sampling import apply_top_k_top_p_min_p
 from ..quant.fp8_activations import w8a8_reference
 from ..quant.weights import Fp8Weight, QuantizedWeight, is_quantized
-from .interface import LinearWeight, Ops
+from .interface import ExpertWeights, LinearWeight, Ops
 from .metadata import LoraStep, PagedAttentionInputs
 
 
@@ -178,6 +178,35 @@ class ReferenceOps(Ops):
             lo, hi = bounds[s], bounds[s + 1]
             out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, tables[s], length, scale, window)
         return out
+
+    # --- mixture of experts -------------------------------------------------------------
+    def prepare_experts(self, w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:
+        """Experts as :meth:`fused_moe` takes them: ``w13`` ``(E, 2I, H)`` (gate rows, then up rows),
+        ``w2`` ``(E, H, I)``."""
+        return ExpertWeights(w13.contiguous(), w2.contiguous())
+
+    def fused_moe(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertWeights
+    ) -> torch.Tensor:
+        """``y[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` with
+        ``e = topk_ids[t, j]``: x ``(T, H)``, ``topk_weights`` ``(T, k)`` fp32, ``topk_ids`` ``(T, k)``
+        int32. Each expert runs once, on the rows routed to it; each product is rounded to x's dtype
+        and the weighted sum is taken in fp32 (in the order of the k choices), then cast to x's dtype."""
+        tokens, k = topk_ids.shape
+        out = torch.zeros(tokens, k, x.shape[1], dtype=torch.float32, device=x.device)
+        flat = topk_ids.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            pairs = order[start : start + n]
+            start += n
+            rows = pairs // k
+            act = self.swiglu(F.linear(x[rows], experts.w13[e]))
+            out.view(-1, x.shape[1])[pairs] = F.linear(act, experts.w2[e]).float()
+        return (out * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
     # --- LoRA ---------------------------------------------------------------------------
     def lora_add(
