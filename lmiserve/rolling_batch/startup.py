@@ -100,6 +100,12 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
         runner.channel = ranks.ready()
     else:
         backend = None if config.enforce_eager else graphs.backend_for(config.device)
+        if backend is not None and spec.num_experts and runner.ops.name != "cpu":
+            # the fused MoE op has no device kernel yet: its reference routes tokens on the host
+            log.warning(
+                "%s: mixture-of-experts layers run step by step on %s (no graphs)", spec.architecture, config.device
+            )
+            backend = None
         if backend is not None:
             runner.capture_graphs(config.max_num_seqs, backend, _decode_step_prompt_tokens(config))
         if backend is not None or runner.ops.name == "cuda":
