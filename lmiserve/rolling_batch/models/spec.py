@@ -30,6 +30,22 @@ class ModelSpec:
     qk_norm: bool = False
     sliding_window: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    norm_placement: str = "pre"
+    """"pre": RMSNorm before attention and the MLP (Llama); "post": after each, on the branch's
+    output before it joins the residual, with no input norm (OLMo 2)."""
+    qk_norm_scope: str = "head"
+    """What q_norm/k_norm normalise: "head" (each head, Qwen3) or "projection" (the whole q and
+    k projections, OLMo 2)."""
+    embedding_multiplier: float = 1.0
+    """Scales the token embeddings (Granite)."""
+    residual_multiplier: float = 1.0
+    """Scales each branch's output before it joins the residual (Granite)."""
+    attention_scale: float = 0.0
+    """The softmax scale; 0 means ``head_dim ** -0.5`` (Granite's attention_multiplier replaces it)."""
+    logits_scaling: float = 1.0
+    """The logits are divided by this (Granite)."""
+    tp_refusal: str = ""
+    """Why this model cannot be split for tensor parallelism ("" when it can)."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -96,6 +112,15 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "Qwen2ForCausalLM": _qwen2,
     "Qwen3ForCausalLM": _qwen3,
 }
+
+
+def _register_variants() -> None:
+    from .variants import VARIANT_ARCHITECTURES
+
+    ARCHITECTURES.update(VARIANT_ARCHITECTURES)
+
+
+_register_variants()
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
