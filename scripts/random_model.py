@@ -6,7 +6,9 @@
 Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
 outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
 (Llama-3.2-1B's: hidden 2048, 16 layers, 32/8 heads, intermediate 8192), ``llama-8b``
-(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336). The vocabulary is
+(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336), ``phi3-mini``
+(Phi-3-mini's, as ``Phi3ForCausalLM`` with fused QKV and gate/up: hidden 3072, 32 layers, 32
+heads, intermediate 8192, no rope scaling). The vocabulary is
 SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
@@ -30,28 +32,37 @@ SHAPES = {
                      intermediate_size=8192, tie_word_embeddings=True, rope_theta=500000.0),
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, tie_word_embeddings=False, rope_theta=500000.0),
+    "phi3-mini": dict(arch="phi3", hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, intermediate_size=8192, tie_word_embeddings=False,
+                      rope_theta=10000.0),
 }  # fmt: skip
+"""Each shape's config arguments; ``arch`` (default ``llama``) names the family."""
 
 
 def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192) -> Path:
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 
     from lmiserve.devices import torch_dtype
     from lmiserve.model_store import DEFAULT_MODEL_ID, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
-    config = LlamaConfig(
+    shape_args = dict(SHAPES[shape])
+    arch = shape_args.pop("arch", "llama")
+    if arch == "phi3":
+        shape_args["original_max_position_embeddings"] = max_position_embeddings
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM)}[arch]
+    config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         rms_norm_eps=1e-5,
-        **SHAPES[shape],
+        **shape_args,
     )
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch_dtype(dtype))
+        model = model_class(config).to(torch_dtype(dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
