@@ -9,7 +9,8 @@ outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b
 (Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336), ``mixtral-small`` (a
 Mixtral layout that fits one GPU: hidden 2048, 16 layers, 16/8 heads, 8 experts of intermediate
 5632, top 2), ``olmoe-1b-7b`` (OLMoE-1B-7B's: hidden 2048, 16 layers, 16 heads, 64 experts of
-intermediate 1024, top 8). The vocabulary is
+intermediate 1024, top 8), ``phi3-mini`` (Phi-3-mini's, as ``Phi3ForCausalLM`` with fused QKV and
+gate/up: hidden 3072, 32 layers, 32 heads, intermediate 8192, no rope scaling). The vocabulary is
 SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
@@ -39,6 +40,9 @@ SHAPES = {
     "olmoe-1b-7b": dict(config="OlmoeConfig", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
                         num_key_value_heads=16, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
                         norm_topk_prob=False, tie_word_embeddings=False, rope_theta=10000.0),
+    "phi3-mini": dict(config="Phi3Config", hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, intermediate_size=8192, tie_word_embeddings=False,
+                      rope_theta=10000.0),
 }  # fmt: skip
 """Each shape's config fields; ``config`` names the transformers config class (LlamaConfig if absent)."""
 
@@ -54,6 +58,8 @@ def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: i
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
     fields = dict(SHAPES[shape])
     config_class = getattr(transformers, fields.pop("config", "LlamaConfig"))
+    if config_class is transformers.Phi3Config:  # no LongRoPE: the original length is the whole
+        fields["original_max_position_embeddings"] = max_position_embeddings
     config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,

@@ -82,6 +82,19 @@ def build_model(out: Path, arch: str = "llama", seed: int = 0, **overrides):
         config = Qwen3Config(**common)
     elif arch in MOE_ARCHS:
         config = _moe_config(arch, common)
+    elif arch == "phi3":
+        from transformers import Phi3Config
+
+        common.setdefault("original_max_position_embeddings", common["max_position_embeddings"])
+        config = Phi3Config(**common)
+    elif arch == "olmo2":
+        from transformers import Olmo2Config
+
+        config = Olmo2Config(**common)
+    elif arch == "granite":
+        from transformers import GraniteConfig
+
+        config = GraniteConfig(**common)
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)

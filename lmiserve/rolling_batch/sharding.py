@@ -95,6 +95,8 @@ def shard_state_dict(tensors: dict[str, Any], pieces: Callable[[str], Piece]) ->
 
 def _problem(spec: ModelSpec, world: int) -> str | None:
     heads, kv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    if world > 1 and spec.tp_refusal:
+        return spec.tp_refusal
     if heads % world:
         return f"num_attention_heads {heads} is not divisible by tensor_parallel_degree {world}"
     if kv >= world and kv % world:

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
-from ..ops.reference import LinearWeight, split_qkv
-from ..quant.weights import cat_rows, dense
+from ..ops.reference import LinearWeight
+from ..quant.weights import dense
+from .layer_parts import fused_gate_up, fused_qkv, normed_qkv
 from .moe import MoeLayer, load_moe_layer, moe_mlp
 from .spec import ModelSpec, UnsupportedModel
 from .weights import maybe, take
@@ -25,14 +26,18 @@ from .weights import maybe, take
 
 @dataclass
 class Layer:
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor | None
+    """None where the norms follow the branches (``spec.norm_placement == "post"``)."""
     qkv: LinearWeight
     o: LinearWeight
     post_norm: torch.Tensor
+    """Before the MLP; with post-norm placement, on the attention's output."""
     gate_up: LinearWeight | None
     down: LinearWeight | None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    mlp_norm: torch.Tensor | None = None
+    """With post-norm placement, on the MLP's output."""
     moe: MoeLayer | None = None
     """The experts that replace the dense MLP (gate_up and down None) in a mixture-of-experts layer."""
 
@@ -71,26 +76,22 @@ class DecoderModel:
         if lm_head:
             # tied: the dense embeddings (held for the lookup anyway) rather than their blocks
             self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
-        self.scale = spec.head_dim**-0.5
+        self.scale = spec.attention_scale or spec.head_dim**-0.5
         self.lora: Any = None
         """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""
 
     def _layer(self, t: dict[str, Any], i: int) -> Layer:
         p = f"layers.{i}."
         a = p + "self_attn."
-        qkv_w = cat_rows([take(t, a + f"{n}_proj.weight") for n in "qkv"])
-        qkv_b = None
-        if self.spec.qkv_bias:
-            qkv_b = torch.cat([take(t, a + f"{n}_proj.bias") for n in "qkv"], dim=0)
+        qkv_w, qkv_b = fused_qkv(t, a, self.spec.qkv_bias)
         moe = load_moe_layer(t, i, self.spec, self.ops)
         gate_up = down = None
         if moe is None:
-            gate_up = self.ops.prepare_gate_up(
-                cat_rows([take(t, p + "mlp.gate_proj.weight"), take(t, p + "mlp.up_proj.weight")])
-            )
+            gate_up = self.ops.prepare_gate_up(fused_gate_up(t, p + "mlp."))
             down = self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight"))
+        post = self.spec.norm_placement == "post"
         return Layer(
-            input_norm=take(t, p + "input_layernorm.weight"),
+            input_norm=None if post else take(t, p + "input_layernorm.weight"),
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),
             o=self.ops.prepare_linear(take(t, a + "o_proj.weight"), maybe(t, a + "o_proj.bias")),
             post_norm=take(t, p + "post_attention_layernorm.weight"),
@@ -98,6 +99,7 @@ class DecoderModel:
             down=down,
             q_norm=maybe(t, a + "q_norm.weight") if self.spec.qk_norm else None,
             k_norm=maybe(t, a + "k_norm.weight") if self.spec.qk_norm else None,
+            mlp_norm=take(t, p + "post_feedforward_layernorm.weight") if post else None,
             moe=moe,
         )
 
@@ -114,9 +116,11 @@ class DecoderModel:
         cos = self.cos[positions].to(self.dtype)
         sin = self.sin[positions].to(self.dtype)
         h = F.embedding(input_ids, self.embed)
+        if spec.embedding_multiplier != 1.0:
+            h = h * spec.embedding_multiplier
         tokens = h.shape[0]
         residual = h
-        x, _ = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        x = h if self.layers[0].input_norm is None else ops.rms_norm(h, self.layers[0].input_norm, eps)[0]
         last = len(self.layers) - 1
         lora = None
         if meta.lora is not None and self.lora is not None:  # each projection's runs, once per step
@@ -127,27 +131,23 @@ class DecoderModel:
                 self._adapt(qkv, x, i, "qkv", lora)
             if layer.q_norm is None:
                 q = ops.rotate_and_store(qkv, spec.num_heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
-            else:  # q and k normalised per head before the rotation (Qwen3)
-                q, k, v = split_qkv(qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim)
-                if spec.qk_norm_whole:  # over the whole projections (OLMoE)
-                    q = ops.rms_norm(q.view(tokens, -1), layer.q_norm, eps)[0].view_as(q)
-                    k = ops.rms_norm(k.view(tokens, -1), layer.k_norm, eps)[0].view_as(k)
-                else:
-                    q, _ = ops.rms_norm(q, layer.q_norm, eps)
-                    k, _ = ops.rms_norm(k, layer.k_norm, eps)
+            else:  # q and k normalised before the rotation (Qwen3 per head, OLMo 2 as a whole)
+                q, k, v = normed_qkv(
+                    ops, qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                    layer.q_norm, layer.k_norm, eps, spec.qk_norm_scope,
+                )  # fmt: skip
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
-            x, residual = ops.add_rms_norm(o, residual, layer.post_norm, eps)
+            x, residual = self._join(o, residual, layer.post_norm, layer.post_norm)
+            next_norm = self.norm if i == last else self.layers[i + 1].input_norm
             if layer.moe is not None:
                 if lora is not None and (lora.get("gate_up") or lora.get("down")):
                     raise UnsupportedModel("MLP adapters on mixture-of-experts layers are not supported")
-                mlp = moe_mlp(ops, x, layer.moe)
-                next_norm = self.norm if i == last else self.layers[i + 1].input_norm
-                x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
+                x, residual = self._join(moe_mlp(ops, x, layer.moe), residual, layer.mlp_norm, next_norm)
                 continue
             if lora is None:
                 act = ops.gate_up_swiglu(x, layer.gate_up)
@@ -158,9 +158,30 @@ class DecoderModel:
             mlp = self._row_linear(act, layer.down)
             if lora is not None:
                 self._adapt(mlp, act, i, "down", lora)
-            next_norm = self.norm if i == last else self.layers[i + 1].input_norm
-            x, residual = ops.add_rms_norm(mlp, residual, next_norm, eps)
+            x, residual = self._join(mlp, residual, layer.mlp_norm, next_norm)
         return x
+
+    def _join(
+        self,
+        out: torch.Tensor,
+        residual: torch.Tensor,
+        branch_norm: torch.Tensor | None,
+        next_norm: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A branch's output joins the residual: ``(next input, residual)``. Pre-norm: the
+        residual grows by ``out`` (times ``residual_multiplier``) and ``next_norm`` normalises the
+        next input. Post-norm: ``branch_norm`` normalises ``out`` before it joins, and the next
+        input is the residual itself (the final norm, ``self.norm``, still applies after the last
+        layer)."""
+        eps = self.spec.rms_norm_eps
+        if self.spec.residual_multiplier != 1.0:
+            out.mul_(self.spec.residual_multiplier)
+        if self.spec.norm_placement == "pre":
+            return self.ops.add_rms_norm(out, residual, next_norm, eps)  # type: ignore[arg-type]
+        residual = residual + self.ops.rms_norm(out, branch_norm, eps)[0]  # type: ignore[arg-type]
+        if next_norm is self.norm:
+            return self.ops.rms_norm(residual, self.norm, eps)[0], residual
+        return residual, residual
 
     def _adapt(
         self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str, lora: dict[str, LoraStep | None]
@@ -177,4 +198,7 @@ class DecoderModel:
         return y
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(hidden, self.lm_head).float()
+        logits = self.ops.linear(hidden, self.lm_head)
+        if self.spec.logits_scaling != 1.0:
+            logits = logits / self.spec.logits_scaling
+        return logits.float()

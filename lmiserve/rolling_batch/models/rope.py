@@ -16,11 +16,25 @@ _ROTARY_CLASSES = {
     "qwen2_moe": ("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeRotaryEmbedding"),
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRotaryEmbedding"),
     "olmoe": ("transformers.models.olmoe.modeling_olmoe", "OlmoeRotaryEmbedding"),
+    "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3RotaryEmbedding"),
+    "olmo2": ("transformers.models.olmo2.modeling_olmo2", "Olmo2RotaryEmbedding"),
+    "granite": ("transformers.models.granite.modeling_granite", "GraniteRotaryEmbedding"),
 }
 
 
 def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)``, each ``(max_len, head_dim)`` in fp32, in the half-rotation layout."""
+    """``(cos, sin)``, each ``(max_len, head_dim)`` in fp32, in the half-rotation layout.
+
+    Scaling as the config declares it (linear, llama3, yarn, longrope) is the rotary class's own.
+    LongRoPE: transformers picks the short or the long factors for each forward pass from that
+    pass's largest position (long past ``original_max_position_embeddings``), so in transformers
+    a sequence that grows past that length keeps its earlier keys rotated with the short factors
+    and rotates later ones with the long. These tables are one pass over ``max_len`` (the
+    engine's ``max_model_len``) positions: the long factors everywhere when ``max_len`` exceeds
+    ``original_max_position_embeddings``, the short ones otherwise. That is transformers' result
+    for every prompt longer than the original length, and for every sequence when ``max_len``
+    does not exceed it; a shorter prompt that generates past it differs (no mid-sequence switch).
+    Dynamic NTK scaling, which transformers recomputes from each pass's length, is refused."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)

@@ -45,8 +45,22 @@ class ModelSpec:
     """Layers whose MLP is dense (``intermediate_size`` wide) in a mixture-of-experts model."""
     moe_prefix: str = "mlp"
     """Where a layer's router and experts are named: ``mlp`` or Mixtral's ``block_sparse_moe``."""
-    qk_norm_whole: bool = False
-    """q_norm and k_norm over the whole q and k projections rather than per head (OLMoE)."""
+    norm_placement: str = "pre"
+    """"pre": RMSNorm before attention and the MLP (Llama); "post": after each, on the branch's
+    output before it joins the residual, with no input norm (OLMo 2)."""
+    qk_norm_scope: str = "head"
+    """What q_norm/k_norm normalise: "head" (each head, Qwen3) or "projection" (the whole q and
+    k projections, OLMo 2)."""
+    embedding_multiplier: float = 1.0
+    """Scales the token embeddings (Granite)."""
+    residual_multiplier: float = 1.0
+    """Scales each branch's output before it joins the residual (Granite)."""
+    attention_scale: float = 0.0
+    """The softmax scale; 0 means ``head_dim ** -0.5`` (Granite's attention_multiplier replaces it)."""
+    logits_scaling: float = 1.0
+    """The logits are divided by this (Granite)."""
+    tp_refusal: str = ""
+    """Why this model cannot be split for tensor parallelism ("" when it can)."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -170,7 +184,7 @@ def _olmoe(config: dict[str, Any]) -> ModelSpec:
         "olmoe",
         qkv_bias=bool(config.get("attention_bias", False)),
         qk_norm=True,
-        qk_norm_whole=True,
+        qk_norm_scope="projection",
         num_experts=_num_experts(config),
         experts_per_token=int(config["num_experts_per_tok"]),
         moe_intermediate_size=config["intermediate_size"],
@@ -189,6 +203,15 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "OlmoeForCausalLM": _olmoe,
 }
+
+
+def _register_variants() -> None:
+    from .variants import VARIANT_ARCHITECTURES
+
+    ARCHITECTURES.update(VARIANT_ARCHITECTURES)
+
+
+_register_variants()
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:

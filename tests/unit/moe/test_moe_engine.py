@@ -34,7 +34,7 @@ def test_specs(moe_dirs):
     assert specs["mixtral"].num_experts == 4 and specs["mixtral"].norm_topk_prob
     assert specs["qwen3_moe"].dense_mlp_layers == (1,) and specs["qwen3_moe"].qk_norm
     assert specs["qwen2_moe"].shared_expert_intermediate_size == 96 and specs["qwen2_moe"].qkv_bias
-    assert specs["olmoe"].qk_norm_whole and not specs["olmoe"].norm_topk_prob
+    assert specs["olmoe"].qk_norm_scope == "projection" and not specs["olmoe"].norm_topk_prob
 
 
 @pytest.mark.parametrize("chunk", [256, 16], ids=["whole", "chunked"])
