@@ -4,8 +4,8 @@
   largest finite value), values saturated to +-448 before the cast (e4m3fn has no infinity).
 - :func:`~.blocks.quantize_q8_0`: GGUF's Q8_0 blocks, as llama.cpp quantizes them.
 
-Only the decoder layers' linear projections are quantized (q, k, v, o, gate, up, down); the
-embeddings, norms and the LM head stay as they are.
+Only the decoder layers' linear projections are quantized (q, k, v, o, gate, up, down, and the
+fused qkv and gate_up of Phi-3's checkpoints); the embeddings, norms and the LM head stay as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .blocks import quantize_q8_0
 from .weights import Fp8Weight
 
 FP8_MAX = 448.0
-PROJECTION = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+PROJECTION = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.(qkv|[qkvo])_proj|mlp\.(gate_up|gate|up|down)_proj)\.weight$")
 """The names of the weights quantized at load."""
 
 
