@@ -155,3 +155,12 @@ class DecoderModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.lm_head).float()
+
+
+def decoder_class(spec: ModelSpec) -> type[DecoderModel]:
+    """The model for a spec: the generic decoder unless its family has a module of its own."""
+    if spec.architecture in ("gemma2", "gemma3"):
+        from .gemma import GemmaModel
+
+        return GemmaModel
+    return DecoderModel

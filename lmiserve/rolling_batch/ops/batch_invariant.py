@@ -119,12 +119,12 @@ class BatchInvariantOps(OpsWrapper):
             y[first:end] += in_blocks(torch.mm, u, b[slot])
 
     # --- attention: every query token on its own ----------------------------------------------
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
-        if self._cuda:
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+        if self._cuda and softcap <= 0:
             return self._cuda_attention(q, k_cache, v_cache, paged, scale, window)
         if paged.max_q_len <= 1:
-            return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
-        return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window)
+            return self.inner.attention(q, k_cache, v_cache, paged, scale, window, softcap)
+        return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window, softcap)
 
     def _as_decodes(self, paged: PagedAttentionInputs) -> PagedAttentionInputs:
         """One decode per query token: its sequence's block table and its own length (position

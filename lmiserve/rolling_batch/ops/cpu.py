@@ -226,8 +226,11 @@ class CpuOps(ReferenceOps):
             return super().argmax_logsumexp(logits)
         return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
 
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
-        """Decodes and prompt chunks each in a kernel of their own."""
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+        """Decodes and prompt chunks each in a kernel of their own; capped scores (``softcap``)
+        in the reference implementation (the kernels do not cap)."""
+        if softcap > 0:
+            return super().attention(q, k_cache, v_cache, paged, scale, window, softcap)
         decodes, prompts = paged.parts()
         if not prompts.num_seqs:
             return self._decode(q, k_cache, v_cache, decodes, scale, window)
