@@ -6,8 +6,10 @@
 Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
 outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
 (Llama-3.2-1B's: hidden 2048, 16 layers, 32/8 heads, intermediate 8192), ``llama-8b``
-(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336). The vocabulary is
-SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
+(Llama-3.1-8B's: hidden 4096, 32 layers, 32/8 heads, intermediate 14336), ``gemma2-2b``
+(Gemma-2-2B's: hidden 2304, 26 layers alternating sliding-window and global attention, 8/4 heads
+of 256, intermediate 9216, score and logit caps). The vocabulary is SmolLM2's (49,152 tokens), so
+its tokenizer serves every shape.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
 (:mod:`lmiserve.rolling_batch.quant.writers`): ``awq`` AutoAWQ GEMM, 4-bit with zero points;
@@ -30,28 +32,35 @@ SHAPES = {
                      intermediate_size=8192, tie_word_embeddings=True, rope_theta=500000.0),
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, tie_word_embeddings=False, rope_theta=500000.0),
+    "gemma2-2b": dict(family="gemma2", hidden_size=2304, num_hidden_layers=26, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, intermediate_size=9216, tie_word_embeddings=True,
+                      rope_theta=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096,
+                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
 }  # fmt: skip
+"""Each shape's config; ``family`` picks the config class (Llama unless named)."""
 
 
 def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192) -> Path:
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma2Config, LlamaConfig
 
     from lmiserve.devices import torch_dtype
     from lmiserve.model_store import DEFAULT_MODEL_ID, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
-    config = LlamaConfig(
+    fields = dict(SHAPES[shape])
+    config_class = {"llama": LlamaConfig, "gemma2": Gemma2Config}[fields.pop("family", "llama")]
+    fields.setdefault("rms_norm_eps", 1e-5)
+    config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        rms_norm_eps=1e-5,
-        **SHAPES[shape],
+        **fields,
     )
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_config(config).to(torch_dtype(dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
