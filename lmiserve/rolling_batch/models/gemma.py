@@ -76,7 +76,7 @@ class GemmaModel(DecoderModel):
         super().__init__(spec, tensors, ops, cos, sin, all_reduce, lm_head)
         self.norm = gemma_norm_weight(self.norm)
         self.scale = spec.query_scale or spec.head_dim**-0.5
-        self.embed_scale = torch.tensor(spec.hidden_size**0.5, dtype=self.dtype)
+        self.embed_scale = torch.tensor(spec.hidden_size**0.5, dtype=self.dtype, device=self.embed.device)
         """As transformers scales: the factor rounded to the model's dtype first."""
 
     def _layer(self, t: dict[str, Any], i: int) -> GemmaLayer:  # type: ignore[override]
@@ -126,7 +126,7 @@ class GemmaModel(DecoderModel):
         eps = spec.rms_norm_eps
         heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         rope = self._rope(positions)
-        residual = F.embedding(input_ids, self.embed) * self.embed_scale.to(self.embed.device)
+        residual = F.embedding(input_ids, self.embed) * self.embed_scale
         tokens = residual.shape[0]
         lora = None
         if meta.lora is not None and self.lora is not None:

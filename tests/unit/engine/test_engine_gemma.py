@@ -81,3 +81,27 @@ def test_gemma2_final_cap_in_prompt_logprobs(gemma_dirs, tiny_tokenizer):
         expected = torch.log_softmax(capped, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
         assert ours[0] is None
         assert torch.allclose(torch.tensor(ours[1:]), expected, atol=1e-4) is close
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_lora_matches_peft(arch, gemma_dirs, tiny_tokenizer, tmp_path):
+    """An adapter on every projection, beside requests for the base model in the same batch."""
+    from lmiserve import wire
+    from tests.lora_adapters import build_adapter, peft_greedy
+
+    model_dir = gemma_dirs[arch]
+    adapter = build_adapter(model_dir, tmp_path / "all", seed=11, rank=8)
+    engine = make_engine(model_dir, enable_lora=True, max_loras=1, max_lora_rank=8)
+    result = engine.adapter_command(wire.AdapterCommand(op_id=0, action="register", name="all", src=str(adapter)))
+    assert result.kind is None, result.error
+    ids = [tiny_tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    names = {"r0": "all", "r1": "", "r2": "all"}
+    original = engine.add_request
+    engine.add_request = lambda rid, prompt, params: original(rid, prompt, params, names[rid])
+    arrivals = {0: [(rid, ids[i], SamplingParams(max_new_tokens=12)) for i, rid in enumerate(names)]}
+    tokens, _, deltas = run(engine, arrivals)
+    assert not [d for d in deltas if d.error]
+    for i, (rid, name) in enumerate(names.items()):
+        want = peft_greedy(model_dir, adapter if name else None, ids[i], 12)
+        assert tokens[rid][0] == want, (arch, rid)
+    assert tokens["r0"][0] != peft_greedy(model_dir, None, ids[0], 12)  # the adapter changes the tokens
