@@ -67,3 +67,24 @@ def test_gemma_norm_matches_transformers(dtype):
     ours = gemma_rms_norm(x, gemma_norm_weight(theirs.weight.detach()), 1e-6)
     assert ours.dtype == dtype
     assert torch.equal(ours, theirs(x).detach())
+
+
+@pytest.mark.parametrize("dim", [16, 64, 128])
+@pytest.mark.parametrize("window", [0, 8])
+def test_capped_attention_in_the_cpu_kernels_bf16(dim, window):
+    """bf16 through the C++ kernels (head_dim 64 and 128: the AVX-512 decode and the vdpbf16ps
+    prefill; 16: the portable loops), against the reference."""
+    ops = CpuOps()
+    if not ops.kernels:
+        pytest.skip("no C++ kernels here")
+    lengths, q_lens = [17, 40, 33, 70], [1, 1, 33, 20]
+    k_cache, v_cache, tables, _ = paged(lengths, 2, dim, seed=5, dtype=torch.bfloat16)
+    q = (torch.randn(sum(q_lens), 8, dim) * 2).bfloat16()
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    inputs = PagedAttentionInputs.of(tables, cu, torch.tensor(lengths, dtype=torch.int32), num_decodes=2)
+    scale = dim**-0.5
+    want = ReferenceOps().attention(q, k_cache, v_cache, inputs, scale, window, softcap=1.5)
+    got = ops.attention(q, k_cache, v_cache, inputs, scale, window, softcap=1.5)
+    plain = ops.attention(q, k_cache, v_cache, inputs, scale, window)
+    assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.allclose(plain.float(), want.float(), atol=5e-2, rtol=5e-2)
