@@ -37,11 +37,11 @@ def gemma_norm_weight(weight: torch.Tensor) -> torch.Tensor:
     return 1.0 + weight.float()
 
 
-def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gemma_rms_norm(ops: Ops, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm over the last dimension, with ``weight`` from :func:`gemma_norm_weight`:
-    normalised and scaled in fp32, then cast to ``x``'s dtype (as transformers computes it)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+    normalised and scaled in fp32, then cast to ``x``'s dtype (as transformers computes it).
+    That is the ops' RMSNorm of ``x`` in fp32 (so deterministic mode's fixed blocks apply)."""
+    return ops.rms_norm(x.float(), weight, eps)[0].to(x.dtype)
 
 
 @dataclass
@@ -133,7 +133,7 @@ class GemmaModel(DecoderModel):
             lora = {group: meta.lora.only(slots) for group, slots in self.lora.holds.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             cos, sin = rope[i]
-            x = gemma_rms_norm(residual, layer.input_norm, eps)
+            x = gemma_rms_norm(ops, residual, layer.input_norm, eps)
             qkv = ops.linear(x, layer.qkv)
             if lora is not None:
                 self._adapt(qkv, x, i, "qkv", lora)
@@ -141,8 +141,8 @@ class GemmaModel(DecoderModel):
                 q = ops.rotate_and_store(qkv, heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
             else:  # queries and keys normalised per head before the rotation (Gemma 3)
                 q, k, v = split_qkv(qkv, heads, kv_heads, dim)
-                q = gemma_rms_norm(q, layer.q_norm, eps)
-                k = gemma_rms_norm(k, layer.k_norm, eps)
+                q = gemma_rms_norm(ops, q, layer.q_norm, eps)
+                k = gemma_rms_norm(ops, k, layer.k_norm, eps)
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, layer.window, spec.attn_softcap)
@@ -150,8 +150,8 @@ class GemmaModel(DecoderModel):
             o = self._row_linear(attn, layer.o)
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
-            residual = residual + gemma_rms_norm(o, layer.post_attention_norm, eps)
-            x = gemma_rms_norm(residual, layer.pre_feedforward_norm, eps)
+            residual = residual + gemma_rms_norm(ops, o, layer.post_attention_norm, eps)
+            x = gemma_rms_norm(ops, residual, layer.pre_feedforward_norm, eps)
             gate_up = ops.linear(x, layer.gate_up)
             if lora is not None:
                 self._adapt(gate_up, x, i, "gate_up", lora)
@@ -159,8 +159,8 @@ class GemmaModel(DecoderModel):
             mlp = self._row_linear(act, layer.down)
             if lora is not None:
                 self._adapt(mlp, act, i, "down", lora)
-            residual = residual + gemma_rms_norm(mlp, layer.post_feedforward_norm, eps)
-        return gemma_rms_norm(residual, self.norm, eps)
+            residual = residual + gemma_rms_norm(ops, mlp, layer.post_feedforward_norm, eps)
+        return gemma_rms_norm(ops, residual, self.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head's output, capped (``final_logit_softcapping``) in the model's dtype as

@@ -105,3 +105,31 @@ def test_gemma_lora_matches_peft(arch, gemma_dirs, tiny_tokenizer, tmp_path):
         want = peft_greedy(model_dir, adapter if name else None, ids[i], 12)
         assert tokens[rid][0] == want, (arch, rid)
     assert tokens["r0"][0] != peft_greedy(model_dir, None, ids[0], 12)  # the adapter changes the tokens
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_deterministic_mode(arch, gemma_dirs, tiny_tokenizer):
+    """bf16, deterministic: a request's tokens alone, beside others, prefilled in chunks of 16 and
+    from the prefix cache are the same."""
+    import random
+
+    model_dir = gemma_dirs[arch]
+    prompt = tiny_tokenizer(PROMPTS[2])["input_ids"]
+
+    def tokens(budget=64, others=(), warm=False):
+        engine = make_engine(model_dir, dtype="bf16", deterministic=True, max_num_batched_tokens=budget)
+        if warm:
+            run(engine, {0: [("w", prompt, SamplingParams(max_new_tokens=1))]})
+        arrivals = {0: [(f"o{i}", p, SamplingParams(max_new_tokens=8)) for i, p in enumerate(others)]}
+        arrivals[0].append(("t", prompt, SamplingParams(max_new_tokens=12)))
+        got, _, _ = run(engine, arrivals)
+        assert not warm or engine.blocks.prefix_hit_tokens > 0
+        return got["t"][0]
+
+    rng = random.Random(5)
+    others = [[rng.randrange(4, len(tiny_tokenizer)) for _ in range(rng.randrange(3, 40))] for _ in range(7)]
+    alone = tokens(budget=512)
+    assert len(alone) == 12
+    assert tokens(others=others) == alone
+    assert tokens(budget=16) == alone
+    assert tokens(budget=16, warm=True) == alone
