@@ -133,3 +133,18 @@ def test_gemma_deterministic_mode(arch, gemma_dirs, tiny_tokenizer):
     assert tokens(others=others) == alone
     assert tokens(budget=16) == alone
     assert tokens(budget=16, warm=True) == alone
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_sharded_forward_equals_the_whole_model(arch, gemma_dirs):
+    """Two tensor-parallel ranks (threads, all-reduces summed in memory) against one."""
+    import torch
+
+    from . import tp_helpers
+
+    model_dir = gemma_dirs[arch]
+    steps, _ = tp_helpers.batch_steps(tp_helpers.spec_of(model_dir).vocab_size)
+    whole = tp_helpers.sharded_logits(model_dir, 1, "cpu", steps)
+    sharded = tp_helpers.sharded_logits(model_dir, 2, "cpu", steps)
+    for w, s in zip(whole, sharded):
+        torch.testing.assert_close(s, w, atol=2e-5, rtol=1e-4)
