@@ -10,8 +10,10 @@ outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b
 Mixtral layout that fits one GPU: hidden 2048, 16 layers, 16/8 heads, 8 experts of intermediate
 5632, top 2), ``olmoe-1b-7b`` (OLMoE-1B-7B's: hidden 2048, 16 layers, 16 heads, 64 experts of
 intermediate 1024, top 8), ``phi3-mini`` (Phi-3-mini's, as ``Phi3ForCausalLM`` with fused QKV and
-gate/up: hidden 3072, 32 layers, 32 heads, intermediate 8192, no rope scaling). The vocabulary is
-SmolLM2's (49,152 tokens), so its tokenizer serves every shape.
+gate/up: hidden 3072, 32 layers, 32 heads, intermediate 8192, no rope scaling), ``gemma2-2b``
+(Gemma-2-2B's: hidden 2304, 26 layers alternating sliding-window and global attention, 8/4 heads
+of 256, intermediate 9216, score and logit caps). The vocabulary is SmolLM2's (49,152 tokens), so
+its tokenizer serves every shape.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
 (:mod:`lmiserve.rolling_batch.quant.writers`): ``awq`` AutoAWQ GEMM, 4-bit with zero points;
@@ -43,6 +45,10 @@ SHAPES = {
     "phi3-mini": dict(config="Phi3Config", hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, intermediate_size=8192, tie_word_embeddings=False,
                       rope_theta=10000.0),
+    "gemma2-2b": dict(config="Gemma2Config", hidden_size=2304, num_hidden_layers=26, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, intermediate_size=9216, tie_word_embeddings=True,
+                      rope_theta=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096,
+                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
 }  # fmt: skip
 """Each shape's config fields; ``config`` names the transformers config class (LlamaConfig if absent)."""
 
@@ -60,12 +66,12 @@ def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: i
     config_class = getattr(transformers, fields.pop("config", "LlamaConfig"))
     if config_class is transformers.Phi3Config:  # no LongRoPE: the original length is the whole
         fields["original_max_position_embeddings"] = max_position_embeddings
+    fields.setdefault("rms_norm_eps", 1e-5)
     config = config_class(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        rms_norm_eps=1e-5,
         **fields,
     )
     torch.manual_seed(0)

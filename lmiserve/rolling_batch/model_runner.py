@@ -12,7 +12,7 @@ import torch
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
 from .lora.step_index import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
-from .models.decoder import DecoderModel
+from .models.decoder import decoder_class
 from .models.rope import rope_tables
 from .models.spec import ModelSpec
 from .ops import select_ops
@@ -54,7 +54,7 @@ class ModelRunner:
         if shard is None or shard.world_size == 1:
             self.spec = spec
             tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
-            self.model = DecoderModel(spec, tensors, self.ops, cos, sin)
+            self.model = decoder_class(spec)(spec, tensors, self.ops, cos, sin)
         else:
             import torch.distributed as dist
 
@@ -63,7 +63,9 @@ class ModelRunner:
             pieces = shard_pieces(spec, shard, lm_head=head)
             formats = self.ops.native_formats
             tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, formats, pieces)
-            self.model = DecoderModel(self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head)
+            self.model = decoder_class(spec)(
+                self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head
+            )
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None

@@ -1,7 +1,8 @@
 """Our implementations of common decoder families, over the device ops.
 
 One generic decoder covers the Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral), Qwen2/2.5
-and Qwen3; what differs between them is declared in :class:`~.spec.ModelSpec`.
+and Qwen3; what differs between them is declared in :class:`~.spec.ModelSpec`. Gemma 2 and Gemma 3
+(text) have a module of their own (:mod:`.gemma`), picked by :func:`.decoder.decoder_class`.
 """
 
 from .spec import ARCHITECTURES, ModelSpec, UnsupportedModel, spec_from_config, supported

@@ -202,3 +202,12 @@ class DecoderModel:
         if self.spec.logits_scaling != 1.0:
             logits = logits / self.spec.logits_scaling
         return logits.float()
+
+
+def decoder_class(spec: ModelSpec) -> type[DecoderModel]:
+    """The model for a spec: the generic decoder unless its family has a module of its own."""
+    if spec.architecture in ("gemma2", "gemma3"):
+        from .gemma import GemmaModel
+
+        return GemmaModel
+    return DecoderModel

@@ -19,11 +19,16 @@ _ROTARY_CLASSES = {
     "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3RotaryEmbedding"),
     "olmo2": ("transformers.models.olmo2.modeling_olmo2", "Olmo2RotaryEmbedding"),
     "granite": ("transformers.models.granite.modeling_granite", "GraniteRotaryEmbedding"),
+    "gemma2": ("transformers.models.gemma2.modeling_gemma2", "Gemma2RotaryEmbedding"),
+    "gemma3": ("transformers.models.gemma3.modeling_gemma3", "Gemma3RotaryEmbedding"),
 }
+LAYER_TYPES = {"gemma3": ("full_attention", "sliding_attention")}
+"""Families whose layers' rotations differ by layer type: their tables stack one per type, in this order."""
 
 
 def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)``, each ``(max_len, head_dim)`` in fp32, in the half-rotation layout.
+    """``(cos, sin)``, each ``(max_len, head_dim)`` in fp32, in the half-rotation layout; for a
+    family in :data:`LAYER_TYPES`, ``(types, max_len, head_dim)``, one table per layer type.
 
     Scaling as the config declares it (linear, llama3, yarn, longrope) is the rotary class's own.
     LongRoPE: transformers picks the short or the long factors for each forward pass from that
@@ -39,12 +44,17 @@ def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch
 
     config = AutoConfig.from_pretrained(model_dir)
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
-        raise ValueError("dynamic rope scaling is not supported")
+    per_type = [rope.get(t) or {} for t in LAYER_TYPES.get(architecture, ())] if isinstance(rope, dict) else []
+    for params in [rope, *per_type]:
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "dynamic":
+            raise ValueError("dynamic rope scaling is not supported")
     module_name, class_name = _ROTARY_CLASSES[architecture]
     rotary = getattr(importlib.import_module(module_name), class_name)(config=config)
     positions = torch.arange(max_len).unsqueeze(0)
     probe = torch.zeros(1, dtype=torch.float32)
     with torch.no_grad():
+        if architecture in LAYER_TYPES:
+            tables = [rotary(probe, positions, layer_type=t) for t in LAYER_TYPES[architecture]]
+            return torch.stack([c[0] for c, _ in tables]), torch.stack([s[0] for _, s in tables])
         cos, sin = rotary(probe, positions)
     return cos[0].contiguous(), sin[0].contiguous()

@@ -56,11 +56,19 @@ class ModelSpec:
     residual_multiplier: float = 1.0
     """Scales each branch's output before it joins the residual (Granite)."""
     attention_scale: float = 0.0
-    """The softmax scale; 0 means ``head_dim ** -0.5`` (Granite's attention_multiplier replaces it)."""
+    """The softmax scale; 0 means ``head_dim ** -0.5`` (Granite's attention_multiplier, Gemma's
+    query_pre_attn_scalar ** -0.5)."""
     logits_scaling: float = 1.0
     """The logits are divided by this (Granite)."""
     tp_refusal: str = ""
     """Why this model cannot be split for tensor parallelism ("" when it can)."""
+    layer_windows: tuple[int, ...] = ()
+    """Each layer's sliding window (0: global attention) where layers differ; empty: every layer
+    has ``sliding_window``."""
+    attn_softcap: float = 0.0
+    """Attention scores capped as ``tanh(s / c) * c`` before the softmax; 0: none."""
+    final_softcap: float = 0.0
+    """Logits capped likewise; 0: none."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -70,11 +78,14 @@ def _eos(config: dict[str, Any]) -> tuple[int, ...]:
     return (eos,) if isinstance(eos, int) else tuple(eos)
 
 
-def _common(config: dict[str, Any], architecture: str, **extra: Any) -> ModelSpec:
+def _common(
+    config: dict[str, Any], architecture: str, activations: tuple[str, ...] = ("silu", "swish"), **extra: Any
+) -> ModelSpec:
     heads = config["num_attention_heads"]
     hidden = config["hidden_size"]
-    if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise UnsupportedModel(f"activation {config.get('hidden_act')!r} is not supported")
+    act = config.get("hidden_activation") or config.get("hidden_act") or activations[0]
+    if act not in activations:
+        raise UnsupportedModel(f"activation {act!r} is not supported")
     return ModelSpec(
         architecture=architecture,
         vocab_size=config["vocab_size"],
@@ -193,6 +204,35 @@ def _olmoe(config: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _gemma(config: dict[str, Any]) -> ModelSpec:
+    """Gemma 2 and Gemma 3 (text): sliding-window and global layers per ``layer_types``."""
+    architecture = "gemma2" if "Gemma2ForCausalLM" in (config.get("architectures") or []) else "gemma3"
+    if config.get("attention_bias"):
+        raise UnsupportedModel("Gemma models with attention biases are not supported")
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedModel("Gemma models with bidirectional attention are not supported")
+    layers = config["num_hidden_layers"]
+    types = config.get("layer_types")
+    if not types:  # the configuration classes' default: every pattern-th layer global
+        pattern = 2 if architecture == "gemma2" else int(config.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedModel(f"layer types {types} are not supported")
+    window = int(config.get("sliding_window") or 0)
+    # Gemma 3's attention in transformers never applies attn_logit_softcapping; Gemma 2's does
+    attn_softcap = config.get("attn_logit_softcapping") if architecture == "gemma2" else None
+    return _common(
+        config,
+        architecture,
+        activations=("gelu_pytorch_tanh",),
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        attention_scale=float(config.get("query_pre_attn_scalar") or 256) ** -0.5,
+        attn_softcap=float(attn_softcap or 0.0),
+        final_softcap=float(config.get("final_logit_softcapping") or 0.0),
+        qk_norm=architecture == "gemma3",
+    )
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -202,6 +242,8 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "OlmoeForCausalLM": _olmoe,
+    "Gemma2ForCausalLM": _gemma,
+    "Gemma3ForCausalLM": _gemma,
 }
 
 

@@ -119,12 +119,12 @@ class BatchInvariantOps(OpsWrapper):
             y[first:end] += in_blocks(torch.mm, u, b[slot])
 
     # --- attention: every query token on its own ----------------------------------------------
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         if self._cuda:
-            return self._cuda_attention(q, k_cache, v_cache, paged, scale, window)
+            return self._cuda_attention(q, k_cache, v_cache, paged, scale, window, softcap)
         if paged.max_q_len <= 1:
-            return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
-        return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window)
+            return self.inner.attention(q, k_cache, v_cache, paged, scale, window, softcap)
+        return self.inner.attention(q, k_cache, v_cache, self._as_decodes(paged), scale, window, softcap)
 
     def _as_decodes(self, paged: PagedAttentionInputs) -> PagedAttentionInputs:
         """One decode per query token: its sequence's block table and its own length (position
@@ -149,11 +149,11 @@ class BatchInvariantOps(OpsWrapper):
         self._expanded = (paged.block_tables, decodes)
         return decodes
 
-    def _cuda_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window):  # type: ignore[no-untyped-def]
+    def _cuda_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window, softcap=0.0):  # type: ignore[no-untyped-def]
         """Every row in one launch of the paged kernel with its fixed query tile, on the step's
         own ``cu_q_lens``: no split along the keys, nothing read from the host copies."""
         kernels = self.inner.kernels  # type: ignore[attr-defined]
         return kernels.paged_attention(
             q, k_cache, v_cache, paged.block_tables, paged.cu_q_lens, paged.seq_lens, max(1, paged.max_q_len),
-            scale, window, block_m=kernels.INVARIANT_BLOCK_M,
+            scale, window, block_m=kernels.INVARIANT_BLOCK_M, softcap=softcap,
         )  # fmt: skip

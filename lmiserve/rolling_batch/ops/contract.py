@@ -166,7 +166,7 @@ class CheckedOps(OpsWrapper):
             lora.checked = (rows, slots)
         return self.inner.lora_add(y, x, a, b, lora, parts)
 
-    def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         """The whole step at once; checked on the host copies of its lengths (no device read,
         so the check may run while a device graph is being captured)."""
         self._attention_inputs(q, k_cache, v_cache)
@@ -185,4 +185,4 @@ class CheckedOps(OpsWrapper):
             if not 0 <= nd <= len(lens) or any(cu[i + 1] - cu[i] != 1 for i in range(nd)):
                 raise ContractError(f"the first {nd} sequences must be decodes of one query row each")
             self._checked["paged"] = (paged.block_tables,)
-        return self.inner.attention(q, k_cache, v_cache, paged, scale, window)
+        return self.inner.attention(q, k_cache, v_cache, paged, scale, window, softcap)

@@ -240,38 +240,42 @@ class CpuOps(ReferenceOps):
             return super().argmax_logsumexp(logits)
         return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
 
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         """Decodes and prompt chunks each in a kernel of their own."""
         decodes, prompts = paged.parts()
         if not prompts.num_seqs:
-            return self._decode(q, k_cache, v_cache, decodes, scale, window)
+            return self._decode(q, k_cache, v_cache, decodes, scale, window, softcap)
         if not decodes.num_seqs:
-            return self._prefill(q, k_cache, v_cache, prompts, scale, window)
+            return self._prefill(q, k_cache, v_cache, prompts, scale, window, softcap)
         nd = decodes.num_seqs
         out = torch.empty_like(q)
-        out[:nd] = self._decode(q[:nd], k_cache, v_cache, decodes, scale, window)
-        out[nd:] = self._prefill(q[nd:], k_cache, v_cache, prompts, scale, window)
+        out[:nd] = self._decode(q[:nd], k_cache, v_cache, decodes, scale, window, softcap)
+        out[nd:] = self._prefill(q[nd:], k_cache, v_cache, prompts, scale, window, softcap)
         return out
 
-    def _decode(self, q, k_cache, v_cache, rows: DecodeRows, scale, window):  # type: ignore[no-untyped-def]
+    def _decode(self, q, k_cache, v_cache, rows: DecodeRows, scale, window, softcap=0.0):  # type: ignore[no-untyped-def]
         """One query row per sequence: the C++ kernel reading the paged cache in place."""
         if not self.kernels:
             out = torch.empty_like(q)
             for b, length in enumerate(rows.seq_lens.tolist()):
-                out[b] = self._attend(q[b : b + 1], k_cache, v_cache, rows.block_tables[b], length, scale, window)[0]
+                table = rows.block_tables[b]
+                out[b] = self._attend(q[b : b + 1], k_cache, v_cache, table, length, scale, window, softcap)[0]
             return out
         return torch.ops.lmiserve_cpu.paged_attention_decode(
-            q, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale, window
+            q, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale, window, softcap
         )
 
-    def _prefill(self, q, k_cache, v_cache, rows: PromptRows, scale, window):  # type: ignore[no-untyped-def]
+    def _prefill(self, q, k_cache, v_cache, rows: PromptRows, scale, window, softcap=0.0):  # type: ignore[no-untyped-def]
         """Half precision: the C++ kernel, reading the paged cache in place (faster than torch's fused
-        attention). fp32 keeps torch's, whose sums match transformers'."""
+        attention). fp32 keeps torch's, whose sums match transformers'; capped scores, which
+        torch's does not take, the reference."""
         block_tables, cu_q_lens, seq_lens = rows.block_tables, rows.cu_q_lens, rows.seq_lens
         if self.kernels and q.dtype in _HALF and q.stride(-1) == 1:
             return torch.ops.lmiserve_cpu.paged_attention_prefill(
-                q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window
+                q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window, softcap
             )
+        if softcap > 0:
+            return self._prefill_reference(q, k_cache, v_cache, rows, scale, window, softcap)
         out = torch.empty_like(q)
         bounds = cu_q_lens.tolist()
         block_size, kv_heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -294,4 +298,12 @@ class CpuOps(ReferenceOps):
                     allowed &= positions.unsqueeze(0) > q_pos - window
                 o = F.scaled_dot_product_attention(qs, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
             out[lo:hi] = o[0].transpose(0, 1)
+        return out
+
+    def _prefill_reference(self, q, k_cache, v_cache, rows: PromptRows, scale, window, softcap):  # type: ignore[no-untyped-def]
+        out = torch.empty_like(q)
+        bounds = rows.cu_q_lens.tolist()
+        for s, length in enumerate(rows.seq_lens.tolist()):
+            lo, hi = bounds[s], bounds[s + 1]
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, rows.block_tables[s], length, scale, window, softcap)
         return out

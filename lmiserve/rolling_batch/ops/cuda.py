@@ -74,15 +74,18 @@ class CudaOps(ReferenceOps):
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
         self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         tables, cu, lens = paged.block_tables, paged.cu_q_lens, paged.seq_lens
         out = torch.empty_like(q)
         max_context = tables.shape[1] * k_cache.shape[1]
-        self.kernels.split_kv_decode(q, k_cache, v_cache, tables, cu, lens, scale, window, out, max_context)
+        self.kernels.split_kv_decode(
+            q, k_cache, v_cache, tables, cu, lens, scale, window, out, max_context, softcap=softcap
+        )
         if paged.max_q_len > 1:
             self.kernels.paged_attention(
-                q, k_cache, v_cache, tables, cu, lens, paged.max_q_len, scale, window, out, skip_decodes=True
-            )
+                q, k_cache, v_cache, tables, cu, lens, paged.max_q_len, scale, window, out, skip_decodes=True,
+                softcap=softcap,
+            )  # fmt: skip
         return out
 
     def lora_add(self, y, x, a, b, lora, parts=None):  # type: ignore[no-untyped-def]

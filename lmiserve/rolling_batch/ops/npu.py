@@ -116,9 +116,11 @@ class NpuOps(ReferenceOps):
             self._masks[device] = mask
         return mask
 
-    def attention(self, q, k_cache, v_cache, paged, scale, window=0):  # type: ignore[no-untyped-def]
+    def attention(self, q, k_cache, v_cache, paged, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
+        if softcap > 0:
+            raise NotImplementedError("attention score capping is not available on NPUs")
         if q.dtype not in ATTENTION_DTYPES:
             return super().attention(q, k_cache, v_cache, paged, scale)
         return self._tnd(q, k_cache, v_cache, paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens, scale)

@@ -89,6 +89,11 @@ class ReferenceOps(Ops):
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def geglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``gelu(gate) * up`` with the tanh approximation of gelu (Gemma's MLP)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def rotary(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,6 +146,7 @@ class ReferenceOps(Ops):
         kv_len: int,
         scale: float,
         window: int,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Attention of ``q`` (n, H, D), the last n positions of a sequence of ``kv_len`` tokens."""
         n, heads, dim = q.shape
@@ -152,6 +158,8 @@ class ReferenceOps(Ops):
         k = k.repeat_interleave(group, dim=1)  # (L, H, D): head h reads KV head h // group
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
         k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
         allowed = k_pos <= q_pos  # causal, aligned to the bottom right
@@ -169,14 +177,17 @@ class ReferenceOps(Ops):
         paged: PagedAttentionInputs,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Every sequence of the step at once: q ``(T, H, D)``, sequence ``s`` at rows
-        ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens."""
+        ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens.
+        ``window``: keys more than ``window - 1`` positions back are masked (0: none);
+        ``softcap``: scores capped as ``tanh(s / softcap) * softcap`` before the softmax (0: none)."""
         out = torch.empty_like(q)
         bounds, tables = paged.host_cu_q_lens, paged.block_tables
         for s, length in enumerate(paged.host_seq_lens):
             lo, hi = bounds[s], bounds[s + 1]
-            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, tables[s], length, scale, window)
+            out[lo:hi] = self._attend(q[lo:hi], k_cache, v_cache, tables[s], length, scale, window, softcap)
         return out
 
     # --- mixture of experts -------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lmiserve.rolling_batch.models.decoder import DecoderModel
+from lmiserve.rolling_batch.models.decoder import decoder_class
 from lmiserve.rolling_batch.models.rope import rope_tables
 from lmiserve.rolling_batch.models.spec import ModelSpec, read_config, spec_from_config
 from lmiserve.rolling_batch.models.weights import load_state_dict
@@ -123,13 +123,13 @@ def sharded_logits(
 
     def run_rank(rank: int) -> list[torch.Tensor]:
         if world == 1:
-            model = DecoderModel(spec, tensors, select_ops("cpu", ops), cos, sin)
+            model = decoder_class(spec)(spec, tensors, select_ops("cpu", ops), cos, sin)
             local = spec
         else:
             shard = Shard(rank, world)
             local = local_spec(spec, shard)
             weights = shard_state_dict(tensors, shard_pieces(spec, shard, lm_head=rank == 0))
-            model = DecoderModel(
+            model = decoder_class(spec)(
                 local, weights, select_ops("cpu", ops), cos, sin, all_reduce=group.all_reduce(rank), lm_head=rank == 0
             )
         shape = (NUM_BLOCKS, BLOCK, local.num_kv_heads, local.head_dim)

@@ -56,6 +56,16 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// tanh(x / cap) * cap in each lane (Gemma 2's capped attention scores), tanh from exp16:
+// 1 - 2 / (e^2y + 1), y clamped to +-9 where tanh is 1 to fp32's precision.
+inline __m512 softcap16(__m512 x, float cap) {
+  __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.f / cap));
+  y = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(9.f)), _mm512_set1_ps(-9.f));
+  const __m512 e = exp16(_mm512_add_ps(y, y));
+  const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+  return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
+
 #if defined(__AVX512BF16__)
 // Each lane rounded to bf16 (to nearest even), kept as fp32.
 inline __m512 round_bf16(__m512 x) {

@@ -45,7 +45,8 @@ template <typename scalar_t>
 void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
             const int32_t* block_tables, const int32_t* seq_lens, int64_t batch, int64_t heads,
             int64_t kv_heads, int64_t dim, int64_t block_size, int64_t max_blocks, int64_t q_stride_b,
-            int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window) {
+            int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window,
+            float softcap) {
   const int64_t group = heads / kv_heads;
   const int64_t slot_stride = kv_heads * dim;
   const int64_t block_stride = block_size * slot_stride;
@@ -84,7 +85,7 @@ void decode(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sca
               float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
               for (int64_t d = 0; d < dim; ++d) dot += qv[d] * as_float(kr[d]);
-              scores[qh * block_size + s] = dot;
+              scores[qh * block_size + s] = softcap > 0.f ? softcap * std::tanh(dot / softcap) : dot;
             }
           }
         }
@@ -173,7 +174,8 @@ template <int G, int DW>
 void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
                         const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* seq_lens,
                         int64_t batch, int64_t kv_heads, int64_t block_size, int64_t max_blocks, int64_t q_stride_b,
-                        int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window) {
+                        int64_t q_stride_h, int64_t out_stride_b, int64_t out_stride_h, float scale, int64_t window,
+                        float softcap) {
   constexpr int64_t dim = 32 * DW;
   constexpr int64_t kStretch = 16;
   const int64_t heads = kv_heads * G;
@@ -267,7 +269,8 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
             }
           }
           for (int g = 0; g < G; ++g) {
-            const __m512 sc = _mm512_mul_ps(reduce16(part[g]), _mm512_set1_ps(scale));
+            __m512 sc = _mm512_mul_ps(reduce16(part[g]), _mm512_set1_ps(scale));
+            if (softcap > 0.f) sc = lmiserve::softcap16(sc, softcap);
             _mm512_storeu_ps(scores.data() + (h * G + g) * row + i * kStretch, _mm512_mask_blend_ps(live, lowest, sc));
           }
         }
@@ -331,7 +334,7 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
 
 using Bf16Kernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
                             const int32_t*, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, float, int64_t);
+                            int64_t, int64_t, float, int64_t, float);
 
 template <int DW>
 Bf16Kernel pick_group(int64_t group) {
@@ -358,7 +361,7 @@ Bf16Kernel pick_bf16_kernel(int64_t group, int64_t dim, int64_t block_size) {
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t window) {
+                                  int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3, "q must be (batch, heads, head_dim)");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous (blocks, block_size, kv_heads, head_dim)");
@@ -378,7 +381,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
       kernel(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
              v_cache.data_ptr<c10::BFloat16>(), tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), batch, kv_heads,
              block_size, tables.size(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-             static_cast<float>(scale), window);
+             static_cast<float>(scale), window, static_cast<float>(softcap));
       return out;
     }
   }
@@ -387,7 +390,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
     decode<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                      v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), batch,
                      heads, kv_heads, dim, block_size, tables.size(1), q.stride(0), q.stride(1), out.stride(0),
-                     out.stride(1), static_cast<float>(scale), window);
+                     out.stride(1), static_cast<float>(scale), window, static_cast<float>(softcap));
   });
   return out;
 }
@@ -396,6 +399,6 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
 
 TORCH_LIBRARY(lmiserve_cpu, m) {
   m.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, float scale, int window) -> Tensor");
+        "Tensor seq_lens, float scale, int window, float softcap=0.0) -> Tensor");
   m.impl("paged_attention_decode", c10::DispatchKey::CPU, &paged_attention_decode);
 }

@@ -38,6 +38,7 @@ struct Stretch {
   int64_t t0, width, pos0, window;  // keys t0 .. t0+width-1; query row r sits at pos0 + r
   float scale;
   int64_t dim, group;
+  float softcap;
   // the keys row r sees in this stretch: t0+lo .. t0+hi-1 (none when hi <= lo)
   void bounds(int64_t r, int64_t& lo, int64_t& hi) const {
     const int64_t pos = pos0 + r;
@@ -49,7 +50,10 @@ struct Stretch {
 // Online softmax over one stretch: sc[lo..hi) (scaled scores) become exp(score - new maximum),
 // the other lanes 0; query qi's running maximum and sum move on. Returns the factor by which
 // the sums accumulated so far must be rescaled.
-inline float softmax_step(int64_t qi, float* sc, int64_t lo, int64_t hi, float* run_max, float* run_sum) {
+inline float softmax_step(int64_t qi, float* sc, int64_t lo, int64_t hi, float* run_max, float* run_sum,
+                          float softcap) {
+  if (softcap > 0.f)
+    for (int64_t s = lo; s < hi; ++s) sc[s] = softcap * std::tanh(sc[s] / softcap);
   float block_max = run_max[qi];
   for (int64_t s = lo; s < hi; ++s) block_max = std::max(block_max, sc[s]);
 #pragma omp simd
@@ -66,7 +70,7 @@ inline float softmax_step(int64_t qi, float* sc, int64_t lo, int64_t hi, float* 
 inline void update(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf, float* acc,
                    float* run_max, float* run_sum) {
   const int64_t dim = st.dim;
-  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum);
+  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum, st.softcap);
   float* av = acc + qi * dim;
 #pragma omp simd
   for (int64_t d = 0; d < dim; ++d) av[d] *= correction;
@@ -105,7 +109,7 @@ template <int DV>
 inline void update_avx512(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf,
                           float* acc, float* run_max, float* run_sum) {
   constexpr int64_t dim = 16 * DV;
-  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum);
+  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum, st.softcap);
   float* av = acc + qi * dim;
   const __m512 c = _mm512_set1_ps(correction);
   __m512 a[DV];
@@ -197,7 +201,7 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
             }
           }
         }
-        const Stretch stretch{t0, width, pos0, sh.window, sh.scale, dim, group};
+        const Stretch stretch{t0, width, pos0, sh.window, sh.scale, dim, group, sh.softcap};
 #if defined(__AVX512F__)
         if (dim == 64 || dim == 128) {
           (dim == 64 ? attend_avx512<4> : attend_avx512<8>)(stretch, count, qf.data(), kt.data(), vf.data(),
@@ -222,7 +226,7 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
 
 at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& block_tables, const at::Tensor& cu_q_lens,
-                                   const at::Tensor& seq_lens, double scale, int64_t window) {
+                                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be (tokens, heads, head_dim), its last dimension contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous (blocks, block_size, kv_heads, head_dim)");
@@ -250,7 +254,8 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
   auto out = at::empty_like(q);
   const lmiserve::PrefillShape shape{heads,       kv_heads,      dim,           block_size,
                                      tables.size(1), q.stride(0), q.stride(1), out.stride(0),
-                                     out.stride(1),  static_cast<float>(scale), window};
+                                     out.stride(1),  static_cast<float>(scale), window,
+                                     static_cast<float>(softcap)};
   // the costliest first (keys read x rows), so that the last tasks taken are short ones
   auto cost = [&](const Task& t) {
     return (lmiserve::task_rows(t, cu_p, len_p, tables.data_ptr<int32_t>(), shape.max_blocks, window).last_key + 1) *
@@ -274,6 +279,6 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
 
 TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
   m.def("paged_attention_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor cu_q_lens, Tensor seq_lens, float scale, int window) -> Tensor");
+        "Tensor cu_q_lens, Tensor seq_lens, float scale, int window, float softcap=0.0) -> Tensor");
   m.impl("paged_attention_prefill", c10::DispatchKey::CPU, &paged_attention_prefill);
 }

@@ -34,6 +34,7 @@ struct Stretch {
   int width;
   int64_t pos0, window;
   __m512 scale;
+  float softcap;  // 0: scores not capped
 };
 
 // NB queries (numbered q0.. in the task, query qi at row qi / G) over one stretch: their scores,
@@ -62,7 +63,9 @@ inline void attend(const Stretch& st, const int32_t* const* qrow, int64_t q0, fl
     const int64_t lo = std::max<int64_t>(st.window > 0 ? pos - st.window + 1 - st.t0 : 0, 0);
     const int64_t hi = std::min<int64_t>(pos + 1 - st.t0, st.width);
     live[j] = hi > lo ? static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u)) : static_cast<__mmask16>(0);
-    sc[j] = _mm512_mask_blend_ps(live[j], lowest, _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), st.scale));
+    __m512 scaled = _mm512_mul_ps(_mm512_add_ps(s0[j], s1[j]), st.scale);
+    if (st.softcap > 0.f) scaled = softcap16(scaled, st.softcap);
+    sc[j] = _mm512_mask_blend_ps(live[j], lowest, scaled);
   }
   for (int j = 0; j < NB; ++j) {
     top[j] = std::max(run_max[q0 + j], _mm512_reduce_max_ps(sc[j]));
@@ -143,7 +146,7 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
             }
           }
 
-        const Stretch st{kt.data(), vf.data(), t0, width, pos0, sh.window, scale};
+        const Stretch st{kt.data(), vf.data(), t0, width, pos0, sh.window, scale, sh.softcap};
         int64_t q0 = 0;
         for (; q0 + QB <= count; q0 += QB) attend<G, DW, QB>(st, qrow + q0, q0, acc.data(), run_max.data(), run_sum.data());
         switch (count - q0) {  // the last queries, fewer than QB

@@ -38,6 +38,7 @@ struct PrefillShape {
   int64_t q_stride_t, q_stride_h, out_stride_t, out_stride_h;
   float scale;
   int64_t window;
+  float softcap = 0.f;  // scores capped as tanh(s / softcap) * softcap; 0: not capped
 };
 
 // bf16 prompts with vdpbf16ps (prefill_attention_bf16.cpp); false when this CPU build or these

@@ -40,10 +40,16 @@ products are formed in fp32 from the same rounded operands: what the matrix unit
 up to the order of the fp32 accumulation."""
 
 
-VARYING = ("scale", "window", "table_stride")
+VARYING = ("scale", "window", "softcap", "table_stride")
 """Integer and float arguments that change with the step or the model: never specialised on,
 so one compiled kernel serves every step (Triton would otherwise compile again when one of
 them happens to be 1 or a multiple of 16)."""
+
+
+@triton.jit
+def capped(s, softcap):
+    """``tanh(s / softcap) * softcap``, the tanh formed from a sigmoid (which every Triton has)."""
+    return softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)
 
 
 @triton.jit(do_not_specialize=VARYING)
@@ -57,8 +63,10 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     scale,
     window,
+    softcap,
     table_stride,
     USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     NUM_HEADS: tl.constexpr,
@@ -119,6 +127,8 @@ def _paged_attention_kernel(
         else:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         s = s * scale
+        if USE_SOFTCAP:
+            s = capped(s, softcap)
         allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len) & row_ok[:, None]
         if USE_WINDOW:
             allowed = allowed & (k_pos[None, :] > q_pos[:, None] - window)
@@ -169,13 +179,15 @@ def paged_attention(
     out: torch.Tensor | None = None,
     skip_decodes: bool = False,
     block_m: int | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Attention of the query rows ``q`` ``(T, H, D)``: sequence ``s`` owns rows
     ``cu_q_lens[s]:cu_q_lens[s+1]``, the last of its ``seq_lens[s]`` tokens. ``max_q_len`` (a host
     integer, the longest run of query rows) sizes the launch, so no device value is read here.
     With ``skip_decodes``, sequences of one query row are left alone (seen on the device): their
     rows of ``out`` are the split-KV decode kernel's (:mod:`.split_kv`). ``block_m`` fixes the
-    query tokens a program takes (deterministic mode); by default :func:`launch_shape` picks it."""
+    query tokens a program takes (deterministic mode); by default :func:`launch_shape` picks it.
+    ``softcap`` > 0 caps the scaled scores as ``tanh(s / softcap) * softcap`` (Gemma 2)."""
     tokens, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
@@ -194,8 +206,10 @@ def paged_attention(
         seq_lens,
         scale,
         window,
+        softcap,
         block_tables.stride(0),
         USE_WINDOW=window > 0,
+        USE_SOFTCAP=softcap > 0,
         HEAD_DIM=dim,
         DIM_PAD=max(16, _pow2(dim)),
         NUM_HEADS=heads,

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import INTERPRETED
+from .attention import INTERPRETED, capped
 from .rounding import cast
 
 CHUNK = 256
@@ -42,7 +42,7 @@ _EMPTY = tl.constexpr(-1.0e30)
 """The running maximum before any key (finite, so that ``exp(_EMPTY - m)`` is 0, not NaN)."""
 
 
-@triton.jit(do_not_specialize=["window", "table_stride", "max_chunks"])
+@triton.jit(do_not_specialize=["window", "softcap", "table_stride", "max_chunks"])
 def _split_kv_partial_kernel(
     q_ptr,
     k_cache_ptr,
@@ -56,8 +56,10 @@ def _split_kv_partial_kernel(
     seq_lens_ptr,
     scale,
     window,
+    softcap,
     table_stride,
     max_chunks,
+    USE_SOFTCAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
@@ -116,7 +118,10 @@ def _split_kv_partial_kernel(
             s = tl.dot(q, tl.trans(k))
         else:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = tl.where(row_ok[:, None] & key_ok[None, :], s * scale, float("-inf"))
+        s = s * scale
+        if USE_SOFTCAP:
+            s = capped(s, softcap)
+        s = tl.where(row_ok[:, None] & key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -235,12 +240,14 @@ def split_kv_decode(
     out: torch.Tensor | None = None,
     max_context: int | None = None,
     chunk: int = CHUNK,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Attention of every decode row of ``q`` ``(T, H, D)`` (sequence ``s`` owns rows
     ``cu_q_lens[s]:cu_q_lens[s+1]``; a decode owns one); other rows of ``out`` are left as they
     are. ``max_context`` (a host integer, by default the block tables' width in keys) bounds
     every ``seq_lens[s]`` and sizes the launch with the sequences in ``block_tables``; no device
-    value is read here. ``chunk`` (keys, a multiple of 16) is :data:`CHUNK` but in tests."""
+    value is read here. ``chunk`` (keys, a multiple of 16) is :data:`CHUNK` but in tests.
+    ``softcap`` > 0 caps the scaled scores as ``tanh(s / softcap) * softcap``."""
     tokens, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
@@ -271,8 +278,10 @@ def split_kv_decode(
         seq_lens,
         scale,
         window,
+        softcap,
         block_tables.stride(0),
         max_chunks,
+        USE_SOFTCAP=softcap > 0,
         NUM_KV_HEADS=kv_heads,
         ROWS=max(16, _pow2(group)),
         BLOCK_SIZE=block_size,
