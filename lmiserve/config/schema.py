@@ -115,8 +115,9 @@ class ModelSettings(Area):
         "Continuous-batching backend: lmi (our engine on the CPU or a CUDA GPU), npu (our engine on an Ascend "
         "NPU through torch_npu's fused kernels), vllm (an installed vLLM) or disable (dynamic batching through "
         "transformers generate); auto picks our engine for the architectures it supports (Llama, Mistral, "
-        "Qwen2, Qwen3), on an NPU when one is present, an installed vLLM for the others, else transformers "
-        "generate (with a warning).",
+        "Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Phi-3/Phi-4, OLMo 2, Granite, Gemma 2, Gemma 3 text; "
+        "the README's Architectures table), on an NPU when one is present, an installed vLLM for the others, "
+        "else transformers generate (with a warning).",
         allowed="auto, lmi, npu, vllm, disable",
     )
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(

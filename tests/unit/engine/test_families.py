@@ -13,7 +13,7 @@ from tests.lora_adapters import build_adapter, peft_greedy
 from tests.tiny_models import MOE_ARCHS, build_model
 from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run
 
-FAMILIES = ("llama", "qwen2", "qwen3", *MOE_ARCHS, "phi3", "olmo2", "granite")
+FAMILIES = ("llama", "qwen2", "qwen3", *MOE_ARCHS, "phi3", "olmo2", "granite", "gemma2", "gemma3")
 PROMPT = [5, 17, 42, 9, 100, 30, 8, 60, 61, 62, 63, 64, 65, 66]  # no special ids
 
 
