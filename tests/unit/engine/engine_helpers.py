@@ -41,6 +41,15 @@ def fail_request(engine: Engine, request_id: str, after: int = 2) -> None:
     engine.runner._forward = failing
 
 
+def staggered(prompts: list[list[int]], lengths: list[int]) -> dict[int, list[tuple[str, list[int], SamplingParams]]]:
+    """Four requests "a" to "d" arriving at steps 0, 2, 5 and 5, each for its number of tokens."""
+    at = (0, 2, 5, 5)
+    arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]] = {}
+    for rid, prompt, n, step in zip("abcd", prompts, lengths, at):
+        arrivals.setdefault(step, []).append((rid, prompt, SamplingParams(max_new_tokens=n)))
+    return arrivals
+
+
 def run(engine: Engine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]], max_steps: int = 2000):
     """Add requests at the given steps; return {request_id: {index: [token ids]}} and the deltas."""
     tokens: dict[str, dict[int, list[int]]] = {}

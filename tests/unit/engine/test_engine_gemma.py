@@ -6,7 +6,7 @@ import pytest
 
 from lmiserve.wire import SamplingParams
 
-from .engine_helpers import hf_greedy, make_engine, run
+from .engine_helpers import hf_greedy, make_engine, run, staggered
 
 PROMPTS = [
     "What is Deep Learning? Deep learning is a subfield of machine learning.",
@@ -34,14 +34,7 @@ def test_gemma_matches_generate(arch, batched_tokens, gemma_dirs, tiny_tokenizer
     prompts = [tiny_tokenizer(p)["input_ids"] for p in PROMPTS]
     assert max(len(p) for p in prompts) > 24  # longer than the window, the global layers see all
     lengths = [20, 12, 25, 30]
-    arrivals = {
-        0: [("a", prompts[0], SamplingParams(max_new_tokens=lengths[0]))],
-        2: [("b", prompts[1], SamplingParams(max_new_tokens=lengths[1]))],
-        5: [
-            ("c", prompts[2], SamplingParams(max_new_tokens=lengths[2])),
-            ("d", prompts[3], SamplingParams(max_new_tokens=lengths[3])),
-        ],
-    }
+    arrivals = staggered(prompts, lengths)
     tokens, _, _ = run(engine, arrivals)
     for rid, prompt, n in zip("abcd", prompts, lengths):
         assert tokens[rid][0] == hf_greedy(model_dir, prompt, n), (arch, rid)

@@ -5,7 +5,7 @@ import pytest
 
 from lmiserve.wire import SamplingParams
 
-from .engine_helpers import hf_greedy, make_engine, run
+from .engine_helpers import hf_greedy, make_engine, run, staggered
 
 pytestmark = pytest.mark.usefixtures("scheduling")
 
@@ -24,14 +24,7 @@ def test_staggered_requests_match_generate_alone(arch, tiny_model_dirs, tiny_tok
     engine = make_engine(model_dir, max_num_batched_tokens=24)  # long prompts are prefilled in chunks
     prompts = [tiny_tokenizer(p)["input_ids"] for p in PROMPTS]
     lengths = [20, 12, 25, 30]
-    arrivals = {
-        0: [("a", prompts[0], SamplingParams(max_new_tokens=lengths[0]))],
-        2: [("b", prompts[1], SamplingParams(max_new_tokens=lengths[1]))],
-        5: [
-            ("c", prompts[2], SamplingParams(max_new_tokens=lengths[2])),
-            ("d", prompts[3], SamplingParams(max_new_tokens=lengths[3])),
-        ],
-    }
+    arrivals = staggered(prompts, lengths)
     tokens, finish, _ = run(engine, arrivals)
     for rid, prompt, n in zip("abcd", prompts, lengths):
         expected = hf_greedy(model_dir, prompt, n)

@@ -12,7 +12,7 @@ from lmiserve.rolling_batch.models.spec import UnsupportedModel, spec_from_confi
 from lmiserve.rolling_batch.sharding import check_shardable
 from lmiserve.wire import SamplingParams
 
-from .engine_helpers import _hf, hf_greedy, make_engine, run
+from .engine_helpers import _hf, hf_greedy, make_engine, run, staggered
 
 HEAD_DIM = 16  # the tiny models' 64 hidden / 4 heads
 LONGROPE = {
@@ -105,14 +105,7 @@ def test_staggered_requests_match_generate(name, chunk, variant_dirs, tiny_token
     prompts = _prompts(tiny_tokenizer)
     assert len(prompts[2]) > 32  # past LongRoPE's original length
     lengths = [20, 12, 25, 30]
-    arrivals = {
-        0: [("a", prompts[0], SamplingParams(max_new_tokens=lengths[0]))],
-        2: [("b", prompts[1], SamplingParams(max_new_tokens=lengths[1]))],
-        5: [
-            ("c", prompts[2], SamplingParams(max_new_tokens=lengths[2])),
-            ("d", prompts[3], SamplingParams(max_new_tokens=lengths[3])),
-        ],
-    }
+    arrivals = staggered(prompts, lengths)
     tokens, _, _ = run(engine, arrivals)
     for rid, prompt, n in zip("abcd", prompts, lengths):
         if name == "phi3-longrope" and len(prompt) <= 32:
