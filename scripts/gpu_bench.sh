@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The engine's figures on a GPU, beside transformers generate on the same device, in one run:
 #   scripts/gpu_bench.sh [SHAPE] [CONCURRENCY]
-# SHAPE: llama-1b (default), llama-8b, smollm2 (random weights of that shape, SmolLM2's
-# tokenizer) or default (the embedded SmolLM2-135M-Instruct itself). CONCURRENCY: the sweep,
+# SHAPE: llama-1b (default), llama-8b, smollm2, or any other shape of scripts/random_model.py
+# (mixtral-small, olmoe-1b-7b, phi3-mini, gemma2-2b; random weights, SmolLM2's tokenizer), or
+# default (the embedded SmolLM2-135M-Instruct itself). CONCURRENCY: the sweep,
 # default 1,32,128,256. Load: streaming requests, 190-token prompts, 128 new tokens,
 # ignore_eos, greedy; bf16 on cuda:0. Right after start-up one c=128 level runs (LMI), then the
 # sweep with LMI streaming and the baseline, then the sweep with OpenAI streaming; one table
