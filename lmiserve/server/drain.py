@@ -47,8 +47,9 @@ class Drain:
 
 
 class DrainMiddleware(HttpMiddleware):
-    """Counts the HTTP requests in flight (a streamed response counts until its last byte) and
-    refuses new ones with 503 and ``Connection: close`` once draining has begun."""
+    """Counts the HTTP requests in flight (a streamed response counts until its last byte; health
+    checks on ``/ping`` do not) and refuses new ones with 503 and ``Connection: close`` once
+    draining has begun."""
 
     def __init__(self, app, drain: Drain):  # type: ignore[no-untyped-def]
         super().__init__(app)
@@ -57,6 +58,8 @@ class DrainMiddleware(HttpMiddleware):
     async def http(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if self.drain.draining:
             return await refuse(send, 503, REFUSAL, (b"retry-after", b"1"))
+        if scope.get("path") == "/ping":  # a health check has nothing to drain: not counted
+            return await self.app(scope, receive, send)
         self.drain.in_flight += 1
         try:
             return await self.app(scope, receive, send)
