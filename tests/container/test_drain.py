@@ -4,7 +4,9 @@ flight finish, new ones are refused, the model's child processes exit, and so do
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 
@@ -122,7 +124,7 @@ def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path):
         f"model_name=tiny\noption.model_id={long_context}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
         "option.max_model_len=4096\n"
     )
-    tokens = 2000  # thousands of engine steps after SIGTERM, which comes within a few ms of the first token
+    tokens = 2000
     params = {"max_new_tokens": tokens, "ignore_eos_token": True, "details": True}
     # a drain longer than the requests can take on a busy machine: it ends when they do
     with ContainerServe(model_dir, tmp_path, SERVING_DRAIN_TIMEOUT="600") as serve:
@@ -135,12 +137,18 @@ def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path):
             streamed.start()
             assert streamed.first.wait(60) and streamed.error is None
             _wait_running(client, "tiny", 2)
-
-            refusals = Refusals(serve.url)
-            refusals.start()
-            assert refusals.connected.wait(60)
-            serve.sigterm()
-            refusals.join(90)
+            # the engine is frozen until the drain has begun, so that however slowly the machine
+            # lets this test run, both requests are still in flight when SIGTERM arrives
+            os.kill(engine_pid, signal.SIGSTOP)
+            try:
+                assert plain.is_alive() and streamed.is_alive()
+                refusals = Refusals(serve.url)
+                refusals.start()
+                assert refusals.connected.wait(60)
+                serve.sigterm()
+                refusals.join(90)
+            finally:
+                os.kill(engine_pid, signal.SIGCONT)
         assert refusals.error is None and refusals.ping is not None, "/ping never answered 503 after SIGTERM"
         assert refusals.ping.json()["code"] == 503 and "shutting down" in refusals.ping.json()["error"]
         assert refusals.late.status_code == 503 and refusals.late.headers["connection"] == "close"
