@@ -143,6 +143,18 @@ class GenerateRequest(Msg):
     params: SamplingParams
     adapter: str = ""
     """The LoRA adapter the request uses ("" for the base model)."""
+    output_ids: list[int] = []
+    """Tokens this request already generated in an engine that has since died (a replay): the
+    engine continues as if it had generated them itself. They count towards ``max_new_tokens``
+    and ``min_new_tokens``, the penalties see them as output, a seeded generator is advanced
+    past them, and only the tokens after them are emitted. One sequence only (``n``, ``best_of``
+    and ``num_beams`` 1)."""
+    cumulative_logprob: float = 0.0
+    """The log-probability of ``output_ids`` (a replay continues the sum)."""
+    deadline: float = 0.0
+    """``time.monotonic()`` (the host's CLOCK_MONOTONIC, the same in every process) after which the
+    request is no longer worth starting: one still waiting then is never scheduled and ends with
+    ``error_kind`` "deadline". 0: none."""
 
 
 class AdapterCommand(Msg):
@@ -191,7 +203,9 @@ class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_top_logprobs: list[list[TopLogprob]] | None = None
     error: str | None = None
     error_kind: str = ""
-    """"validation" when the request itself was refused; otherwise an internal failure."""
+    """"validation" when the request itself was refused; "deadline" when its deadline passed while it
+    waited; "oom" when memory ran out in its step; "nonfinite" when the model gave NaN or inf logits
+    for it; otherwise an internal failure."""
     batch_size: int = 0
     """Sequences in the engine step that produced these tokens (0: the engine does not say)."""
     queue_us: int = 0
@@ -220,6 +234,16 @@ class EngineStats(msgspec.Struct, kw_only=True):
     kernel_compiles: int = 0
     """Device kernels compiled since the engine said it was ready (each one stalls every
     stream while it compiles; the warm-up is meant to leave none)."""
+    expired_in_queue: int = 0
+    """Requests whose deadline passed before they were scheduled (never computed; cumulative)."""
+    oom_failures: int = 0
+    """Requests ended because memory ran out in their step (the engine carried on; cumulative)."""
+    nonfinite_sequences: int = 0
+    """Sequences ended because the model gave NaN or inf logits for them (cumulative)."""
+    prefill_tokens_per_s: float = 0.0
+    """Prompt tokens computed per second of step time, smoothed over recent steps (0: not yet measured)."""
+    decode_step_seconds: float = 0.0
+    """Seconds per decode step at the current batch, smoothed over recent steps (0: not yet measured)."""
 
 
 class EngineStep(Msg):
