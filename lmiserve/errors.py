@@ -96,6 +96,11 @@ class GenerationError(LmiServeError, kind="generation", status=500, title="Gener
     """Generation failed for one request after it started."""
 
 
+class RequestPoisoned(GenerationError, status=424, title="Failed Dependency"):
+    """The request was starting in the engine both times it crashed, twice running: it is taken
+    for the cause and not run again."""
+
+
 class InsufficientMemory(LmiServeError, kind="insufficient_memory", status=507, title="Insufficient Storage"):
     """A model does not fit in the memory left for models (SageMaker's multi-model contract: 507)."""
 

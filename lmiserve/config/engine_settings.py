@@ -200,6 +200,17 @@ class EngineSettings(Area):
         "reported unhealthy on /ping, its requests end with an error and it is restarted. 0: never.",
         ge=0,
     )
+    max_replays: int = setting(
+        2,
+        "option.max_replays",
+        "Times a request is handed to the restarted engine when the engine dies under it: one that has "
+        "sent nothing starts again, one that has streamed continues from the tokens already sent (the "
+        "client sees a pause, not an error), within its deadline. A request that was starting at two "
+        "consecutive crashes is taken for their cause and ends with an error. 0: a crash ends the "
+        "requests in flight with an error.",
+        ge=0,
+        le=10,
+    )
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

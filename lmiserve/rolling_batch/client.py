@@ -91,16 +91,41 @@ class EngineClient:
     def _send(self, msg: wire.Msg) -> None:
         raise NotImplementedError
 
+    resumes = False
+    """Whether the engine continues a request from the tokens it already generated
+    (``GenerateRequest.output_ids``): our engine does."""
+
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: wire.SamplingParams,
+        adapter: str = "",
+        *,
+        output_ids: list[int] | None = None,
+        cumulative_logprob: float = 0.0,
+        deadline: float = 0.0,
     ) -> RequestStream:
+        """Hand a request to the engine; ``output_ids`` (where :attr:`resumes`) continues one that a
+        dead engine had started, and ``deadline`` (``time.monotonic()``) is when it stops being
+        worth starting."""
         if not self.alive:
             raise WorkerDied("the engine is not running")
         if not self.streams:  # an idle engine owes no progress: count from the first request
             self.last_progress = time.monotonic()
         stream = RequestStream(request_id, max(params.best_of, params.n, 1))
         self.streams[request_id] = stream
-        self._send(wire.GenerateRequest(request_id=request_id, prompt_ids=prompt_ids, params=params, adapter=adapter))
+        self._send(
+            wire.GenerateRequest(
+                request_id=request_id,
+                prompt_ids=prompt_ids,
+                params=params,
+                adapter=adapter,
+                output_ids=list(output_ids or []),
+                cumulative_logprob=cumulative_logprob,
+                deadline=deadline,
+            )
+        )
         return stream
 
     async def adapter_command(
@@ -187,6 +212,8 @@ class ProcessEngineClient(SocketEngineClient):
     """The engine in a child process. With ``heartbeat_timeout`` (seconds), an engine that reports
     no step for that long while requests are in flight is taken for hung: it is marked not alive
     at once, killed, and its requests end with an error (then the model restarts it)."""
+
+    resumes = True
 
     def __init__(self, init: wire.InitEngine, env: dict[str, str] | None = None, heartbeat_timeout: float = 0):
         super().__init__()

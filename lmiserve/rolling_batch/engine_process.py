@@ -169,6 +169,8 @@ class EngineLoop:
 class InProcessEngineClient(EngineClient):
     """Our engine on a thread of this process (for tests and model development)."""
 
+    resumes = True
+
     def __init__(self, engine_factory: Callable[[], object]):
         super().__init__()
         self._factory = engine_factory

@@ -62,6 +62,23 @@ class ModelStateCollector(Collector):
             "Engine steps by mode: replayed from a captured device graph, or run eagerly.",
             labels=["model", "mode"],
         )
+        replays = CounterMetricFamily(
+            "lmiserve_requests_replayed",
+            "Requests handed to a restarted engine after a crash: started again from the prompt, "
+            "or continued from the tokens already generated.",
+            labels=["model", "how"],
+        )
+        poisoned = CounterMetricFamily(
+            "lmiserve_requests_poisoned",
+            "Requests taken for the cause of two consecutive engine crashes and ended.",
+            labels=["model"],
+        )
+        ended = CounterMetricFamily(
+            "lmiserve_requests_ended_by_engine",
+            "Requests the engine ended on its own: deadline passed in the queue, out of memory in "
+            "their step, NaN or inf logits.",
+            labels=["model", "reason"],
+        )
         for name, model in sorted(dict(self.models.models).items()):
             snapshot_of = getattr(model, "metrics_snapshot", None)
             if snapshot_of is None:
@@ -80,4 +97,10 @@ class ModelStateCollector(Collector):
                 preemptions.add_metric([name], s.counters.get("preemptions", 0))
                 steps.add_metric([name, "graph"], s.counters.get("graph_steps", 0))
                 steps.add_metric([name, "eager"], s.counters.get("eager_steps", 0))
-        yield from (running, waiting, usage, used, total, hits, preemptions, steps)
+                for how, key in (("prompt", "replayed"), ("continued", "resumed")):
+                    replays.add_metric([name, how], s.counters.get(key, 0))
+                poisoned.add_metric([name], s.counters.get("poisoned", 0))
+                for reason, key in (("deadline", "expired_in_queue"), ("oom", "oom_failures")):
+                    ended.add_metric([name, reason], s.counters.get(key, 0))
+                ended.add_metric([name, "nonfinite"], s.counters.get("nonfinite_sequences", 0))
+        yield from (running, waiting, usage, used, total, hits, preemptions, steps, replays, poisoned, ended)

@@ -30,6 +30,8 @@ log = logging.getLogger("lmiserve.model")
 class AttachedEngineModel(EngineModel):
     metrics_snapshot = None
     """The main process reports the engine's state; this one would count it twice."""
+    replays_here = False
+    """The main process restarts the engine; a request here ends with its crash."""
 
     def __init__(self, settings: Settings, entry: dict[str, Any], index: int):
         super().__init__(settings, entry.get("backend", "lmi"))

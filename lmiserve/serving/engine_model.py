@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import weakref
@@ -13,7 +14,7 @@ from typing import Any
 from .. import wire
 from ..child import child_env
 from ..config import Settings
-from ..errors import ModelNotReady, Overloaded, ValidationFailed
+from ..errors import ModelNotReady, Overloaded, ValidationFailed, WorkerDied
 from ..generation.admission import Admission, Admitted
 from ..generation.output_processor import OutputProcessor, detokenize_step
 from ..generation.request import GenerationRequest
@@ -26,6 +27,7 @@ from ..rolling_batch.sharding import check_shardable
 from . import engine_sockets, heap
 from .adapters import ModelAdapters
 from .handler_model import ModelLoadError
+from .replay import ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
 log = logging.getLogger("lmiserve.model")
@@ -78,6 +80,11 @@ class EngineModel:
         """Before each request id: unique across the API processes that share the engine."""
         self.registration: dict[str, Any] | None = None
         """How the management API registered the model (url and parameters), else None."""
+        self.generation = 0
+        """How many engines have started: the running one's number."""
+        self.replays = Replays()
+        self._engine_waiters: list[asyncio.Future[tuple[EngineClient, int]]] = []
+        self._waiting_for_engine = 0
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -100,7 +107,10 @@ class EngineModel:
         }
 
     def metrics_snapshot(self) -> ModelSnapshot:
-        return engine_snapshot(self.client, self.counters)
+        snapshot = engine_snapshot(self.client, self.counters)
+        if snapshot.counters is not None:
+            snapshot.counters.update(self.replays.counts())
+        return snapshot
 
     # --- lifecycle ----------------------------------------------------------------------
     async def _load_files(self) -> None:
@@ -146,6 +156,8 @@ class EngineModel:
         self.client = client
         self.max_model_len = int(client.info["max_model_len"])
         self._ever_ready = True
+        self.generation += 1
+        self._wake_waiters()
         self.on_change()
 
     async def start(self) -> None:
@@ -182,15 +194,64 @@ class EngineModel:
                 if self._restarts >= MAX_RESTARTS:
                     self.failure = str(exc)
                     log.error("model %s: the engine cannot be restarted: %s", self.name, exc)
+                    self._wake_waiters()
                     return
                 await asyncio.sleep(min(30.0, 2.0**self._restarts))
 
     async def stop(self) -> None:
         self._closing = True
+        self._wake_waiters()
         for task in list(self._tasks):
             task.cancel()
         if self.client is not None:
             await self.client.stop()
+
+    # --- engines for replays -------------------------------------------------------------
+    replays_here = True
+    """Whether requests can outlive an engine crash here (:mod:`.replay`): in the process that
+    restarts the engine."""
+
+    @property
+    def max_replays(self) -> int:
+        return self.settings.engine.max_replays
+
+    @property
+    def replay_enabled(self) -> bool:
+        return self.replays_here and self.max_replays > 0
+
+    @property
+    def restarting(self) -> bool:
+        """The engine died and another is on its way (requests wait for it rather than fail)."""
+        alive = self.client is not None and self.client.alive
+        return self.replay_enabled and self._ever_ready and not alive and not self._closing and self.failure is None
+
+    async def engine_after(self, generation: int) -> tuple[EngineClient, int]:
+        """A live engine client newer than ``generation``, and its generation: now, or once the
+        engine has restarted. Raises :class:`WorkerDied` when none will come."""
+        while True:
+            client = self.client
+            if client is not None and client.alive and self.generation > generation:
+                return client, self.generation
+            if not self.restarting and not (client is not None and client.alive):
+                raise WorkerDied(self._no_engine())
+            waiter: asyncio.Future[tuple[EngineClient, int]] = asyncio.get_running_loop().create_future()
+            self._engine_waiters.append(waiter)
+            self._waiting_for_engine += 1
+            try:
+                await waiter
+            finally:
+                self._waiting_for_engine -= 1
+
+    def _no_engine(self) -> str:
+        if self.failure is not None:
+            return f"model {self.name} failed: {self.failure.splitlines()[0]}"
+        return f"model {self.name} is stopping" if self._closing else f"model {self.name} has no engine"
+
+    def _wake_waiters(self) -> None:
+        waiters, self._engine_waiters = self._engine_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result((self.client, self.generation))  # type: ignore[arg-type]
 
     # --- generation ---------------------------------------------------------------------
     def admit(self, request: GenerationRequest) -> Admitted:
@@ -224,17 +285,20 @@ class EngineModel:
     def new_request_id(self) -> str:
         return f"{self.name}-{self.id_prefix}{next(self._ids)}"
 
-    def submit(self, request: GenerationRequest) -> tuple[str, OutputProcessor, Any]:
-        """Validate, tokenize and hand to the engine; errors raise before anything is sent."""
+    def submit(self, request: GenerationRequest, deadline: float = 0.0) -> tuple[str, OutputProcessor, Any]:
+        """Validate, tokenize and hand to the engine (or, while the engine restarts, to the one
+        coming); errors raise before anything is sent. ``deadline`` (``time.monotonic()``, 0:
+        none) is when the request stops being worth starting."""
         if self.failure is not None:
             raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
         client = self.client
-        if client is None or not client.alive:
+        alive = client is not None and client.alive
+        if not alive and not self.restarting:
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
         limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
-        in_flight = self._in_flight(client)
+        in_flight = self._in_flight(client) if alive else self._waiting_for_engine  # type: ignore[arg-type]
         if in_flight >= limit:
             raise Overloaded(
                 f"model {self.name} has {in_flight} requests in flight, as many as "
@@ -242,7 +306,14 @@ class EngineModel:
             )
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
-        stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params, adapter)
+        prompt_ids = list(admitted.prompt_ids)
+        if self.replay_enabled:
+            stream: Any = ReplayingStream(self, request_id, prompt_ids, admitted.params, adapter, deadline)
+            if alive:
+                with contextlib.suppress(WorkerDied):  # dying as we speak: the request waits for the next
+                    stream.hand_to(client, self.generation)
+        else:
+            stream = client.submit(request_id, prompt_ids, admitted.params, adapter, deadline=deadline)  # type: ignore[union-attr]
         self._processors[request_id] = processor
         return request_id, processor, stream
 

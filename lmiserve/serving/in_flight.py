@@ -33,12 +33,13 @@ class Generation:
         return self.processor.output
 
 
-def submit_all(model: EngineModel, requests: list[GenerationRequest]) -> list[Generation]:
-    """Hand every request to the engine; if one is refused, the ones already sent are aborted."""
+def submit_all(model: EngineModel, requests: list[GenerationRequest], deadline: float = 0.0) -> list[Generation]:
+    """Hand every request to the engine; if one is refused, the ones already sent are aborted.
+    ``deadline`` (``time.monotonic()``; 0: none) is when they stop being worth starting."""
     started: list[Generation] = []
     try:
         for req in requests:
-            started.append(Generation(*model.submit(req)))
+            started.append(Generation(*model.submit(req, deadline)))
     except LmiServeError:
         for g in started:
             model.abort(g.request_id)

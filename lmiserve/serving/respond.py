@@ -11,6 +11,7 @@ returns a transport-neutral :class:`Reply`; HTTP turns it into a response, gRPC 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +136,7 @@ async def respond(
     """Run ``requests`` and answer in ``responder``'s protocol within ``seconds``; a request whose
     client goes away (``disconnected`` returns) is aborted."""
     try:
-        gens = submit_all(model, requests)
+        gens = submit_all(model, requests, time.monotonic() + seconds)
     except LmiServeError as err:
         return error_reply(responder, err)
     outs = [g.output for g in gens]

@@ -6,7 +6,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-COUNTER_FIELDS = ("prefix_cache_hit_tokens", "preemptions", "graph_steps", "eager_steps")
+COUNTER_FIELDS = (
+    "prefix_cache_hit_tokens",
+    "preemptions",
+    "graph_steps",
+    "eager_steps",
+    "expired_in_queue",
+    "oom_failures",
+    "nonfinite_sequences",
+)
 """Cumulative engine statistics (``wire.EngineStats``) exported as counters."""
 
 

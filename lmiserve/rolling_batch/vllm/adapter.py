@@ -169,9 +169,16 @@ class VllmEngineClient(EngineClient):
 
     # --- requests -----------------------------------------------------------------------------
     def submit(
-        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: wire.SamplingParams,
+        adapter: str = "",
+        **_: object,
     ) -> RequestStream:
-        """``adapter`` is always empty here: the model refuses adapters on the vLLM backend."""
+        """``adapter`` is always empty here: the model refuses adapters on the vLLM backend. A
+        replay starts again from the prompt (this client does not :attr:`resumes`); vLLM keeps no
+        deadline."""
         if not self.alive or self._dying or self.engine is None or self.api is None:
             raise WorkerDied("the engine is not running")
         count = max(params.best_of, params.n, 1)
