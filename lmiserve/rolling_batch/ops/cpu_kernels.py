@@ -84,9 +84,11 @@ def load_kernels() -> bool:
             flags.append("-march=native")
         log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
         # the name carries a hash of every source and header and of the flags, so an edit, or a
-        # switch between the native and the portable build, always rebuilds
+        # switch between the native and the portable build, always rebuilds; and of where the
+        # sources are, since the build files name them: two checkouts would otherwise take turns
+        # rebuilding one directory
         sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
-        digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(sources + " ".join([str(_CSRC), *flags]).encode()).hexdigest()[:10]
         name = f"lmiserve_cpu_kernels_{digest}"
         from torch.utils.cpp_extension import _get_build_directory
 
