@@ -241,19 +241,21 @@ class ReplayingStream:
         return True
 
     async def _until(self, awaitable: Awaitable[T], abandon: Callable[[T], None] | None = None) -> T:
-        """``awaitable``'s result, unless the stream is failed first: then that error is raised
-        (and ``abandon`` is given a result that came too late to be used)."""
+        """``awaitable``'s result, unless the stream is failed (or its reader cancelled) first:
+        then that error is raised, and ``abandon`` is given a result that came too late."""
         task = asyncio.ensure_future(awaitable)
         woken = asyncio.ensure_future(self._woken.wait())
         try:
             await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
+            if self._error is not None:
+                raise self._error
+            return task.result()
+        except BaseException:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._error is not None:
-            if abandon is not None and not task.cancelled() and task.exception() is None:
+            elif abandon is not None and not task.cancelled() and task.exception() is None:
                 abandon(task.result())
-            raise self._error
-        return task.result()
+            raise
+        finally:
+            woken.cancel()

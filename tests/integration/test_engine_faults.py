@@ -21,7 +21,9 @@ ERROR_WAIT = 5.0
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
-    extra = "option.max_model_len=16000\noption.engine_heartbeat_timeout=2\n"
+    # requests end with the crash here (option.max_replays=0); tests/integration/test_engine_replay.py
+    # has the replays
+    extra = "option.max_model_len=16000\noption.engine_heartbeat_timeout=2\noption.max_replays=0\n"
     with start(tmp_path_factory.mktemp("faults") / "m", tiny_llama_dir, extra) as s:
         yield s.wait_ready()
 
