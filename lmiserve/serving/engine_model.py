@@ -293,7 +293,8 @@ class EngineModel:
             raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
         client = self.client
         alive = client is not None and client.alive
-        if not alive and not self.restarting:
+        if not alive and not (self.restarting and self.backend != "vllm"):
+            # our engine is back within seconds, so a request waits for it; vLLM takes minutes
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
