@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import weakref
@@ -25,6 +26,7 @@ from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.sharding import check_shardable
 from . import engine_sockets, heap
 from .adapters import ModelAdapters
+from .admission_control import AdmissionControl, EngineLoad
 from .handler_model import ModelLoadError
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
@@ -78,6 +80,14 @@ class EngineModel:
         """Before each request id: unique across the API processes that share the engine."""
         self.registration: dict[str, Any] | None = None
         """How the management API registered the model (url and parameters), else None."""
+
+    @functools.cached_property
+    def admission(self) -> AdmissionControl:
+        """This process's requests in flight, and whether a new one is admitted
+        (:mod:`lmiserve.serving.admission_control`)."""
+        engine, model = self.settings.engine, self.settings.model
+        limit = engine.max_rolling_batch_size + model.job_queue_size
+        return AdmissionControl(engine.max_rolling_batch_size, limit, model.predictive_admission)
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -224,8 +234,12 @@ class EngineModel:
     def new_request_id(self) -> str:
         return f"{self.name}-{self.id_prefix}{next(self._ids)}"
 
-    def submit(self, request: GenerationRequest) -> tuple[str, OutputProcessor, Any]:
-        """Validate, tokenize and hand to the engine; errors raise before anything is sent."""
+    def submit(
+        self, request: GenerationRequest, budget: float | None = None, tenant: str | None = None
+    ) -> tuple[str, OutputProcessor, Any]:
+        """Validate, tokenize and hand to the engine; errors raise before anything is sent.
+        ``budget``: the seconds the request may take (its deadline); ``tenant``: who sent it,
+        where requests are shared fairly among tenants (None: not)."""
         if self.failure is not None:
             raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
         client = self.client
@@ -233,17 +247,29 @@ class EngineModel:
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
-        limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
-        in_flight = self._in_flight(client)
-        if in_flight >= limit:
+        params = admitted.params
+        width = max(params.n, params.best_of, params.num_beams, 1)
+        self.admission.prune(client.streams)
+        decision = self.admission.decide(
+            len(admitted.prompt_ids),
+            params.max_new_tokens,
+            budget,
+            EngineLoad.of(client.stats),
+            self._in_flight(client),
+            width,
+            tenant,
+        )
+        if not decision.admit:
             raise Overloaded(
-                f"model {self.name} has {in_flight} requests in flight, as many as "
-                "max_rolling_batch_size + job_queue_size allow; retry later"
+                f"model {self.name}: {decision.detail}; retry later",
+                retry_after=decision.retry_after,
+                reason=decision.reason,
             )
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
-        stream = client.submit(request_id, list(admitted.prompt_ids), admitted.params, adapter)
+        stream = client.submit(request_id, list(admitted.prompt_ids), params, adapter)
         self._processors[request_id] = processor
+        self.admission.admitted(request_id, len(admitted.prompt_ids), params.max_new_tokens, width, tenant)
         return request_id, processor, stream
 
     def _in_flight(self, client: EngineClient) -> int:
@@ -256,6 +282,9 @@ class EngineModel:
 
     def _decode_step(self, deltas: list[wire.SeqDelta]) -> None:
         """One engine step's text, decoded for all its requests at once."""
+        for d in deltas:
+            if d.token_ids:
+                self.admission.progressed(d.request_id, len(d.token_ids))
         get = self._processors.get
         pairs = [(p, d) for d in deltas if d.token_ids and (p := get(d.request_id)) is not None]
         if pairs:
