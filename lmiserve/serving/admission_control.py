@@ -25,9 +25,10 @@ slot frees after the k-th smallest number of tokens the running sequences may st
 sooner); beyond one batch, every further batch of queued requests takes their mean
 ``max_new_tokens``. A speed the engine has not measured yet (0) adds nothing.
 
-Only the first token decides: ``max_new_tokens`` is a bound seldom reached, a stream is useful
-from its first token, and the protocols that end an answer at its deadline (OpenAI, TGI streams)
-answer with what was generated. ``total`` is reported, not enforced. ``Retry-After`` is the time
+Only the first token decides: ``max_new_tokens`` is a bound seldom reached, a stream delivers
+its tokens as they come (what came before the deadline has reached the client), and a protocol
+that ends an answer at its deadline (Databricks' ``error_behavior: truncate``) answers with what
+was generated. ``total`` is reported, not enforced. ``Retry-After`` is the time
 until the queue ahead is predicted to have drained enough: ``ceil(first_token - deadline)``,
 at least 1 second.
 
