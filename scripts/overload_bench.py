@@ -44,12 +44,17 @@ def measure_capacity(args: argparse.Namespace, model: str, prompt: str) -> dict:
     api = APIS["openai"]
     c = args.concurrency
     requests = args.capacity_requests or 4 * c
-    prompts = [f"capacity-{i}: {prompt}" for i in range(c + requests)]
-    print(f"capacity: closed loop at concurrency {c}, {requests} requests ...", file=sys.stderr, flush=True)
-    loaded = run_level(args.url, api, prompts, c, c, args.max_tokens, model, client_procs=args.client_procs)
+    # the first batches of a fresh server are slower (shapes seen for the first time): warm it up,
+    # at the concurrency measured, before measuring anything
+    print(f"warm-up: {2 * c} requests at concurrency {c} ...", file=sys.stderr, flush=True)
+    warm = [f"warm-{i}: {prompt}" for i in range(2 * c)]
+    run_level(args.url, api, warm, c, len(warm), args.max_tokens, model, client_procs=args.client_procs)
     print("unloaded: one client, 10 requests ...", file=sys.stderr, flush=True)
     alone = [f"unloaded-{i}: {prompt}" for i in range(12)]
     unloaded = run_level(args.url, api, alone, 1, 2, args.max_tokens, model)
+    print(f"capacity: closed loop at concurrency {c}, {requests} requests ...", file=sys.stderr, flush=True)
+    prompts = [f"capacity-{i}: {prompt}" for i in range(c + requests)]
+    loaded = run_level(args.url, api, prompts, c, c, args.max_tokens, model, client_procs=args.client_procs)
     return {
         "concurrency": c,
         "requests_per_s": loaded.get("requests_per_s", 0.0),
@@ -78,11 +83,13 @@ def table(capacity: dict, levels: list[dict]) -> str:
     for lv in levels:
         r = lv["report"]
         ms, ttft, ratio = r["refusal_ms"], r["ttft_s"], r["ttft_vs_unloaded"]
+        refusal = f"{fmt(ms['p50'])}/{fmt(ms['p99'])}/{fmt(ms['max'])}"
+        first = f"{fmt(ttft['p50'], '.3f')}/{fmt(ttft['p99'], '.3f')}"
+        times = f"{fmt(ratio['p50'], '.1f')}/{fmt(ratio['p99'], '.1f')}"
         rows.append(
-            f"{lv['load']:>3g}x  {r['offered_per_s']:>9.2f}  {r['admitted']:>8}  {r['refused']:>7}  "
-            f"{fmt(ms['p50']):>7}/{fmt(ms['p99'])}/{fmt(ms['max']):<7}  {r['completed_in_deadline']:>11}  "
-            f"{fmt(r['goodput_ratio'], '.2f'):>7}  {fmt(ttft['p50'], '.3f')}/{fmt(ttft['p99'], '.3f'):<8}  "
-            f"{fmt(ratio['p50'], '.1f')}/{fmt(ratio['p99'], '.1f'):<6}  {r['deadline_misses']:>6}"
+            f"{lv['load']:>3g}x  {r['offered_per_s']:>9.2f}  {r['admitted']:>8}  {r['refused']:>7}  {refusal:>23}  "
+            f"{r['completed_in_deadline']:>11}  {fmt(r['goodput_ratio'], '.2f'):>7}  {first:>14}  {times:>10}  "
+            f"{r['deadline_misses']:>6}"
         )
     return "\n".join(rows)
 
