@@ -20,10 +20,14 @@ not come yet (the ledger: it sees a burst that arrived between two engine steps,
 engine has not reported), plus, when the engine reports more waiting sequences than that (other
 API processes share it), as many more prompts of the same mean length. Slots are needed when the
 sequences running, queued ahead and this request's exceed ``max_rolling_batch_size``: the k-th
-slot frees after the k-th smallest number of tokens the running sequences may still generate
-(each is assumed to generate all of ``max_new_tokens``: an upper bound, stop tokens end them
-sooner); beyond one batch, every further batch of queued requests takes their mean
-``max_new_tokens``. A speed the engine has not measured yet (0) adds nothing.
+slot frees after the k-th smallest number of tokens the running sequences are expected to still
+generate; beyond one batch, every further batch of queued requests takes their mean expected
+length. A sequence is expected to generate the typical length of the sequences that ended here
+before it (a moving average; stop tokens end most sequences long before ``max_new_tokens``),
+never more than its ``max_new_tokens``; until one has ended, all of ``max_new_tokens``. A
+sequence already past the typical length may end any step: it is expected to free its slot now,
+so that a refusal is never for a wait longer than what the past suggests. A speed the engine has
+not measured yet (0) adds nothing.
 
 Only the first token decides: ``max_new_tokens`` is a bound seldom reached, a stream delivers
 its tokens as they come (what came before the deadline has reached the client), and a protocol
@@ -48,6 +52,8 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
+TYPICAL_WEIGHT = 0.1
+"""Weight of each ended request in the typical length."""
 QUEUE_FULL = "queue_full"
 PREDICTED_DELAY = "predicted_delay"
 
@@ -84,10 +90,12 @@ class _Entry:
     generated: int = 0
     started: bool = False
 
-    @property
-    def owed(self) -> float:
-        """Tokens each of its sequences may still generate."""
-        return max(0.0, self.max_new_tokens - self.generated / self.width)
+    def owed(self, typical: float | None) -> float:
+        """Tokens each of its sequences is expected to still generate (``typical``: the length
+        sequences ended at so far; None: not known yet, all of ``max_new_tokens``)."""
+        done = self.generated / self.width
+        expected = self.max_new_tokens if typical is None else min(self.max_new_tokens, typical)
+        return max(0.0, expected - done)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,8 @@ class AdmissionControl:
         self.limit = max(1, limit)
         self.predictive = predictive
         self._entries: dict[str, _Entry] = {}
+        self.typical_tokens: float | None = None
+        """Moving average of the tokens a sequence generated, over the requests that ended here."""
 
     # --- the ledger ------------------------------------------------------------------------
     def admitted(
@@ -129,12 +139,16 @@ class AdmissionControl:
             entry.generated += tokens
 
     def forget(self, request_id: str) -> None:
-        self._entries.pop(request_id, None)
+        entry = self._entries.pop(request_id, None)
+        if entry is not None and entry.started:
+            length = entry.generated / entry.width
+            typical = self.typical_tokens
+            self.typical_tokens = length if typical is None else typical + TYPICAL_WEIGHT * (length - typical)
 
     def prune(self, live: Container[str]) -> None:
         """Forget the requests that are no longer in flight (``live``: the ids still are)."""
         for request_id in [r for r in self._entries if r not in live]:
-            del self._entries[request_id]
+            self.forget(request_id)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -158,13 +172,15 @@ class AdmissionControl:
         need = running + queued_seqs + max(1, width) - self.batch_size
         slot_s = 0.0
         if need > 0 and step > 0:
-            owed = [e.owed for e in started for _ in range(e.width)]
-            guess = sum(owed) / len(owed) if owed else max_new_tokens
+            typical = self.typical_tokens
+            owed = [e.owed(typical) for e in started for _ in range(e.width)]
+            guess = sum(owed) / len(owed) if owed else min(max_new_tokens, typical or max_new_tokens)
             owed = sorted(owed + [guess] * (running - len(owed)))
             if need <= len(owed):
                 steps = owed[need - 1]
             else:
-                mean_new = sum(e.max_new_tokens for e in queued) / len(queued) if queued else max_new_tokens
+                lengths = [e.max_new_tokens for e in queued] or [max_new_tokens]
+                mean_new = sum(min(n, typical or n) for n in lengths) / len(lengths)
                 steps = (owed[-1] if owed else 0.0) + math.ceil((need - len(owed)) / self.batch_size) * mean_new
             slot_s = steps * step
         first = prefill_s + slot_s
@@ -172,7 +188,7 @@ class AdmissionControl:
 
     def _first_slot_s(self, load: EngineLoad) -> float:
         """Seconds until a running sequence is predicted to end (0: not known)."""
-        owed = [e.owed for e in self._entries.values() if e.started]
+        owed = [e.owed(self.typical_tokens) for e in self._entries.values() if e.started]
         return min(owed) * load.decode_step_seconds if owed else 0.0
 
     # --- the decision ----------------------------------------------------------------------

@@ -95,6 +95,31 @@ def test_running_sequences_of_other_processes_owe_what_this_ones_owe():
     assert c.predict(0, 10, load).first_token_s == pytest.approx(2.0)
 
 
+def test_running_sequences_are_expected_to_end_at_the_length_sequences_ended_at_before():
+    """Stop tokens end most sequences long before max_new_tokens: once some have ended, a
+    running sequence is expected to stop at their typical length."""
+    c = control(batch=1)
+    assert c.typical_tokens is None
+    for i in range(3):  # three requests that stopped after 20 of their 1000 tokens
+        c.admitted(f"done{i}", 0, 1000)
+        c.progressed(f"done{i}", 20)
+        c.forget(f"done{i}")
+    assert c.typical_tokens == pytest.approx(20)
+    c.admitted("a", 0, 1000)
+    c.progressed("a", 5)
+    load = EngineLoad(running=1, prefill_tokens_per_s=1e9, decode_step_seconds=0.1)
+    assert c.predict(0, 10, load).first_token_s == pytest.approx(1.5)  # 15 more tokens, not 995
+    c.progressed("a", 30)  # past the typical length: it may end any step
+    assert c.predict(0, 10, load).first_token_s == pytest.approx(0.0)
+
+
+def test_a_request_that_never_started_teaches_no_length():
+    c = control()
+    c.admitted("shed", 100, 1000)
+    c.prune(set())
+    assert c.typical_tokens is None
+
+
 def test_the_queue_limit_refuses_whatever_the_prediction():
     c = control(limit=2)
     c.admitted("a", 1, 10)
