@@ -70,10 +70,12 @@ class PayloadTooLarge(LmiServeError, kind="payload_too_large", status=413, title
 
 
 class Overloaded(LmiServeError, kind="overloaded", status=503, title="Service Unavailable"):
-    """The job queue is full; the client should retry later."""
+    """The job queue is full, or the request would wait past its deadline; the client should retry later."""
 
-    def __init__(self, detail: str = "", *, retry_after: int = 1):
+    def __init__(self, detail: str = "", *, retry_after: int = 1, reason: str = "queue_full"):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
+        self.reason = reason
+        """Why it was refused (the refusals metric's label)."""
 
 
 class ModelNotReady(LmiServeError, kind="not_ready", status=503, title="Service Unavailable"):

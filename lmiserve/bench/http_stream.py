@@ -29,12 +29,14 @@ class Connection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes, on_line: Callable[[bytes], None]) -> tuple[int, bytes]:
-        """POST ``body`` (JSON) to ``path``; each line of a 200 answer goes to ``on_line`` as it
-        arrives (without its line end). Returns the status and, for any other status, the start
-        of the answer's body."""
+    async def post(
+        self, path: str, body: bytes, on_line: Callable[[bytes], None], headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """POST ``body`` (JSON) to ``path``, with ``headers`` besides the usual ones; each line of a
+        200 answer goes to ``on_line`` as it arrives (without its line end). Returns the status and,
+        for any other status, the start of the answer's body."""
         try:
-            return await asyncio.wait_for(self._post(path, body, on_line), self.timeout)
+            return await asyncio.wait_for(self._post(path, body, on_line, headers or {}), self.timeout)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise HttpError(f"{type(exc).__name__}: {exc}") from None
@@ -42,7 +44,9 @@ class Connection:
             self.close()  # a half-read answer leaves the connection unusable
             raise
 
-    async def _post(self, path: str, body: bytes, on_line: Callable[[bytes], None]) -> tuple[int, bytes]:
+    async def _post(
+        self, path: str, body: bytes, on_line: Callable[[bytes], None], extra: dict[str, str]
+    ) -> tuple[int, bytes]:
         if self._writer is None or self._writer.is_closing():
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
             self.connects += 1
@@ -50,7 +54,9 @@ class Connection:
         assert reader is not None
         head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in extra.items())
+            + "\r\n"
         )
         writer.write(head.encode("latin-1") + body)
         status_line = await reader.readline()
@@ -83,6 +89,11 @@ class Connection:
         if headers.get("connection", "").lower() == "close":
             self.close()
         return status, lines.kept[:MAX_ERROR_BODY]
+
+    @property
+    def open(self) -> bool:
+        """Kept alive after the last answer: the next request may reuse it."""
+        return self._writer is not None and not self._writer.is_closing()
 
     def close(self) -> None:
         if self._writer is not None:

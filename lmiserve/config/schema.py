@@ -198,6 +198,14 @@ class ModelSettings(Area):
         env_aliases=("MAX_CONCURRENT_REQUESTS",),
         ge=1,
     )
+    predictive_admission: bool = setting(
+        True,
+        "option.predictive_admission",
+        "Rolling batch: refuse at once, with 503 and a Retry-After header, a request whose first token is "
+        "predicted (from the engine's measured prefill and decode speeds and the requests queued ahead) to "
+        "come after its deadline (predict_timeout, or X-Request-Timeout), rather than queue it only to shed "
+        "it later. Off: only job_queue_size limits the queue.",
+    )
     predict_timeout: int = setting(
         120,
         "predict_timeout",

@@ -76,6 +76,15 @@ class ServerSettings(Area):
         "A file of API keys, one per line ('#' starts a comment), added to api_keys. Read when the server starts.",
         allowed="a file path",
     )
+    tenant_header: str = setting(
+        "",
+        "tenant_header",
+        "A request header that names the request's tenant (X-Tenant-Id, say). When a model's queue is full, or "
+        "a request would miss its deadline there, a tenant holding less than its fair share of the requests in "
+        "flight (the queue's limit divided by the tenants with requests in flight) is still admitted, and the "
+        "tenants above their share get the 503s. Empty: with API keys configured, each key is a tenant; "
+        "without them, no tenants.",
+    )
     management_api: Literal["local", "on", "off"] = setting(
         "local",
         "management_api",

@@ -71,16 +71,17 @@ class DataPlane:
         request: kserve.InferRequest,
         seconds: float | None = None,
         disconnected: Callable[[], Awaitable[None]] | None = None,
+        tenant: str | None = None,
     ) -> tuple[Reply, kserve_infer.InferResponder]:
         """Generate for a V2 inference request: the answer (the REST one), and the responder
         that holds the response or the error. A generation gets the model's
-        ``predict_timeout``, or ``seconds`` when that is less."""
+        ``predict_timeout``, or ``seconds`` when that is less; ``tenant`` is who sent it."""
         responder = kserve_infer.InferResponder(kserve_infer.plan(request), model.name)
         observer = self.metrics.observer(model.name) if self.metrics is not None else None
         limit = float(model.settings.model.predict_timeout)
         limit = limit if seconds is None else min(limit, seconds)
         requests = responder.plan.generation_requests()
-        return await respond(model, requests, responder, limit, observer, disconnected), responder
+        return await respond(model, requests, responder, limit, observer, disconnected, tenant), responder
 
     async def infer(
         self, name: str | None, version: str, request: kserve.InferRequest, seconds: float | None = None

@@ -12,6 +12,7 @@ from ..serving import EngineModel, Reply, Responder, error_reply
 from ..serving import respond as answer
 from . import deadline
 from .metrics import observe_generation
+from .tenant import tenant_of
 
 
 async def wait_for_disconnect(request: Request) -> None:
@@ -38,5 +39,6 @@ async def respond(
     except LmiServeError as err:
         return http_response(error_reply(responder, err))
     observer = observe_generation(request, model.name)
-    reply = await answer(model, requests, responder, seconds, observer, lambda: wait_for_disconnect(request))
+    tenant = tenant_of(request, model.settings)
+    reply = await answer(model, requests, responder, seconds, observer, lambda: wait_for_disconnect(request), tenant)
     return http_response(reply)

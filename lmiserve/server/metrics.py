@@ -59,6 +59,7 @@ class _ModelSeries:
     adapter_requests: Any  # labelled parents: children by adapter
     adapter_prompt_tokens: Any
     adapter_generation_tokens: Any
+    refused: Any  # the labelled parent: children by reason
 
 
 @dataclass
@@ -102,6 +103,10 @@ class GenerationObserver:
         if out.finished:
             p.done = True
             self._finished(out)
+
+    def refused(self, reason: str) -> None:
+        """The request was refused before it reached the engine (503 with Retry-After)."""
+        self._series.refused.labels(self.model, reason).inc()
 
     def _finished(self, out: RequestOutput) -> None:
         s = self._series
@@ -191,6 +196,14 @@ class ServerMetrics:
             ["model", "finish_reason"],
             registry=r,
         )
+        self.requests_refused = Counter(
+            "lmiserve_requests_refused",
+            "Generation requests refused with 503 and Retry-After before reaching the engine, by reason: "
+            "queue_full (max_rolling_batch_size + job_queue_size in flight) or predicted_delay (the first "
+            "token was predicted after the request's deadline).",
+            ["model", "reason"],
+            registry=r,
+        )
         by_adapter = ["model", "adapter"]
         self.adapter_requests = Counter(
             "lmiserve_adapter_requests",
@@ -233,6 +246,7 @@ class ServerMetrics:
                 adapter_requests=self.adapter_requests,
                 adapter_prompt_tokens=self.adapter_prompt_tokens,
                 adapter_generation_tokens=self.adapter_generation_tokens,
+                refused=self.requests_refused,
             )
         return series
 

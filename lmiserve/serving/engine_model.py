@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.sharding import check_shardable
 from . import engine_sockets, heap
 from .adapters import ModelAdapters
+from .admission_control import AdmissionControl, EngineLoad
 from .handler_model import ModelLoadError
 from .replay import ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -85,6 +88,14 @@ class EngineModel:
         self.replays = Replays()
         self._engine_waiters: list[asyncio.Future[tuple[EngineClient, int]]] = []
         self._waiting_for_engine = 0
+
+    @functools.cached_property
+    def admission(self) -> AdmissionControl:
+        """This process's requests in flight, and whether a new one is admitted
+        (:mod:`lmiserve.serving.admission_control`)."""
+        engine, model = self.settings.engine, self.settings.model
+        limit = engine.max_rolling_batch_size + model.job_queue_size
+        return AdmissionControl(engine.max_rolling_batch_size, limit, model.predictive_admission)
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -285,10 +296,13 @@ class EngineModel:
     def new_request_id(self) -> str:
         return f"{self.name}-{self.id_prefix}{next(self._ids)}"
 
-    def submit(self, request: GenerationRequest, deadline: float = 0.0) -> tuple[str, OutputProcessor, Any]:
+    def submit(
+        self, request: GenerationRequest, budget: float | None = None, tenant: str | None = None
+    ) -> tuple[str, OutputProcessor, Any]:
         """Validate, tokenize and hand to the engine (or, while the engine restarts, to the one
-        coming); errors raise before anything is sent. ``deadline`` (``time.monotonic()``, 0:
-        none) is when the request stops being worth starting."""
+        coming); errors raise before anything is sent. ``budget``: the seconds the request may
+        take (its deadline); ``tenant``: who sent it, where requests are shared fairly among
+        tenants (None: not)."""
         if self.failure is not None:
             raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
         client = self.client
@@ -298,24 +312,38 @@ class EngineModel:
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)
-        limit = self.settings.engine.max_rolling_batch_size + self.settings.model.job_queue_size
-        in_flight = self._in_flight(client) if alive else self._waiting_for_engine  # type: ignore[arg-type]
-        if in_flight >= limit:
+        params = admitted.params
+        width = max(params.n, params.best_of, params.num_beams, 1)
+        if alive:
+            self.admission.prune(client.streams)  # type: ignore[union-attr]
+        decision = self.admission.decide(
+            len(admitted.prompt_ids),
+            params.max_new_tokens,
+            budget,
+            EngineLoad.of(client.stats if alive else None),  # type: ignore[union-attr]
+            self._in_flight(client) if alive else self._waiting_for_engine,  # type: ignore[arg-type]
+            width,
+            tenant,
+        )
+        if not decision.admit:
             raise Overloaded(
-                f"model {self.name} has {in_flight} requests in flight, as many as "
-                "max_rolling_batch_size + job_queue_size allow; retry later"
+                f"model {self.name}: {decision.detail}; retry later",
+                retry_after=decision.retry_after,
+                reason=decision.reason,
             )
         request_id = self.new_request_id()
         processor = OutputProcessor(self.tokenizer, request_id, admitted.request, list(admitted.prompt_ids))
         prompt_ids = list(admitted.prompt_ids)
+        deadline = time.monotonic() + budget if budget else 0.0
         if self.replay_enabled:
-            stream: Any = ReplayingStream(self, request_id, prompt_ids, admitted.params, adapter, deadline)
+            stream: Any = ReplayingStream(self, request_id, prompt_ids, params, adapter, deadline)
             if alive:
                 with contextlib.suppress(WorkerDied):  # dying as we speak: the request waits for the next
                     stream.hand_to(client, self.generation)
         else:
-            stream = client.submit(request_id, prompt_ids, admitted.params, adapter, deadline=deadline)  # type: ignore[union-attr]
+            stream = client.submit(request_id, prompt_ids, params, adapter, deadline=deadline)  # type: ignore[union-attr]
         self._processors[request_id] = processor
+        self.admission.admitted(request_id, len(admitted.prompt_ids), params.max_new_tokens, width, tenant)
         return request_id, processor, stream
 
     def _in_flight(self, client: EngineClient) -> int:
@@ -328,6 +356,9 @@ class EngineModel:
 
     def _decode_step(self, deltas: list[wire.SeqDelta]) -> None:
         """One engine step's text, decoded for all its requests at once."""
+        for d in deltas:
+            if d.token_ids:
+                self.admission.progressed(d.request_id, len(d.token_ids))
         get = self._processors.get
         pairs = [(p, d) for d in deltas if d.token_ids and (p := get(d.request_id)) is not None]
         if pairs:

@@ -19,6 +19,8 @@ class Observer(Protocol):
 
     def on_update(self, out: RequestOutput) -> None: ...
 
+    def refused(self, reason: str) -> None: ...
+
     def close(self, outs: Iterable[RequestOutput], failed: bool) -> None: ...
 
 
@@ -33,13 +35,15 @@ class Generation:
         return self.processor.output
 
 
-def submit_all(model: EngineModel, requests: list[GenerationRequest], deadline: float = 0.0) -> list[Generation]:
-    """Hand every request to the engine; if one is refused, the ones already sent are aborted.
-    ``deadline`` (``time.monotonic()``; 0: none) is when they stop being worth starting."""
+def submit_all(
+    model: EngineModel, requests: list[GenerationRequest], budget: float | None = None, tenant: str | None = None
+) -> list[Generation]:
+    """Hand every request to the engine (each may take ``budget`` seconds, for ``tenant``); if one
+    is refused, the ones already sent are aborted."""
     started: list[Generation] = []
     try:
         for req in requests:
-            started.append(Generation(*model.submit(req, deadline)))
+            started.append(Generation(*model.submit(req, budget, tenant)))
     except LmiServeError:
         for g in started:
             model.abort(g.request_id)

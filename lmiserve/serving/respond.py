@@ -11,7 +11,6 @@ returns a transport-neutral :class:`Reply`; HTTP turns it into a response, gRPC 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,12 +131,16 @@ async def respond(
     seconds: float,
     observer: Observer | None = None,
     disconnected: Callable[[], Awaitable[None]] | None = None,
+    tenant: str | None = None,
 ) -> Reply:
     """Run ``requests`` and answer in ``responder``'s protocol within ``seconds``; a request whose
-    client goes away (``disconnected`` returns) is aborted."""
+    client goes away (``disconnected`` returns) is aborted. ``tenant``: who sent them, where the
+    requests in flight are shared fairly among tenants."""
     try:
-        gens = submit_all(model, requests, time.monotonic() + seconds)
+        gens = submit_all(model, requests, seconds, tenant)
     except LmiServeError as err:
+        if isinstance(err, Overloaded) and observer is not None:
+            observer.refused(err.reason)
         return error_reply(responder, err)
     outs = [g.output for g in gens]
     responder.start(outs)

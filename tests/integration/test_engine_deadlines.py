@@ -19,7 +19,11 @@ LONG = {"max_new_tokens": 15000, "ignore_eos_token": True}
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
-    extra = "option.max_model_len=16000\noption.max_rolling_batch_size=1\njob_queue_size=1\npredict_timeout=60\n"
+    # queueing itself is under test here: no request is refused for its predicted wait
+    extra = (
+        "option.max_model_len=16000\noption.max_rolling_batch_size=1\njob_queue_size=1\npredict_timeout=60\n"
+        "option.predictive_admission=false\n"
+    )
     with start(tmp_path_factory.mktemp("deadlines") / "m", tiny_llama_dir, extra) as s:
         yield s.wait_ready()
 

@@ -289,3 +289,13 @@ def test_the_api_process_cpu_counter_grows_with_work():
     sum(i * i for i in range(2_000_000))  # some CPU in this process
     after = samples(metrics)[("lmiserve_api_cpu_seconds_total", (("model", ""),))]
     assert 0 < before < after
+
+
+def test_refusals_are_counted_by_reason():
+    metrics = ServerMetrics(registry(llm=FakeEngineModel(SimpleNamespace(stats=None, info={}))))
+    metrics.observer("llm").refused("predicted_delay")
+    metrics.observer("llm").refused("predicted_delay")
+    metrics.observer("llm").refused("queue_full")
+    got = samples(metrics)
+    assert got[("lmiserve_requests_refused_total", (("model", "llm"), ("reason", "predicted_delay")))] == 2
+    assert got[("lmiserve_requests_refused_total", (("model", "llm"), ("reason", "queue_full")))] == 1

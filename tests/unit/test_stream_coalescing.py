@@ -85,7 +85,7 @@ class FakeModel:
         self.stream: RequestStream | None = None
         self.aborted: list[str] = []
 
-    def submit(self, request, deadline=0.0):
+    def submit(self, request, budget=None, tenant=None):
         proc = OutputProcessor(self.tokenizer, "r", request, self.tokenizer("Hi")["input_ids"])
         self.stream = RequestStream("r", 1)
         return "r", proc, self.stream

@@ -19,6 +19,7 @@ from ..data_plane import DataPlane
 from ..handler_response import handler_reply
 from ..http_reply import http_response, respond, wait_for_disconnect
 from ..metrics import STATE_KEY
+from ..tenant import tenant_of
 
 router = APIRouter()
 
@@ -60,7 +61,8 @@ async def _infer(request: Request, name: str | None, version: str, req: kserve.I
     model = plane.engine_model(name, version)
     setattr(request.state, STATE_KEY, model.name)  # the metrics' model label
     seconds = deadline.budget(request, float(model.settings.model.predict_timeout))
-    reply, _ = await plane.infer_reply(model, req, seconds, lambda: wait_for_disconnect(request))
+    tenant = tenant_of(request, model.settings)
+    reply, _ = await plane.infer_reply(model, req, seconds, lambda: wait_for_disconnect(request), tenant)
     return http_response(reply)
 
 

@@ -1,0 +1,252 @@
+"""Admission control of an engine model: refuse at once what the engine cannot serve in time.
+
+Two limits decide whether a new request goes to the engine:
+
+- **the queue limit**: the requests in flight may not exceed ``max_rolling_batch_size +
+  job_queue_size`` (reason ``queue_full``);
+- **the predicted delay** (``option.predictive_admission``): a request whose first token is
+  predicted to come after its deadline is refused (reason ``predicted_delay``) instead of
+  waiting in the queue only to be shed there.
+
+The prediction of the time to a new request's first token, from the engine's latest statistics
+and this process's ledger::
+
+    first_token = (prompt tokens queued ahead + this prompt) / prefill_tokens_per_s
+                + steps until enough batch slots free * decode_step_seconds
+    total       = first_token + max_new_tokens * decode_step_seconds
+
+Prompt tokens queued ahead are those of the requests this process admitted whose first token has
+not come yet (the ledger: it sees a burst that arrived between two engine steps, which the
+engine has not reported), plus, when the engine reports more waiting sequences than that (other
+API processes share it), as many more prompts of the same mean length. Slots are needed when the
+sequences running, queued ahead and this request's exceed ``max_rolling_batch_size``: the k-th
+slot frees after the k-th smallest number of tokens the running sequences are expected to still
+generate; beyond one batch, every further batch of queued requests takes their mean expected
+length. A sequence is expected to generate the typical length of the sequences that ended here
+before it (a moving average; stop tokens end most sequences long before ``max_new_tokens``),
+never more than its ``max_new_tokens``; until one has ended, all of ``max_new_tokens``. A
+sequence already past the typical length may end any step: it is expected to free its slot now,
+so that a refusal is never for a wait longer than what the past suggests. A speed the engine has
+not measured yet (0) adds nothing.
+
+Only the first token decides: ``max_new_tokens`` is a bound seldom reached, a stream delivers
+its tokens as they come (what came before the deadline has reached the client), and a protocol
+that ends an answer at its deadline (Databricks' ``error_behavior: truncate``) answers with what
+was generated. ``total`` is reported, not enforced. ``Retry-After`` is the time
+until the queue ahead is predicted to have drained enough: ``ceil(first_token - deadline)``,
+at least 1 second.
+
+**Fairness.** Each request may name its tenant. When either limit would refuse a request, a
+tenant holding fewer than its fair share (the queue limit divided by the tenants with requests in
+flight, this one included) of this process's requests is admitted still: the refusals fall on the
+tenants above their share. A tenant below its share never holds more than that share, so the
+requests in flight stay bounded.
+
+Everything here is arithmetic on what is already known: deciding never waits on the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import Any
+
+TYPICAL_WEIGHT = 0.1
+"""Weight of each ended request in the typical length."""
+QUEUE_FULL = "queue_full"
+PREDICTED_DELAY = "predicted_delay"
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine last reported about its queue and speed (0: not measured yet)."""
+
+    running: int = 0
+    waiting: int = 0
+    prefill_tokens_per_s: float = 0.0
+    decode_step_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, stats: Any) -> EngineLoad:
+        """From a ``wire.EngineStats`` (None: an engine that has reported nothing yet)."""
+        if stats is None:
+            return cls()
+        return cls(
+            running=int(stats.running),
+            waiting=int(stats.waiting),
+            prefill_tokens_per_s=float(getattr(stats, "prefill_tokens_per_s", 0.0) or 0.0),
+            decode_step_seconds=float(getattr(stats, "decode_step_seconds", 0.0) or 0.0),
+        )
+
+
+@dataclass
+class _Entry:
+    prompt_tokens: int
+    max_new_tokens: int
+    width: int
+    """Sequences the request runs (``n``, ``best_of``, beams): batch slots it takes."""
+    tenant: str | None
+    generated: int = 0
+    started: bool = False
+
+    def owed(self, typical: float | None) -> float:
+        """Tokens each of its sequences is expected to still generate (``typical``: the length
+        sequences ended at so far; None: not known yet, all of ``max_new_tokens``)."""
+        done = self.generated / self.width
+        expected = self.max_new_tokens if typical is None else min(self.max_new_tokens, typical)
+        return max(0.0, expected - done)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    first_token_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    admit: bool
+    reason: str = ""
+    """Why a request is refused: ``queue_full`` or ``predicted_delay``."""
+    retry_after: int = 0
+    prediction: Prediction | None = None
+    detail: str = ""
+
+
+class AdmissionControl:
+    """The ledger of this process's requests in flight, and the admission decision."""
+
+    def __init__(self, batch_size: int, limit: int, predictive: bool = True):
+        self.batch_size = max(1, batch_size)
+        self.limit = max(1, limit)
+        self.predictive = predictive
+        self._entries: dict[str, _Entry] = {}
+        self.typical_tokens: float | None = None
+        """Moving average of the tokens a sequence generated, over the requests that ended here."""
+
+    # --- the ledger ------------------------------------------------------------------------
+    def admitted(
+        self, request_id: str, prompt_tokens: int, max_new_tokens: int, width: int = 1, tenant: str | None = None
+    ) -> None:
+        self._entries[request_id] = _Entry(prompt_tokens, max_new_tokens, max(1, width), tenant)
+
+    def progressed(self, request_id: str, tokens: int) -> None:
+        """The engine sent tokens of the request: it has started."""
+        entry = self._entries.get(request_id)
+        if entry is not None:
+            entry.started = True
+            entry.generated += tokens
+
+    def forget(self, request_id: str) -> None:
+        entry = self._entries.pop(request_id, None)
+        if entry is not None and entry.started:
+            length = entry.generated / entry.width
+            typical = self.typical_tokens
+            self.typical_tokens = length if typical is None else typical + TYPICAL_WEIGHT * (length - typical)
+
+    def prune(self, live: Container[str]) -> None:
+        """Forget the requests that are no longer in flight (``live``: the ids still are)."""
+        for request_id in [r for r in self._entries if r not in live]:
+            self.forget(request_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def tenant_requests(self, tenant: str | None) -> int:
+        return sum(1 for e in self._entries.values() if e.tenant == tenant)
+
+    # --- the prediction --------------------------------------------------------------------
+    def predict(self, prompt_tokens: int, max_new_tokens: int, load: EngineLoad, width: int = 1) -> Prediction:
+        """Seconds until a new request's first token, and until its last, were it admitted now."""
+        queued = [e for e in self._entries.values() if not e.started]
+        started = [e for e in self._entries.values() if e.started]
+        own_queued = sum(e.width for e in queued)
+        queued_seqs = max(load.waiting, own_queued)
+        queued_tokens = sum(e.prompt_tokens for e in queued)
+        mean_prompt = queued_tokens / len(queued) if queued else prompt_tokens
+        queued_tokens += (queued_seqs - own_queued) * mean_prompt
+        prefill_s = (queued_tokens + prompt_tokens) / load.prefill_tokens_per_s if load.prefill_tokens_per_s else 0.0
+        step = load.decode_step_seconds
+        running = max(load.running, sum(e.width for e in started))
+        need = running + queued_seqs + max(1, width) - self.batch_size
+        slot_s = 0.0
+        if need > 0 and step > 0:
+            typical = self.typical_tokens
+            owed = [e.owed(typical) for e in started for _ in range(e.width)]
+            guess = sum(owed) / len(owed) if owed else min(max_new_tokens, typical or max_new_tokens)
+            owed = sorted(owed + [guess] * (running - len(owed)))
+            if need <= len(owed):
+                steps = owed[need - 1]
+            else:
+                lengths = [e.max_new_tokens for e in queued] or [max_new_tokens]
+                mean_new = sum(min(n, typical or n) for n in lengths) / len(lengths)
+                steps = (owed[-1] if owed else 0.0) + math.ceil((need - len(owed)) / self.batch_size) * mean_new
+            slot_s = steps * step
+        first = prefill_s + slot_s
+        return Prediction(first_token_s=first, total_s=first + max_new_tokens * step)
+
+    def _first_slot_s(self, load: EngineLoad) -> float:
+        """Seconds until a running sequence is predicted to end (0: not known)."""
+        owed = [e.owed(self.typical_tokens) for e in self._entries.values() if e.started]
+        return min(owed) * load.decode_step_seconds if owed else 0.0
+
+    # --- the decision ----------------------------------------------------------------------
+    def decide(
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        budget: float | None,
+        load: EngineLoad,
+        in_flight: int | None = None,
+        width: int = 1,
+        tenant: str | None = None,
+    ) -> Decision:
+        """Admit or refuse a request of ``prompt_tokens`` that may take ``budget`` seconds (None:
+        no deadline). ``in_flight``: the requests on the engine, when more than this ledger
+        knows (other API processes share the engine)."""
+        in_flight = max(len(self._entries), in_flight or 0)
+        refusal = self._refusal(prompt_tokens, max_new_tokens, budget, load, in_flight, width)
+        if refusal.admit or self._below_share(tenant):
+            return Decision(True, prediction=refusal.prediction)
+        return refusal
+
+    def _refusal(
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        budget: float | None,
+        load: EngineLoad,
+        in_flight: int,
+        width: int,
+    ) -> Decision:
+        if in_flight >= self.limit:
+            wait = self._first_slot_s(load)
+            return Decision(
+                False,
+                QUEUE_FULL,
+                max(1, math.ceil(wait)),
+                detail=f"{in_flight} requests in flight, as many as max_rolling_batch_size + job_queue_size allow",
+            )
+        if not self.predictive or budget is None:
+            return Decision(True)
+        prediction = self.predict(prompt_tokens, max_new_tokens, load, width)
+        late = prediction.first_token_s - budget
+        if late <= 0:
+            return Decision(True, prediction=prediction)
+        return Decision(
+            False,
+            PREDICTED_DELAY,
+            max(1, math.ceil(late)),
+            prediction,
+            f"its first token is predicted in {prediction.first_token_s:.1f} s, after its deadline of {budget:g} s",
+        )
+
+    def _below_share(self, tenant: str | None) -> bool:
+        """``tenant`` holds fewer requests in flight than the queue limit shared among the tenants."""
+        if tenant is None:
+            return False
+        tenants = {e.tenant for e in self._entries.values() if e.tenant is not None} | {tenant}
+        if len(tenants) < 2:
+            return False
+        return self.tenant_requests(tenant) < self.limit / len(tenants)
