@@ -27,7 +27,7 @@ class Client:
         self.stats = stats(**measured)
         self.sent: list[str] = []
 
-    def submit(self, request_id, prompt_ids, params, adapter=""):
+    def submit(self, request_id, prompt_ids, params, adapter="", **more):
         self.sent.append(request_id)
         stream = self.streams[request_id] = RequestStream(request_id, 1)
         return stream
