@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from .. import wire
+from . import replay
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
@@ -71,9 +72,29 @@ class Engine:
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
+    def submit(self, request: wire.GenerateRequest) -> None:
+        """:meth:`add_request` with everything a request message carries."""
+        self.add_request(
+            request.request_id,
+            request.prompt_ids,
+            request.params,
+            request.adapter,
+            output_ids=request.output_ids,
+            cumulative_logprob=request.cumulative_logprob,
+        )
+
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: wire.SamplingParams,
+        adapter: str = "",
+        *,
+        output_ids: list[int] | tuple[int, ...] = (),
+        cumulative_logprob: float = 0.0,
     ) -> None:
+        """Queue a request. ``output_ids``: the tokens it already generated before the engine that
+        ran it died (:mod:`.replay`), with their ``cumulative_logprob``."""
         if request_id in self.groups:
             raise RequestRejected(f"request id {request_id!r} is already running")
         if not prompt_ids:
@@ -86,10 +107,10 @@ class Engine:
             raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
         group = Group(request_id, params)
         try:
+            if output_ids:
+                replay.check(prompt_ids, output_ids, params, self.spec.vocab_size, self.max_model_len)
             if params.guided is not None:
                 self.guided.check(params.guided)
-            if adapter:
-                group.adapter = self.lora.use(adapter)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from None
         if params.num_beams > 1:
@@ -97,6 +118,19 @@ class Engine:
         else:
             for index in range(max(params.best_of, params.n, 1)):
                 group.sequences.append(Sequence(group, index, list(prompt_ids), len(prompt_ids)))
+        if output_ids:
+            seq = group.leader
+            seq.token_ids.extend(output_ids)
+            seq.num_replayed = len(output_ids)
+            seq.cumulative_logprob = cumulative_logprob
+        try:
+            if output_ids and params.guided is not None:
+                self.guided.start(group.leader)  # its grammar state past the replayed tokens
+            if adapter:
+                group.adapter = self.lora.use(adapter)
+        except ValueError as exc:
+            self.guided.forget(group.leader)
+            raise RequestRejected(str(exc)) from None
         self.groups[request_id] = group
         self.scheduler.add(group)
 

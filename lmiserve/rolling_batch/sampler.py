@@ -20,6 +20,7 @@ from ..generation.sampling import (
     apply_typical_p,
     sample_rows,
 )
+from . import replay
 from .scheduler import ScheduledSeq
 from .sequence import Group, Sequence
 
@@ -115,7 +116,9 @@ class Sampler:
         self.guided = guided
         self.generators: dict[int, torch.Generator] = {}
 
-    def generator_for(self, seq: Sequence) -> torch.Generator:
+    def generator_for(self, seq: Sequence, row: torch.Tensor | None = None) -> torch.Generator:
+        """``seq``'s generator; a seeded one made for a replay is advanced past the draws of its
+        replayed tokens (``row``: a row of probabilities as the sequence draws from)."""
         gen = self.generators.get(seq.seq_id)
         if gen is None:
             gen = torch.Generator(device=self.device)
@@ -124,6 +127,8 @@ class Sampler:
                 gen.seed()
             else:
                 gen.manual_seed((seed + seq.index) % 2**63)
+                if seq.num_replayed and row is not None:
+                    replay.advance(gen, row, seq.num_replayed)
             self.generators[seq.seq_id] = gen
         return gen
 
@@ -257,7 +262,7 @@ class Sampler:
         else:
             scores = apply_top_k_top_p_min_p(scores, top_k, top_p, min_p)
         probs = torch.softmax(scores, dim=-1)
-        return sample_rows(probs, [self.generator_for(s) for s in seqs])
+        return sample_rows(probs, [self.generator_for(s, probs[i]) for i, s in enumerate(seqs)])
 
     def prompt_logprobs(
         self, logits: torch.Tensor, targets: list[int], k: int

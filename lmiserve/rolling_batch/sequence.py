@@ -75,6 +75,9 @@ class Sequence:
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     """Log-probability of each generated token (kept for beam search, whose output comes at the end)."""
+    num_replayed: int = 0
+    """Generated tokens the request brought with it (a replay, :mod:`.replay`): they are output like
+    any other generated token, but were never sampled here and are not emitted again."""
 
     @property
     def request_id(self) -> str:
@@ -91,6 +94,11 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_emitted(self) -> int:
+        """Generated tokens this engine sampled (the replayed ones aside)."""
+        return self.num_generated - self.num_replayed
 
     @property
     def num_pending(self) -> int:
