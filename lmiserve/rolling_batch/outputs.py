@@ -58,8 +58,11 @@ class OutputBuilder:
         return delta
 
 
-def error_delta(seq: Sequence, error: str) -> wire.SeqDelta:
-    return wire.SeqDelta(request_id=seq.request_id, index=seq.index, finish_reason="error", error=error)
+def error_delta(seq: Sequence, error: str, kind: str = "") -> wire.SeqDelta:
+    """The last delta of ``seq``, ended by ``error`` (``kind``: :attr:`wire.SeqDelta.error_kind`)."""
+    return wire.SeqDelta(
+        request_id=seq.request_id, index=seq.index, finish_reason="error", error=error, error_kind=kind
+    )
 
 
 def queue_us(seq: Sequence, step_started: float) -> int:

@@ -34,6 +34,8 @@ class Group:
     """The search state of a beam-search request (a ``beam_search.BeamState``, which knows sequences)."""
     adapter: Any = None
     """The LoRA adapter the request uses (a ``lora.adapters.Adapter``), or None."""
+    deadline: float = 0.0
+    """``time.monotonic()`` after which the request is not started (0: none)."""
     holds_slot: bool = False
     """Whether the request holds its adapter's device slot (while a sequence of it runs)."""
 
