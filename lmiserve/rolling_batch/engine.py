@@ -24,6 +24,7 @@ from .parallel import TensorParallelError
 from .sampler import SampleResult, StepResult, finite
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Group, Sequence
+from .speeds import StepSpeeds
 from .startup import describe, start
 
 log = logging.getLogger("lmiserve.engine")
@@ -61,6 +62,7 @@ class Engine:
         self.last_step_seconds = self._step_started = 0.0
         self._batch_size = 0
         self.faults = faults.FaultCounts()
+        self.speeds = StepSpeeds()
         self._notices: list[wire.SeqDelta] = []
         """Deltas of sequences that ended while a step was scheduled (deadlines), for its output."""
         self.overlap = (
@@ -302,7 +304,12 @@ class Engine:
         for item in batch.scheduled:
             if item.samples:
                 item.seq.ready_since = ended
-        self.last_step_seconds = ended - self._step_started
+        self.step_timed(batch, ended - self._step_started)
+
+    def step_timed(self, batch: SchedulerOutput, seconds: float) -> None:
+        """Record that ``batch`` took ``seconds`` (from its scheduling to its tokens on the host)."""
+        self.last_step_seconds = seconds
+        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
@@ -330,5 +337,7 @@ class Engine:
             expired_in_queue=self.faults.expired,
             oom_failures=self.faults.oom,
             nonfinite_sequences=self.faults.nonfinite,
+            prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
+            decode_step_seconds=self.speeds.decode_step_seconds,
             **self.lora.stats(),
         )

@@ -232,5 +232,5 @@ class OverlappedSteps:
         for item in flight.batch.scheduled:
             if item.samples:
                 item.seq.ready_since = ended
-        self.engine.last_step_seconds = ended - flight.started
+        self.engine.step_timed(flight.batch, ended - flight.started)
         return deltas

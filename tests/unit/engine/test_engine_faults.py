@@ -205,3 +205,15 @@ def test_a_step_undone_by_running_out_of_memory_gives_back_its_blocks(tiny_model
     (seq,) = engine.scheduler.running
     assert seq.request_id == "a" and seq.num_computed == 0 and seq.block_table == []
     assert engine.blocks.num_used_blocks == 0
+
+
+# --- measured speeds ---------------------------------------------------------------------
+def test_the_stats_report_measured_prefill_and_decode_speeds(tiny_model_dirs):
+    engine = make_engine(tiny_model_dirs["llama"])
+    assert engine.stats().prefill_tokens_per_s == 0.0 and engine.stats().decode_step_seconds == 0.0
+    engine.add_request("a", PROMPTS["a"], PARAMS["a"])
+    engine.add_request("b", PROMPTS["b"], PARAMS["b"])
+    collect(engine)
+    stats = engine.stats()
+    assert stats.prefill_tokens_per_s > 0.0
+    assert stats.decode_step_seconds > 0.0
