@@ -6,6 +6,8 @@ Memory running out in a step (``torch.OutOfMemoryError``, or the CPU allocator's
 memory") leaves the step undone: the scheduled tokens are not recorded as computed and the blocks
 allocated for them are given back, so the sequences are as before the step. The sequence that
 asked the most of the step ends (:func:`oom_victim`); the others run again in the next step.
+Memory that runs out while the step samples, after some rows have drawn, is not undone for their
+generators: a seeded sequence there continues with other draws than it would have had.
 """
 
 from __future__ import annotations

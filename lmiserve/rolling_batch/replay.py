@@ -12,7 +12,10 @@ gets costs its generator exactly one ``torch.multinomial`` over one row of proba
 depends on the row's length, dtype and device only, never on its values (one sample is drawn by
 the exponential race: a draw per entry of the row). :func:`advance` repeats that call on a row of
 the same shape, once per replayed token; the engine does so when the generator is first used,
-where the row is known. Guided decoding's grammar state is advanced over the replayed tokens when
+where the row is known. Every path that samples draws that way: serial and overlapped steps alike
+(the CPU's sampling kernel computes the greedy token and the log-sum-exp only, it draws nothing).
+On CUDA, ``torch.multinomial`` takes the same exponential race, whose Philox offset grows with the
+row's length alone, so the same repetition holds there; the tests measure it on the CPU. Guided decoding's grammar state is advanced over the replayed tokens when
 the request arrives (a token the grammar refuses refuses the request).
 """
 
