@@ -183,18 +183,27 @@ class BlockManager:
         seq.num_hashed_blocks = full
 
     # --- release ------------------------------------------------------------------------
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past ``seq``'s computed tokens (those of a step that did not run)."""
+        keep = max(self.blocks_for(seq.num_computed), seq.num_hashed_blocks)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is None:
+                self._clean.append(block_id)
+            else:
+                self._cached[block_id] = None
+
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; cached content stays reusable until the block is taken."""
         # release the tail first: cached content of the prefix stays the longest, and blocks
         # without content go back on the stack so the head is taken first next time
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is None:
-                    self._clean.append(block_id)
-                else:
-                    self._cached[block_id] = None
+            self._release(block_id)
         seq.block_table = []
         seq.num_computed = 0
         seq.num_hashed_blocks = 0

@@ -14,15 +14,17 @@ import time
 from collections.abc import Callable
 
 from .. import wire
+from . import faults, replay
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .outputs import OutputBuilder, error_delta
 from .overlap import OverlappedSteps, overlap_enabled
 from .parallel import TensorParallelError
-from .sampler import SampleResult, StepResult
+from .sampler import SampleResult, StepResult, finite
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Group, Sequence
+from .speeds import StepSpeeds
 from .startup import describe, start
 
 log = logging.getLogger("lmiserve.engine")
@@ -59,6 +61,10 @@ class Engine:
         self.prompt_tokens = self.generated_tokens = 0
         self.last_step_seconds = self._step_started = 0.0
         self._batch_size = 0
+        self.faults = faults.FaultCounts()
+        self.speeds = StepSpeeds()
+        self._notices: list[wire.SeqDelta] = []
+        """Deltas of sequences that ended while a step was scheduled (deadlines), for its output."""
         self.overlap = (
             OverlappedSteps(self)
             if overlap_enabled(config.async_scheduling, config.device, self.ranks is not None)
@@ -71,9 +77,32 @@ class Engine:
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
+    def submit(self, request: wire.GenerateRequest) -> None:
+        """:meth:`add_request` with everything a request message carries."""
+        self.add_request(
+            request.request_id,
+            request.prompt_ids,
+            request.params,
+            request.adapter,
+            output_ids=request.output_ids,
+            cumulative_logprob=request.cumulative_logprob,
+            deadline=request.deadline,
+        )
+
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams, adapter: str = ""
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: wire.SamplingParams,
+        adapter: str = "",
+        *,
+        output_ids: list[int] | tuple[int, ...] = (),
+        cumulative_logprob: float = 0.0,
+        deadline: float = 0.0,
     ) -> None:
+        """Queue a request. ``output_ids``: the tokens it already generated before the engine that
+        ran it died (:mod:`.replay`), with their ``cumulative_logprob``; ``deadline``: the
+        ``time.monotonic()`` after which it is not started (0: none)."""
         if request_id in self.groups:
             raise RequestRejected(f"request id {request_id!r} is already running")
         if not prompt_ids:
@@ -84,12 +113,12 @@ class Engine:
             raise RequestRejected("the prompt holds token ids outside the vocabulary")
         if params.num_beams > 1 and params.n > params.num_beams:
             raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
-        group = Group(request_id, params)
+        group = Group(request_id, params, deadline=deadline)
         try:
+            if output_ids:
+                replay.check(prompt_ids, output_ids, params, self.spec.vocab_size, self.max_model_len)
             if params.guided is not None:
                 self.guided.check(params.guided)
-            if adapter:
-                group.adapter = self.lora.use(adapter)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from None
         if params.num_beams > 1:
@@ -97,6 +126,19 @@ class Engine:
         else:
             for index in range(max(params.best_of, params.n, 1)):
                 group.sequences.append(Sequence(group, index, list(prompt_ids), len(prompt_ids)))
+        if output_ids:
+            seq = group.leader
+            seq.token_ids.extend(output_ids)
+            seq.num_replayed = len(output_ids)
+            seq.cumulative_logprob = cumulative_logprob
+        try:
+            if output_ids and params.guided is not None:
+                self.guided.start(group.leader)  # its grammar state past the replayed tokens
+            if adapter:
+                group.adapter = self.lora.use(adapter)
+        except ValueError as exc:
+            self.guided.forget(group.leader)
+            raise RequestRejected(str(exc)) from None
         self.groups[request_id] = group
         self.scheduler.add(group)
 
@@ -123,20 +165,26 @@ class Engine:
     def step(self) -> list[wire.SeqDelta]:
         """One step: schedule, execute, update (overlapped: the update is the previous step's)."""
         if self.overlap is not None:
-            return self.overlap.step()
-        batch = self.schedule()
-        if not batch:
-            return []
-        return self.run_serial(batch)
+            deltas = self.overlap.step()
+        else:
+            batch = self.schedule()
+            deltas = self.run_serial(batch) if batch else []
+        if self._notices:
+            deltas, self._notices = self._notices + deltas, []
+        return deltas
 
     def run_serial(self, batch: SchedulerOutput) -> list[wire.SeqDelta]:
-        """Execute and update a scheduled batch; a failing batch is retried in halves."""
+        """Execute and update a scheduled batch; a failing batch is retried in halves, one that ran
+        out of memory in the next step without the sequence that asked the most of it."""
         try:
             deltas = self.update(batch, self.runner.execute(batch))
         except TensorParallelError:
             raise  # the ranks are out of step: nothing can be retried
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) at fault
-            deltas = self._retry_in_halves(batch, exc)
+            if faults.out_of_memory(exc):
+                deltas = self.out_of_memory(batch, exc)
+            else:
+                deltas = self._retry_in_halves(batch, exc)
         self._step_done(batch)
         return deltas
 
@@ -144,6 +192,10 @@ class Engine:
         """The next batch, with the adapters it needs in their device slots."""
         started = time.monotonic()
         batch = self.scheduler.schedule()
+        for seq in batch.expired:
+            self.faults.expired += 1
+            self._finish(seq, "error")
+            self._notices.append(error_delta(seq, "the request's deadline passed before it was started", "deadline"))
         if not batch:
             return batch
         if self.ranks is not None:
@@ -178,6 +230,9 @@ class Engine:
         deltas: list[wire.SeqDelta] = []
         for i, seq in enumerate(seqs):
             token, logprob = samples.token_ids[i], samples.logprobs[i]
+            if not finite(logprob):
+                deltas.append(self._nonfinite(seq))
+                continue
             seq.token_ids.append(token)
             self.guided.accept(seq, token)
             seq.cumulative_logprob += logprob
@@ -202,6 +257,24 @@ class Engine:
     def finish(self, seq: Sequence, reason: str) -> None:
         """End ``seq`` (its blocks are free for the next step)."""
         self._finish(seq, reason)
+
+    def _nonfinite(self, seq: Sequence) -> wire.SeqDelta:
+        """End ``seq``, whose logits held NaN or inf (the others in its step go on)."""
+        log.warning("request %s: the model's logits are not finite; the sequence ends", seq.request_id)
+        self.faults.nonfinite += 1
+        self._finish(seq, "error")
+        return error_delta(seq, "the model gave NaN or infinite logits for this sequence", "nonfinite")
+
+    def out_of_memory(self, batch: SchedulerOutput, exc: Exception) -> list[wire.SeqDelta]:
+        """Memory ran out in ``batch``: it is undone, its largest sequence ends, the rest wait for
+        the next step (:mod:`.faults`)."""
+        faults.roll_back(batch, self.blocks)
+        faults.release_cached_memory()
+        seq = faults.oom_victim(batch)
+        log.warning("out of memory in a step of %d sequences; request %s ends", len(batch.scheduled), seq.request_id)
+        self.faults.oom += 1
+        self._finish(seq, "error")
+        return [error_delta(seq, f"out of memory in the engine's step: {exc}", "oom")]
 
     def _retry_in_halves(self, batch: SchedulerOutput, exc: Exception) -> list[wire.SeqDelta]:
         """A failed batch again, split until the failing sequences are found; only those end."""
@@ -231,7 +304,12 @@ class Engine:
         for item in batch.scheduled:
             if item.samples:
                 item.seq.ready_since = ended
-        self.last_step_seconds = ended - self._step_started
+        self.step_timed(batch, ended - self._step_started)
+
+    def step_timed(self, batch: SchedulerOutput, seconds: float) -> None:
+        """Record that ``batch`` took ``seconds`` (from its scheduling to its tokens on the host)."""
+        self.last_step_seconds = seconds
+        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
@@ -256,5 +334,10 @@ class Engine:
             graph_steps=self.runner.graph_steps,
             eager_steps=self.runner.eager_steps,
             kernel_compiles=self.runner.kernel_compiles() - self._compiles_at_ready,
+            expired_in_queue=self.faults.expired,
+            oom_failures=self.faults.oom,
+            nonfinite_sequences=self.faults.nonfinite,
+            prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
+            decode_step_seconds=self.speeds.decode_step_seconds,
             **self.lora.stats(),
         )

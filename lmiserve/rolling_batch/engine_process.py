@@ -98,7 +98,7 @@ class EngineLoop:
                 self._refuse(conn, msg.request_id, f"request id {msg.request_id!r} is already running")
                 return True
             try:
-                self.engine.add_request(msg.request_id, msg.prompt_ids, msg.params, msg.adapter)
+                self.engine.submit(msg)
             except RequestRejected as exc:
                 self._refuse(conn, msg.request_id, str(exc))
                 return True

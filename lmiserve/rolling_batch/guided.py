@@ -74,12 +74,15 @@ class GuidedDecoder:
             raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {exc}") from None
 
     def start(self, seq: Sequence) -> None:
+        """The sequence's grammar state, advanced over the output it already holds (ValueError
+        when the grammar refuses a token of it)."""
         spec = seq.params.guided
         if spec is not None and seq.seq_id not in self._matchers:
             xgr = self._xgr()
             matcher = xgr.GrammarMatcher(self._compiled(spec.kind, spec.value))
-            for token in seq.token_ids[seq.num_prompt_tokens :]:  # a resumed sequence
-                matcher.accept_token(token)
+            for token in seq.token_ids[seq.num_prompt_tokens :]:  # a replayed sequence
+                if not matcher.accept_token(token):
+                    raise ValueError(f"output_ids: token {token} does not follow the {spec.kind.replace('_', ' ')}")
             self._matchers[seq.seq_id] = matcher
 
     def mask(self, scores: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -46,7 +46,7 @@ class OutputBuilder:
         )
         if top is not None:
             delta.top_logprobs = [[wire.TopLogprob(t, v) for t, v in top]]
-        if seq.num_generated == 1:
+        if seq.num_emitted == 1:
             delta.num_prompt_tokens = seq.num_prompt_tokens
             delta.num_cached_tokens = seq.num_cached_prompt_tokens
             if seq.params.prompt_logprobs is not None:
@@ -58,14 +58,17 @@ class OutputBuilder:
         return delta
 
 
-def error_delta(seq: Sequence, error: str) -> wire.SeqDelta:
-    return wire.SeqDelta(request_id=seq.request_id, index=seq.index, finish_reason="error", error=error)
+def error_delta(seq: Sequence, error: str, kind: str = "") -> wire.SeqDelta:
+    """The last delta of ``seq``, ended by ``error`` (``kind``: :attr:`wire.SeqDelta.error_kind`)."""
+    return wire.SeqDelta(
+        request_id=seq.request_id, index=seq.index, finish_reason="error", error=error, error_kind=kind
+    )
 
 
 def queue_us(seq: Sequence, step_started: float) -> int:
-    """How long the sequence waited for this token: before its first step for the first token,
-    then between the step that produced its previous token and this one."""
-    if seq.num_generated == 1:
+    """How long the sequence waited for this token: before its first step for the first token it
+    emits, then between the step that produced its previous token and this one."""
+    if seq.num_emitted == 1:
         waited = (seq.first_scheduled or step_started) - seq.ready_since
     else:
         waited = step_started - seq.ready_since

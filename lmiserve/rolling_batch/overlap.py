@@ -30,7 +30,8 @@ Run serially, after collecting the step in flight: steps with a beam search (and
 its forks make), guided decoding (its grammar needs the token on the host before the next mask),
 prompt log-probabilities, repetition, presence or frequency penalties and min_new_tokens (they
 read the sequence's tokens, or its count of them, on the host), and a step whose launch fails (it
-is retried in halves, as a serial step is). A tensor-parallel engine runs serially throughout.
+is retried in halves, as a serial step is; one that ran out of memory is undone instead, as a serial
+step is, see :mod:`.faults`). A tensor-parallel engine runs serially throughout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from .. import wire
+from .faults import out_of_memory
 from .outputs import error_delta
 from .parallel import TensorParallelError
 from .sampler import DeviceSamples, SampleResult
@@ -134,12 +136,16 @@ class OverlappedSteps:
         engine = self.engine
         batch = engine.schedule()
         if batch and overlappable(batch):
-            launched = self._launch(batch)
+            launched, error = self._launch(batch)
             if launched is not None:
                 self.overlapped += 1
                 deltas = self.collect()
                 self._advance(launched)
                 return deltas
+            if error is not None and out_of_memory(error):
+                deltas = self.collect()
+                live = SchedulerOutput.of([i for i in batch.scheduled if not i.seq.finished])
+                return deltas + (engine.out_of_memory(live, error) if live else [])
         deltas = self.collect()
         if batch:
             # sequences that ended in the step just collected leave the batch
@@ -152,9 +158,9 @@ class OverlappedSteps:
         return deltas
 
     # --- the halves -------------------------------------------------------------------------
-    def _launch(self, batch: SchedulerOutput) -> InFlight | None:
-        """Run ``batch`` on the device, its tokens staying there; None if it failed (it then runs
-        serially, which finds the sequences at fault)."""
+    def _launch(self, batch: SchedulerOutput) -> tuple[InFlight | None, Exception | None]:
+        """Run ``batch`` on the device, its tokens staying there; else why it failed (it then runs
+        serially, which finds the sequences at fault, unless memory ran out)."""
         engine = self.engine
         seqs = [item.seq for item in batch.decodes + batch.prefills if item.samples]
         try:
@@ -162,13 +168,13 @@ class OverlappedSteps:
         except TensorParallelError:
             raise
         except Exception as exc:  # noqa: BLE001 - the serial retry isolates the request(s) at fault
-            log.debug("an overlapped step failed (%s); running it serially", exc)
-            return None
+            log.debug("an overlapped step failed (%s)", exc)
+            return None, exc
         flight = InFlight(batch, seqs, samples, engine.step_started, engine.batch_size)
         if samples is not None:
             flight.host, flight.ready = _start_copy(samples.packed)
             flight.rows = {seq.seq_id: row for row, seq in enumerate(seqs)}
-        return flight
+        return flight, None
 
     def _fill(self, batch: SchedulerOutput) -> TokenFill | None:
         """Where ``batch`` takes input ids from the step in flight's samples."""
@@ -226,5 +232,5 @@ class OverlappedSteps:
         for item in flight.batch.scheduled:
             if item.samples:
                 item.seq.ready_since = ended
-        self.engine.last_step_seconds = ended - flight.started
+        self.engine.step_timed(flight.batch, ended - flight.started)
         return deltas

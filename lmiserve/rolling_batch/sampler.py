@@ -8,6 +8,7 @@ Log-probabilities are those of the model's distribution (before temperature and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from ..generation.sampling import (
     apply_typical_p,
     sample_rows,
 )
+from . import replay
 from .scheduler import ScheduledSeq
 from .sequence import Group, Sequence
 
@@ -115,7 +117,9 @@ class Sampler:
         self.guided = guided
         self.generators: dict[int, torch.Generator] = {}
 
-    def generator_for(self, seq: Sequence) -> torch.Generator:
+    def generator_for(self, seq: Sequence, row: torch.Tensor | None = None) -> torch.Generator:
+        """``seq``'s generator; a seeded one made for a replay is advanced past the draws of its
+        replayed tokens (``row``: a row of probabilities as the sequence draws from)."""
         gen = self.generators.get(seq.seq_id)
         if gen is None:
             gen = torch.Generator(device=self.device)
@@ -124,6 +128,8 @@ class Sampler:
                 gen.seed()
             else:
                 gen.manual_seed((seed + seq.index) % 2**63)
+                if seq.num_replayed and row is not None:
+                    replay.advance(gen, row, seq.num_replayed)
             self.generators[seq.seq_id] = gen
         return gen
 
@@ -227,10 +233,13 @@ class Sampler:
             tokens = argmax
         sampled = [i for i, s in enumerate(seqs) if s.params.do_sample]
         if len(sampled) == len(seqs):
-            tokens = self._draw(scores, list(seqs))
+            tokens = self._draw(scores, list(seqs), lse)
         elif sampled:
             rows = _on_device(sampled, torch.long, logits.device)
-            tokens = tokens.index_copy(0, rows, self._draw(scores.index_select(0, rows), [seqs[i] for i in sampled]))
+            drawn = self._draw(scores.index_select(0, rows), [seqs[i] for i in sampled], lse.index_select(0, rows))
+            tokens = tokens.index_copy(0, rows, drawn)
+        # a row with a NaN or inf logit has a log-sum-exp, so a chosen log-probability, that is not
+        # finite: the host finds it there (:func:`finite`), with no further work on the device
         chosen = (logits.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
         parts = [tokens.double(), chosen.double()]  # token ids are exact in float64
         k = max(s.params.logprobs for s in seqs)
@@ -239,7 +248,10 @@ class Sampler:
             parts += [indices.double().ravel(), (values - lse).double().ravel()]
         return DeviceSamples(tokens, torch.cat(parts), k)
 
-    def _draw(self, scores: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _draw(self, scores: torch.Tensor, seqs: list[Sequence], lse: torch.Tensor) -> torch.Tensor:
+        """A token per row drawn from its sequence's generator (``lse``: each row's log-sum-exp of
+        the model's logits, shape (rows, 1)). A row whose logits are not finite draws from a
+        uniform row instead: its token is thrown away, and the others' draws are not disturbed."""
         dev = scores.device
         params = [s.params for s in seqs]
 
@@ -257,7 +269,10 @@ class Sampler:
         else:
             scores = apply_top_k_top_p_min_p(scores, top_k, top_p, min_p)
         probs = torch.softmax(scores, dim=-1)
-        return sample_rows(probs, [self.generator_for(s) for s in seqs])
+        finite = torch.isfinite(lse)
+        if not bool(finite.all()):  # one flag read; each row's multinomial reads the device anyway
+            probs = torch.where(finite, probs, torch.ones_like(probs))
+        return sample_rows(probs, [self.generator_for(s, probs[i]) for i, s in enumerate(seqs)])
 
     def prompt_logprobs(
         self, logits: torch.Tensor, targets: list[int], k: int
@@ -271,6 +286,12 @@ class Sampler:
             values, indices = lp.topk(k, dim=-1)
             top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
         return chosen, top
+
+
+def finite(logprob: float) -> bool:
+    """Whether a sampled token's log-probability is a number: not, when its row of logits held a
+    NaN or an infinity (the row's log-sum-exp is then NaN or infinite)."""
+    return math.isfinite(logprob)
 
 
 def _on_device(values: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:

@@ -16,14 +16,17 @@ arriving together start one after the other instead of decoding (and ending) in 
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 waiting queue, to be recomputed later (its prefix is likely still cached). Running out of
-cache is never an error.
+cache is never an error. A waiting request whose deadline has passed is never scheduled: it
+leaves the queue at the next step (``SchedulerOutput.expired``).
 
 Plain Python, no torch.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +66,8 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     """KV blocks to copy (source, destination) before the step runs (copy-on-write)."""
+    expired: list[Sequence] = field(default_factory=list)
+    """Waiting sequences whose request's deadline passed: finished, never scheduled."""
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
@@ -105,8 +110,16 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, adapters: Any = None):
-        """``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on."""
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        adapters: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``adapters``: the LoRA adapters' book (``lora.adapters.AdapterBook``), when LoRA is on;
+        ``clock``: the time requests' deadlines are compared with."""
+        self.clock = clock
         self.config = config
         self.blocks = block_manager
         self.adapters = adapters
@@ -241,8 +254,18 @@ class Scheduler:
         head = prefilling[0].num_pending if prefilling else (self.waiting[0].num_tokens if self.waiting else 0)
         return min(self.max_num_batched_tokens, max(self._share(), head))
 
+    def _expire(self, out: SchedulerOutput) -> None:
+        """Finish the waiting sequences, never scheduled yet, whose request's deadline has passed."""
+        if not any(seq.group.deadline for seq in self.waiting):
+            return
+        now = self.clock()
+        for seq in [s for s in self.waiting if 0 < s.group.deadline <= now and s.num_preemptions == 0]:
+            self.finish(seq, "error")
+            out.expired.append(seq)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._expire(out)
         budget = self.max_num_batched_tokens
         protected: set[int] = set()
 

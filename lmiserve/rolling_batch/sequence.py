@@ -34,6 +34,8 @@ class Group:
     """The search state of a beam-search request (a ``beam_search.BeamState``, which knows sequences)."""
     adapter: Any = None
     """The LoRA adapter the request uses (a ``lora.adapters.Adapter``), or None."""
+    deadline: float = 0.0
+    """``time.monotonic()`` after which the request is not started (0: none)."""
     holds_slot: bool = False
     """Whether the request holds its adapter's device slot (while a sequence of it runs)."""
 
@@ -75,6 +77,9 @@ class Sequence:
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     """Log-probability of each generated token (kept for beam search, whose output comes at the end)."""
+    num_replayed: int = 0
+    """Generated tokens the request brought with it (a replay, :mod:`.replay`): they are output like
+    any other generated token, but were never sampled here and are not emitted again."""
 
     @property
     def request_id(self) -> str:
@@ -91,6 +96,11 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_emitted(self) -> int:
+        """Generated tokens this engine sampled (the replayed ones aside)."""
+        return self.num_generated - self.num_replayed
 
     @property
     def num_pending(self) -> int:

@@ -30,6 +30,9 @@ class CountingEngine:
             raise RequestRejected("already running")
         self.groups[request_id] = [params.max_new_tokens, 0]  # limit, generated
 
+    def submit(self, request: wire.GenerateRequest) -> None:
+        self.add_request(request.request_id, request.prompt_ids, request.params, request.adapter)
+
     def abort(self, request_id, index=None):  # type: ignore[no-untyped-def]
         if self.groups.pop(request_id, None) is not None:  # as the engine: at once, without a delta
             self.aborted.append(request_id)
