@@ -116,8 +116,8 @@ def test_requests_in_flight_when_the_engine_dies_finish_as_if_it_had_not(server)
         assert text == "".join(e["choices"][0]["text"] for e in clean["openai"][:-1] if e["choices"])
         assert replayed["plain"]["generated_text"] == clean["plain"]["generated_text"]
         assert replayed["plain"]["details"]["generated_tokens"] == TOKENS
-        continued = metric(c, "lmiserve_requests_replayed_total", 'model="tiny",how="continued"')
-        from_prompt = metric(c, "lmiserve_requests_replayed_total", 'model="tiny",how="prompt"')
+        continued = metric(c, "lmiserve_requests_replayed_total", 'how="continued",model="tiny"')
+        from_prompt = metric(c, "lmiserve_requests_replayed_total", 'how="prompt",model="tiny"')
         assert continued >= 4 and continued + from_prompt == 5
     assert "handed to the restarted engine (continuing after" in server.log()
 
