@@ -5,7 +5,9 @@ Started as ``python -m lmiserve.rolling_batch.standby_process --fd N --standby A
 (:class:`.standby.Standby` does it). torch is imported on the main thread: the thread pool it
 starts then has the engine's normal priority (a thread inherits its creator's). The rest runs on
 a thread of its own with a lower priority (nice is per thread on Linux), so the engine being
-served keeps the CPU; the threads the engine later starts come from the main thread too.
+served keeps the CPU; the threads the engine later starts come from the main thread too. When
+the first message arrives before the imports are done, they go on at the engine's priority where
+the process may raise it again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import importlib
 import logging
 import os
+import select
 import sys
 import threading
 
@@ -37,15 +40,18 @@ def modules(architecture: str) -> list[str]:
     return [*_MODULES, *([family[0]] if family else [])]
 
 
-def import_ahead(architecture: str) -> None:
-    """Import an engine's modules on a thread at lower priority, and wait for it. A module that
-    fails here is left for the engine to import (and report) itself."""
+def import_ahead(architecture: str) -> tuple[threading.Thread, int]:
+    """Start importing an engine's modules on a thread at lower priority; the thread and its
+    native id. A module that fails here is left for the engine to import (and report) itself."""
+    started = threading.Event()
+    native_id = 0
 
     def run() -> None:
+        nonlocal native_id
+        native_id = threading.get_native_id()
         with contextlib.suppress(OSError):
-            os.setpriority(
-                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + IMPORT_NICENESS
-            )
+            os.setpriority(os.PRIO_PROCESS, native_id, os.getpriority(os.PRIO_PROCESS, native_id) + IMPORT_NICENESS)
+        started.set()
         for name in modules(architecture):
             try:
                 importlib.import_module(name)
@@ -54,6 +60,16 @@ def import_ahead(architecture: str) -> None:
 
     thread = threading.Thread(target=run, name="standby-imports", daemon=True)
     thread.start()
+    started.wait()
+    return thread, native_id
+
+
+def finish_imports(thread: threading.Thread, native_id: int, priority: int) -> None:
+    """Imports not done when the engine is wanted go on at the engine's ``priority`` where this
+    process may raise a thread's priority again (root, CAP_SYS_NICE), else at the lower one."""
+    if thread.is_alive():
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, native_id, priority)
     thread.join()
 
 
@@ -64,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     become_child()
     import torch  # noqa: F401 - here, at the main thread's priority (see above)
 
-    import_ahead(argv[argv.index("--standby") + 1])
+    priority = os.getpriority(os.PRIO_PROCESS, 0)
+    thread, native_id = import_ahead(argv[argv.index("--standby") + 1])
+    # the engine is wanted when the first message arrives (or the server went: the socket closed)
+    select.select([int(argv[argv.index("--fd") + 1])], [], [])
+    finish_imports(thread, native_id, priority)
     from .engine_process import main as engine_main
 
     return engine_main(argv)
