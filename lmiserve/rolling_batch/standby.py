@@ -64,7 +64,13 @@ class Standby:
 
     async def _keep(self) -> None:
         while not self._closed and self._failures < MAX_FAILURES:
-            spawned = await spawn(MODULE, self.env, ["--standby", self.architecture])
+            try:
+                spawned = await spawn(MODULE, self.env, ["--standby", self.architecture])
+            except OSError as exc:
+                self._failures += 1
+                log.warning("the standby engine process could not be started: %s", exc)
+                await asyncio.sleep(REPLACE_DELAY_S)
+                continue
             self._waiting = spawned
             if self._closed:
                 break
