@@ -189,15 +189,17 @@ class ChildProcess:
         self.send_signal(signal.SIGTERM)
 
 
-async def spawn(module: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    """Start ``python -m module --fd N`` with one end of a socket pair.
+async def spawn(module: str, env: dict[str, str] | None = None, args: list[str] | None = None):  # type: ignore[no-untyped-def]
+    """Start ``python -m module --fd N [args]`` with one end of a socket pair.
 
     Returns the process (:class:`ChildProcess`) and the (reader, writer) streams of our end.
     """
     parent, child = socket.socketpair()
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", module, "--fd", str(child.fileno())], pass_fds=(child.fileno(),), env=env
+            [sys.executable, "-m", module, "--fd", str(child.fileno()), *(args or [])],
+            pass_fds=(child.fileno(),),
+            env=env,
         )
     except BaseException:
         parent.close()

@@ -211,13 +211,22 @@ class EngineSettings(Area):
         ge=0,
         le=10,
     )
+    engine_standby: Literal["auto", "true", "false"] = setting(
+        "auto",
+        "option.engine_standby",
+        "Keep a second engine process waiting, started after each engine start with Python, torch and the "
+        "engine's modules imported at low priority: when the engine dies, its replacement starts in that "
+        "process and skips the imports. It holds no weights, only those modules' memory (a few hundred MB "
+        "of host memory). auto: on when the engine runs on CPUs, off elsewhere; never with vLLM.",
+        allowed="auto, true, false",
+    )
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
     def _size(cls, v: object) -> object:
         return None if v is None else parse_size(v)
 
-    @field_validator("async_scheduling", mode="before")
+    @field_validator("async_scheduling", "engine_standby", mode="before")
     @classmethod
     def _switch(cls, v: object) -> object:
         if isinstance(v, bool):

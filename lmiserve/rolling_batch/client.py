@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from .. import wire
 from ..child import EXIT_GRACE_S, ChildProcess, exit_description, spawn
 from ..errors import WorkerDied
+from .standby import Spawned
 
 log = logging.getLogger("lmiserve.engine_client")
 
@@ -228,8 +229,12 @@ class ProcessEngineClient(SocketEngineClient):
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    async def start(self, timeout: float) -> None:
-        self.process, reader, self._writer = await spawn("lmiserve.rolling_batch.engine_process", self.env)
+    async def start(self, timeout: float, spawned: Spawned | None = None) -> None:
+        """Start the engine: in ``spawned``, a process already started that waits for its
+        :class:`~lmiserve.wire.InitEngine` (a :class:`~.standby.Standby`'s), else in a new one."""
+        if spawned is None:
+            spawned = await spawn("lmiserve.rolling_batch.engine_process", self.env)
+        self.process, reader, self._writer = spawned
         wire.write(self._writer, self.init)
         try:
             first = await asyncio.wait_for(wire.read(reader), timeout)

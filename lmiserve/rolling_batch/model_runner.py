@@ -17,6 +17,7 @@ from .models.rope import rope_tables
 from .models.spec import ModelSpec
 from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
+from .phase_log import PhaseLog
 from .quant.loading import load_weights
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .scheduler import SchedulerOutput
@@ -47,14 +48,19 @@ class ModelRunner:
         self.dtype = dtype
         self.deterministic = deterministic
         self.block_size = block_size
+        phases = PhaseLog(log, "engine start")
         self.ops = select_ops(device, ops_name, deterministic)
+        phases.done("ops and their kernels")
         self.channel: StepChannel | None = None
         """Set on rank 0 of a tensor-parallel group: each step's inputs go to the other ranks."""
         cos, sin = rope_tables(model_dir, spec.architecture, max_model_len)
+        phases.done("rotary tables")
         if shard is None or shard.world_size == 1:
             self.spec = spec
             tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
+            phases.done("weights read")
             self.model = decoder_class(spec)(spec, tensors, self.ops, cos, sin)
+            phases.done("layers built")
         else:
             import torch.distributed as dist
 

@@ -21,6 +21,7 @@ from .mixed_graphs import MAX_PROMPT_TOKENS
 from .model_runner import ModelRunner
 from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
+from .phase_log import PhaseLog
 from .sampler import Sampler
 from .sharding import Shard, check_shardable
 from .warmup import warm_up
@@ -83,6 +84,7 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
         deterministic=config.deterministic,
         quantize=config.quantize,
     )
+    phases = PhaseLog(log, "engine start")
     lora = EngineAdapters(config, spec, runner.model, dtype)
     block_bytes = runner.block_bytes
     workspace = _attention_workspace(config, runner, max_model_len)
@@ -96,6 +98,7 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
             f"({max_model_len}); raise option.kv_cache_memory or lower option.max_model_len"
         )
     runner.allocate_cache(num_blocks)
+    phases.done("KV cache allocated")
     if ranks is not None:
         runner.channel = ranks.ready()
     else:
@@ -110,9 +113,11 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
             runner.capture_graphs(config.max_num_seqs, backend, _decode_step_prompt_tokens(config))
         if backend is not None or runner.ops.name == "cuda":
             runner.warm_keys |= warm_up(runner, lora=lora.book is not None)
+        phases.done("graphs and warm-up")
     eos = eos_token_ids(config.model_dir, spec.eos_token_ids)
     guided = GuidedDecoder(config.model_dir, spec.vocab_size, eos)
     runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
+    phases.done("sampler")
     runner.eos_token_ids = eos
     return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
 

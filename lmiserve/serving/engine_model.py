@@ -26,6 +26,7 @@ from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngine
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
 from ..rolling_batch.sharding import check_shardable
+from ..rolling_batch.standby import Standby
 from . import engine_sockets, heap
 from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
@@ -63,6 +64,10 @@ class EngineModel:
         self.max_model_len = 0
         self.vocab_size: int | None = None
         """From the model's config (None for vLLM, which checks prompts itself)."""
+        self.architecture = ""
+        self.standby: Standby | None = None
+        """The engine process waiting to be the next engine (option.engine_standby), once the
+        first engine has started."""
         self._ever_ready = False
         self._closing = False
         self._restarts = 0
@@ -113,6 +118,7 @@ class EngineModel:
             "status": self.status,
             "backend": self.backend,
             "enginePid": getattr(self.client, "pid", None),
+            "standbyPid": self.standby.pid if self.standby is not None else None,
             "engine": dict(self.client.info) if self.client else {},
             "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
         }
@@ -131,7 +137,7 @@ class EngineModel:
             path = resolve_model(cfg.model_id, self.settings.model_dir)
             if self.backend != "vllm":  # refuse early, in one line, what the engine would refuse
                 spec = spec_from_config(read_config(path))
-                self.vocab_size = spec.vocab_size
+                self.vocab_size, self.architecture = spec.vocab_size, spec.architecture
                 if cfg.tensor_parallel_degree != "max":
                     check_shardable(spec, cfg.tensor_parallel_degree)
             return path, load_tokenizer(path, cfg.trust_remote_code)
@@ -157,7 +163,11 @@ class EngineModel:
 
     async def _start_engine(self) -> None:
         client = self._make_client()
-        await client.start(timeout=float(self.settings.model.model_loading_timeout))
+        timeout = float(self.settings.model.model_loading_timeout)
+        if isinstance(client, ProcessEngineClient):
+            await client.start(timeout, self.standby.take() if self.standby is not None else None)
+        else:
+            await client.start(timeout=timeout)
         client.on_exit = self._on_exit
         client.on_deltas = self._decode_step
         if self._ever_ready:  # a restarted engine: the adapters registered so far, again
@@ -170,6 +180,18 @@ class EngineModel:
         self.generation += 1
         self._wake_waiters()
         self.on_change()
+        self._refill_standby(client)
+
+    def _refill_standby(self, client: EngineClient) -> None:
+        """Start the next engine process ahead of need (option.engine_standby)."""
+        wanted = self.settings.engine.engine_standby
+        if self._closing or not isinstance(client, ProcessEngineClient) or wanted == "false":
+            return
+        if wanted == "auto" and client.info.get("device") != "cpu":
+            return
+        if self.standby is None:
+            self.standby = Standby(self.architecture, engine_env(self.settings))
+        self.standby.refill()
 
     async def start(self) -> None:
         try:
@@ -214,6 +236,8 @@ class EngineModel:
         self._wake_waiters()
         for task in list(self._tasks):
             task.cancel()
+        if self.standby is not None:
+            await self.standby.close()
         if self.client is not None:
             await self.client.stop()
 

@@ -83,12 +83,12 @@ def load_kernels() -> bool:
         if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":
             flags.append("-march=native")
         log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
-        # the name carries a hash of every source and header and of the flags, so an edit, or a
-        # switch between the native and the portable build, always rebuilds; and of where the
-        # sources are, since the build files name them: two checkouts would otherwise take turns
-        # rebuilding one directory
+        # the name carries a hash of every source and header, of the flags and of where the
+        # sources are, so an edit, or a switch between the native and the portable build, always
+        # rebuilds, and two copies of the sources (two installs, two checkouts) keep a build each
+        # instead of rebuilding the shared one in turn (its build file names the sources' paths)
         sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
-        digest = hashlib.sha256(sources + " ".join([str(_CSRC), *flags]).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(sources + " ".join(flags).encode() + str(_CSRC).encode()).hexdigest()[:10]
         name = f"lmiserve_cpu_kernels_{digest}"
         from torch.utils.cpp_extension import _get_build_directory
 

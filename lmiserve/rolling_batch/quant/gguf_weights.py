@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .gguf_index import read_index
 from .weights import BlockWeight
 
 log = logging.getLogger("lmiserve.quant")
@@ -63,29 +64,19 @@ def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
 
 
-def _string(reader, key: str) -> str:  # type: ignore[no-untyped-def]
-    field = reader.fields.get(key)
-    return "" if field is None else bytes(field.parts[field.data[0]]).decode()
-
-
-def _int(reader, key: str) -> int | None:  # type: ignore[no-untyped-def]
-    field = reader.fields.get(key)
-    return None if field is None else int(field.parts[field.data[0]][0])
-
-
 def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, torch.Tensor | BlockWeight]:
     """Every tensor of the file under its Hugging Face name; linear weights in blocks where
     ``blocks`` and their type allows, else dequantized to ``dtype``."""
-    from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(path))
-    arch = _string(reader, "general.architecture")
-    heads = _int(reader, f"{arch}.attention.head_count")
-    kv_heads = _int(reader, f"{arch}.attention.head_count_kv") or heads
+    meta, tensors = read_index(path)
+    arch = str(meta.get("general.architecture", ""))
+    heads = meta.get(f"{arch}.attention.head_count")
+    heads = None if heads is None else int(heads)
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or 0) or heads
     out: dict[str, torch.Tensor | BlockWeight] = {}
     dequantized: Counter[str] = Counter()
-    for t in reader.tensors:
+    for t in tensors:
         name = hf_name(t.name)
         if name is None:
             log.warning("%s: tensor %s is not used", path.name, t.name)
@@ -109,7 +100,7 @@ def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, 
             )
         else:
             dequantized[kind] += 1
-            tensor = torch.from_numpy(dequantize(t.data, GGMLQuantizationType[kind]).astype(np.float32))
+            tensor = torch.from_numpy(dequantize(t.data, t.tensor_type).astype(np.float32))
         tensor = tensor.reshape([int(d) for d in reversed(t.shape)])
         if order is not None:
             tensor = tensor[order]
