@@ -243,7 +243,9 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prefill_tokens_per_s: float = 0.0
     """Prompt tokens computed per second of step time, smoothed over recent steps (0: not yet measured)."""
     decode_step_seconds: float = 0.0
-    """Seconds per decode step at the current batch, smoothed over recent steps (0: not yet measured)."""
+    """Seconds per step in which sequences decode (prompts computed beside them included): what a
+    running sequence's next token takes at the current load, smoothed over recent steps (0: not
+    yet measured)."""
 
 
 class EngineStep(Msg):

@@ -309,7 +309,7 @@ class Engine:
     def step_timed(self, batch: SchedulerOutput, seconds: float) -> None:
         """Record that ``batch`` took ``seconds`` (from its scheduling to its tokens on the host)."""
         self.last_step_seconds = seconds
-        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds)
+        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds, len(batch.decodes))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)

@@ -1,7 +1,8 @@
 """The engine's measured speeds: prompt tokens computed per second, and the time of a decode step.
 
 Each is smoothed exponentially over the steps that measure it (a step that computes prompt tokens
-measures the first, a step of decodes only the second), so one slow step moves it only a little.
+measures the first, a step in which sequences decode the second: with prompts beside them or
+not, it is the time their next token took), so one slow step moves it only a little.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ class StepSpeeds:
         self.prefill_tokens_per_s = 0.0
         """Prompt tokens computed per second of step time (0: not measured yet)."""
         self.decode_step_seconds = 0.0
-        """Seconds per step of decodes only (0: not measured yet)."""
+        """Seconds per step in which sequences decode, prompts computed beside them included: what
+        each running sequence's next token takes under the current load (0: not measured yet)."""
 
-    def record(self, prefill_tokens: int, seconds: float) -> None:
-        """A step that ran ``prefill_tokens`` tokens of prompts (0: decodes only) in ``seconds``."""
+    def record(self, prefill_tokens: int, seconds: float, decodes: int = 0) -> None:
+        """A step that ran ``prefill_tokens`` tokens of prompts and ``decodes`` decoding sequences
+        in ``seconds``."""
         if seconds <= 0.0:
             return
         if prefill_tokens:
             self.prefill_tokens_per_s = _smooth(self.prefill_tokens_per_s, prefill_tokens / seconds)
-        else:
+        if decodes or not prefill_tokens:
             self.decode_step_seconds = _smooth(self.decode_step_seconds, seconds)

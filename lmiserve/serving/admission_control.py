@@ -4,16 +4,15 @@ Two limits decide whether a new request goes to the engine:
 
 - **the queue limit**: the requests in flight may not exceed ``max_rolling_batch_size +
   job_queue_size`` (reason ``queue_full``);
-- **the predicted delay** (``option.predictive_admission``): a request whose first token is
-  predicted to come after its deadline is refused (reason ``predicted_delay``) instead of
-  waiting in the queue only to be shed there.
+- **the predicted delay** (``option.predictive_admission``): a request predicted to end after its
+  deadline is refused (reason ``predicted_delay``) instead of being admitted to miss it, slowing
+  every other request on the way.
 
-The prediction of the time to a new request's first token, from the engine's latest statistics
-and this process's ledger::
+The prediction, from the engine's latest statistics and this process's ledger::
 
     first_token = (prompt tokens queued ahead + this prompt) / prefill_tokens_per_s
                 + steps until enough batch slots free * decode_step_seconds
-    total       = first_token + max_new_tokens * decode_step_seconds
+    total       = first_token + expected tokens * decode_step_seconds * max(1, batch / running)
 
 Prompt tokens queued ahead are those of the requests this process admitted whose first token has
 not come yet (the ledger: it sees a burst that arrived between two engine steps, which the
@@ -26,15 +25,23 @@ length. A sequence is expected to generate the typical length of the sequences t
 before it (a moving average; stop tokens end most sequences long before ``max_new_tokens``),
 never more than its ``max_new_tokens``; until one has ended, all of ``max_new_tokens``. A
 sequence already past the typical length may end any step: it is expected to free its slot now,
-so that a refusal is never for a wait longer than what the past suggests. A speed the engine has
-not measured yet (0) adds nothing.
+so that a refusal is never for a wait longer than what the past suggests.
 
-Only the first token decides: ``max_new_tokens`` is a bound seldom reached, a stream delivers
-its tokens as they come (what came before the deadline has reached the client), and a protocol
-that ends an answer at its deadline (Databricks' ``error_behavior: truncate``) answers with what
-was generated. ``total`` is reported, not enforced. ``Retry-After`` is the time
-until the queue ahead is predicted to have drained enough: ``ceil(first_token - deadline)``,
-at least 1 second.
+A decode step takes longer the more sequences it runs: ``batch`` is the sequences running and
+queued ahead with this request's (at most ``max_rolling_batch_size``), and the step time the
+engine measured at its ``running`` batch is scaled in proportion (a bound from above: part of a
+step costs the same whatever the batch). That is what keeps an overloaded engine from admitting
+more than it can finish in time: past that point each admission would stretch every step. A
+speed the engine has not measured yet (0) adds nothing.
+
+A request that would end in time itself is refused still when the step it stretches would make a
+request already admitted miss its deadline, one that would have made it otherwise (its expected
+tokens still to come, at the step time with and without the newcomer). That is what holds the
+deadlines of the admitted under a flood: each admission, taken alone, is in time, but together
+they would stretch every step past what the first ones were admitted for.
+
+``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
+it is expected to end), at least 1 second: about when enough of the work ahead will have ended.
 
 **Fairness.** Each request may name its tenant. When either limit would refuse a request, a
 tenant holding fewer than its fair share (the queue limit divided by the tenants with requests in
@@ -48,6 +55,7 @@ Everything here is arithmetic on what is already known: deciding never waits on 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +95,8 @@ class _Entry:
     width: int
     """Sequences the request runs (``n``, ``best_of``, beams): batch slots it takes."""
     tenant: str | None
+    deadline: float | None = None
+    """``time.monotonic()`` by which it should end (None: no deadline)."""
     generated: int = 0
     started: bool = False
 
@@ -127,9 +137,15 @@ class AdmissionControl:
 
     # --- the ledger ------------------------------------------------------------------------
     def admitted(
-        self, request_id: str, prompt_tokens: int, max_new_tokens: int, width: int = 1, tenant: str | None = None
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        width: int = 1,
+        tenant: str | None = None,
+        deadline: float | None = None,
     ) -> None:
-        self._entries[request_id] = _Entry(prompt_tokens, max_new_tokens, max(1, width), tenant)
+        self._entries[request_id] = _Entry(prompt_tokens, max_new_tokens, max(1, width), tenant, deadline)
 
     def progressed(self, request_id: str, tokens: int) -> None:
         """The engine sent tokens of the request: it has started."""
@@ -184,7 +200,31 @@ class AdmissionControl:
                 steps = (owed[-1] if owed else 0.0) + math.ceil((need - len(owed)) / self.batch_size) * mean_new
             slot_s = steps * step
         first = prefill_s + slot_s
-        return Prediction(first_token_s=first, total_s=first + max_new_tokens * step)
+        typical = self.typical_tokens
+        expected = max_new_tokens if typical is None else min(max_new_tokens, typical)
+        batch = min(self.batch_size, running + queued_seqs + max(1, width))
+        step_then = step * max(1.0, batch / running) if running else step
+        return Prediction(first_token_s=first, total_s=first + expected * step_then)
+
+    def stretched(self, load: EngineLoad, width: int = 1, now: float | None = None) -> float | None:
+        """Seconds until the first request in flight that another ``width`` sequences would make
+        miss its deadline is expected to end (None: none would)."""
+        step, running = load.decode_step_seconds, load.running
+        if step <= 0 or running <= 0:
+            return None
+        now = time.monotonic() if now is None else now
+        queued = sum(e.width for e in self._entries.values() if not e.started)
+        batch = min(self.batch_size, max(running, sum(e.width for e in self._entries.values() if e.started)) + queued)
+        step_now = step * max(1.0, batch / running)
+        step_then = step * max(1.0, min(self.batch_size, batch + max(1, width)) / running)
+        victims = []
+        for e in self._entries.values():
+            if e.deadline is None:
+                continue
+            owed = e.owed(self.typical_tokens)
+            if now + owed * step_now <= e.deadline < now + owed * step_then:
+                victims.append(owed * step_now)
+        return min(victims) if victims else None
 
     def _first_slot_s(self, load: EngineLoad) -> float:
         """Seconds until a running sequence is predicted to end (0: not known)."""
@@ -231,15 +271,25 @@ class AdmissionControl:
         if not self.predictive or budget is None:
             return Decision(True)
         prediction = self.predict(prompt_tokens, max_new_tokens, load, width)
-        late = prediction.first_token_s - budget
+        late = prediction.total_s - budget
         if late <= 0:
-            return Decision(True, prediction=prediction)
+            victim = self.stretched(load, width)
+            if victim is None:
+                return Decision(True, prediction=prediction)
+            return Decision(
+                False,
+                PREDICTED_DELAY,
+                max(1, math.ceil(victim)),
+                prediction,
+                "the longer steps it would cause are predicted to make a request in flight miss its deadline",
+            )
         return Decision(
             False,
             PREDICTED_DELAY,
             max(1, math.ceil(late)),
             prediction,
-            f"its first token is predicted in {prediction.first_token_s:.1f} s, after its deadline of {budget:g} s",
+            f"it is predicted to end in {prediction.total_s:.1f} s (first token in "
+            f"{prediction.first_token_s:.1f} s), after its deadline of {budget:g} s",
         )
 
     def _below_share(self, tenant: str | None) -> bool:

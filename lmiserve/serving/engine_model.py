@@ -367,7 +367,9 @@ class EngineModel:
         else:
             stream = client.submit(request_id, prompt_ids, params, adapter, deadline=deadline)  # type: ignore[union-attr]
         self._processors[request_id] = processor
-        self.admission.admitted(request_id, len(admitted.prompt_ids), params.max_new_tokens, width, tenant)
+        self.admission.admitted(
+            request_id, len(admitted.prompt_ids), params.max_new_tokens, width, tenant, deadline or None
+        )
         return request_id, processor, stream
 
     def _in_flight(self, client: EngineClient) -> int:

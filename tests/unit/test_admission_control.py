@@ -1,5 +1,7 @@
-"""Admission control: the queue limit, the predicted delay to a request's first token against its
-deadline, Retry-After, the ledger of requests admitted but not started, and fair shares."""
+"""Admission control: the queue limit, the predicted time to a request's end (its first token, then
+its tokens at the step time of the batch it joins) against its deadline, Retry-After, the ledger of requests admitted but not started, and fair shares."""
+
+import time
 
 import pytest
 
@@ -26,10 +28,27 @@ def test_an_idle_engine_predicts_the_prompts_prefill():
     assert prediction.total_s == pytest.approx(0.5 + 100 * 0.01)
 
 
-def test_a_first_token_in_time_is_admitted_and_only_the_first_token_counts():
-    # first token at 0.5 s, last at 1.5 s: a 1 s deadline admits it
+def test_a_request_predicted_to_end_after_its_deadline_is_refused():
+    # first token at 0.5 s, last at 1.5 s
     decision = control().decide(500, 100, budget=1.0, load=FAST)
-    assert decision.admit and decision.prediction.total_s > 1.0
+    assert not decision.admit and decision.reason == PREDICTED_DELAY and decision.retry_after == 1
+    assert decision.prediction.first_token_s == pytest.approx(0.5)
+    assert control().decide(500, 100, budget=1.6, load=FAST).admit
+
+
+def test_each_admission_stretches_the_step_of_a_busy_batch():
+    c = control(batch=64)
+    busy = EngineLoad(running=10, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
+    # an 11th sequence: steps of 0.11 s for its 100 tokens
+    assert c.predict(0, 100, busy).total_s == pytest.approx(100 * 0.1 * 11 / 10)
+    assert not c.decide(0, 100, budget=10.5, load=busy).admit
+    # sequences here end after about 20 tokens: 20 steps of 0.11 s
+    for i in range(3):
+        c.admitted(f"r{i}", 10, 100)
+        c.progressed(f"r{i}", 20)
+        c.forget(f"r{i}")
+    assert c.predict(0, 100, busy).total_s == pytest.approx(20 * 0.11)
+    assert c.decide(0, 100, budget=10.5, load=busy).admit
 
 
 def test_the_prompts_admitted_but_not_started_are_queued_ahead():
@@ -40,7 +59,7 @@ def test_the_prompts_admitted_but_not_started_are_queued_ahead():
     assert c.predict(1000, 10, FAST).first_token_s == pytest.approx(4.0)
     decision = c.decide(1000, 10, budget=2.0, load=FAST)
     assert not decision.admit and decision.reason == PREDICTED_DELAY
-    assert decision.retry_after == 2  # 4 s predicted, 2 s allowed
+    assert decision.retry_after == 3  # 4.1 s predicted (10 tokens after 4 s of prompts), 2 s allowed
     c.progressed("r0", 1)  # r0 has its first token: no longer ahead in the queue
     assert c.predict(1000, 10, FAST).first_token_s == pytest.approx(3.0)
 
@@ -213,3 +232,27 @@ def test_without_tenants_or_with_one_there_is_no_share_to_claim():
     c = flooded()
     assert not c.decide(10, 10, None, EngineLoad()).admit
     assert not c.decide(10, 10, None, EngineLoad(), tenant="flood").admit
+
+
+def test_a_newcomer_in_time_is_refused_when_it_would_make_an_admitted_request_late():
+    c = control(batch=64)
+    busy = EngineLoad(running=10, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
+    now = time.monotonic()
+    for i in range(10):
+        c.admitted(f"r{i}", 10, 100, deadline=now + 10.5)
+        c.progressed(f"r{i}", 1)
+    # each owes 99 tokens: 9.9 s at 0.1 s a step, 10.89 s at 0.11 (an 11th sequence): late
+    assert c.stretched(busy, now=now) == pytest.approx(9.9)
+    assert c.stretched(busy, now=now - 1.0) is None  # a second more of slack: still in time
+    # its own 20 tokens would end in time (2.2 s of 30); theirs would not
+    decision = c.decide(10, 20, budget=30.0, load=busy)
+    assert not decision.admit and decision.reason == PREDICTED_DELAY and decision.retry_after == 10
+    assert "miss its deadline" in decision.detail
+
+
+def test_a_request_late_already_does_not_block_admissions():
+    c = control(batch=64)
+    busy = EngineLoad(running=2, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
+    c.admitted("doomed", 10, 100, deadline=1000.0 + 1.0)  # 10 s of tokens left, 1 s of time
+    c.progressed("doomed", 1)
+    assert c.stretched(busy, now=1000.0) is None

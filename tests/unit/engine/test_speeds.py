@@ -1,0 +1,23 @@
+"""The engine's measured speeds: a step with prompts beside decodes measures both, since it is
+what the decoding sequences' next token took."""
+
+import pytest
+
+from lmiserve.rolling_batch.speeds import StepSpeeds
+
+
+def test_a_mixed_step_measures_prefill_and_the_decodes_next_token():
+    speeds = StepSpeeds()
+    speeds.record(0, 0.01, decodes=8)
+    assert speeds.decode_step_seconds == pytest.approx(0.01)
+    speeds.record(500, 0.1, decodes=8)  # prompts beside the decodes: their token took 0.1 s
+    assert speeds.prefill_tokens_per_s == pytest.approx(5000.0)
+    assert speeds.decode_step_seconds == pytest.approx(0.01 + 0.2 * (0.1 - 0.01))
+
+
+def test_a_step_of_prompts_alone_does_not_measure_decoding():
+    speeds = StepSpeeds()
+    speeds.record(0, 0.02, decodes=1)
+    speeds.record(1000, 0.5, decodes=0)
+    assert speeds.decode_step_seconds == pytest.approx(0.02)
+    assert speeds.prefill_tokens_per_s == pytest.approx(2000.0)
