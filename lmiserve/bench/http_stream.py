@@ -47,7 +47,8 @@ class Connection:
     async def _post(
         self, path: str, body: bytes, on_line: Callable[[bytes], None], extra: dict[str, str]
     ) -> tuple[int, bytes]:
-        if self._writer is None or self._writer.is_closing():
+        reused = self._writer is not None and not self._writer.is_closing()
+        if not reused:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
             self.connects += 1
         reader, writer = self._reader, self._writer
@@ -60,6 +61,11 @@ class Connection:
         )
         writer.write(head.encode("latin-1") + body)
         status_line = await reader.readline()
+        if not status_line and reused:
+            # the server closed the idle connection as the request went out (its keep-alive timeout):
+            # nothing was answered, so the request goes again on a new connection, as HTTP clients do
+            self.close()
+            return await self._post(path, body, on_line, extra)
         fields = status_line.split(None, 2)
         if len(fields) < 2 or not fields[0].startswith(b"HTTP/1."):
             raise HttpError(f"not an HTTP/1.x answer: {status_line[:80]!r}")

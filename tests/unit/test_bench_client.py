@@ -15,11 +15,13 @@ TOKENS = 7
 
 class MockServer:
     """Streams TOKENS tokens in the protocol the path names, each line cut in two chunks; a prompt
-    of "fail" gets a 422 with a Content-Length body, one of "close" an answer ended by closing."""
+    of "fail" gets a 422 with a Content-Length body, one of "close" an answer ended by closing, and
+    the first of "drop" no answer: its connection is closed."""
 
     def __init__(self):
         self.connections = 0
         self.requests = 0
+        self.dropped = False
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
@@ -48,6 +50,10 @@ class MockServer:
                 body = json.loads(await reader.readexactly(length))
                 self.requests += 1
                 prompt = body.get("inputs") or body.get("prompt")
+                if prompt == "drop" and not self.dropped:  # closed unanswered, as at a keep-alive timeout
+                    self.dropped = True
+                    writer.close()
+                    return
                 if prompt == "fail":
                     error = b'{"error": "bad request"}'
                     writer.write(b"HTTP/1.1 422 Unprocessable\r\nContent-Length: %d\r\n\r\n%s" % (len(error), error))
@@ -102,6 +108,12 @@ def test_an_error_answer_and_a_closed_connection(mock):
     )
     assert row["requests"] == 3 and row["errors"] == 1 and row["output_tokens"] == 2 * TOKENS
     assert mock.connections == 2  # the closed one was opened again
+
+
+def test_a_kept_alive_connection_closed_unanswered_is_opened_again_and_the_request_sent_again(mock):
+    row = run_level(mock.url, APIS["lmi"], ["p", "drop"], concurrency=1, warmup=0, max_new_tokens=TOKENS, model="m")
+    assert row["errors"] == 0 and row["requests"] == 2 and row["output_tokens"] == 2 * TOKENS
+    assert mock.connections == 2 and mock.requests == 3
 
 
 def test_clients_spread_over_processes(mock):
