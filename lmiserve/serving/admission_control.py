@@ -40,7 +40,7 @@ tokens still to come, at the step time with and without the newcomer). That is w
 deadlines of the admitted under a flood: each admission, taken alone, is in time, but together
 they would stretch every step past what the first ones were admitted for.
 
-``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
+Both keep ``RESERVE`` (15%) of each deadline in hand. ``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
 it is expected to end), at least 1 second: about when enough of the work ahead will have ended.
 
 **Fairness.** Each request may name its tenant. When either limit would refuse a request, a
@@ -60,6 +60,9 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
+RESERVE = 0.15
+"""The share of a deadline that admission keeps for what its prediction cannot see: steps that
+grow after the decision, the API process's own work on a busy host."""
 TYPICAL_WEIGHT = 0.1
 """Weight of each ended request in the typical length."""
 QUEUE_FULL = "queue_full"
@@ -222,7 +225,8 @@ class AdmissionControl:
             if e.deadline is None:
                 continue
             owed = e.owed(self.typical_tokens)
-            if now + owed * step_now <= e.deadline < now + owed * step_then:
+            slack = (e.deadline - now) * (1 - RESERVE)
+            if owed * step_now <= slack < owed * step_then:
                 victims.append(owed * step_now)
         return min(victims) if victims else None
 
@@ -271,7 +275,7 @@ class AdmissionControl:
         if not self.predictive or budget is None:
             return Decision(True)
         prediction = self.predict(prompt_tokens, max_new_tokens, load, width)
-        late = prediction.total_s - budget
+        late = prediction.total_s - budget * (1 - RESERVE)
         if late <= 0:
             victim = self.stretched(load, width)
             if victim is None:
