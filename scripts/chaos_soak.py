@@ -83,6 +83,8 @@ def send_http(client: httpx.Client, kind: str, model: str, prompt: str, seed: in
         r = client.post(path, json=body)
         result["status"] = r.status_code
         result["outcome"] = _body_outcome(kind, r)
+        if r.status_code != 200:
+            result["detail"] = r.text[:200]
         if result["outcome"] == "complete":
             result["text"] = r.json()["generated_text"]
         return result
@@ -91,6 +93,7 @@ def send_http(client: httpx.Client, kind: str, model: str, prompt: str, seed: in
         if r.status_code != 200:
             r.read()
             result["outcome"] = _body_outcome(kind.removesuffix("-stream"), r)
+            result["detail"] = r.text[:200]
             return result
         events = _events([line for line in r.iter_lines() if line], framing)
     result["outcome"] = _stream_outcome(kind.removesuffix("-stream") + "-stream", events)
@@ -114,7 +117,7 @@ def send_grpc(address: str, model: str, prompt: str, seed: int | None, tokens: i
         answer = client.infer(model, [tensor], parameters=params, client_timeout=timeout)
     except InferenceServerException as exc:
         hung = "DEADLINE_EXCEEDED" in str(exc.status())
-        return {"status": str(exc.status()), "outcome": "hang" if hung else "error"}
+        return {"status": str(exc.status()), "outcome": "hang" if hung else "error", "detail": str(exc)[:200]}
     finally:
         client.close()
     text = answer.as_numpy("text_output").reshape(-1)[0]
@@ -252,6 +255,9 @@ def report(args, clean, results, killer, rss, elapsed) -> dict:
         "examples": [{k: v for k, v in r.items() if k != "text"} for r in results if r["outcome"] not in ("complete",)][
             :8
         ],
+        "error_details": dict(
+            Counter(r.get("detail", "")[:120] for r in results if r["outcome"] == "error").most_common(5)
+        ),
         "failures": failures,
         "ok": not failures,
     }

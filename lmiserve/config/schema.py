@@ -201,10 +201,11 @@ class ModelSettings(Area):
     predictive_admission: bool = setting(
         True,
         "option.predictive_admission",
-        "Rolling batch: refuse at once, with 503 and a Retry-After header, a request whose first token is "
-        "predicted (from the engine's measured prefill and decode speeds and the requests queued ahead) to "
-        "come after its deadline (predict_timeout, or X-Request-Timeout), rather than queue it only to shed "
-        "it later. Off: only job_queue_size limits the queue.",
+        "Rolling batch: refuse at once, with 503 and a Retry-After header, a request predicted (from the "
+        "engine's measured prefill speed and step time, the requests queued ahead and the batch it would "
+        "join) to end after its deadline (predict_timeout, or X-Request-Timeout), or to make a request "
+        "already admitted miss its own, rather than admit it to miss it. Off: only job_queue_size limits "
+        "the queue.",
     )
     predict_timeout: int = setting(
         120,

@@ -199,8 +199,8 @@ class ServerMetrics:
         self.requests_refused = Counter(
             "lmiserve_requests_refused",
             "Generation requests refused with 503 and Retry-After before reaching the engine, by reason: "
-            "queue_full (max_rolling_batch_size + job_queue_size in flight) or predicted_delay (the first "
-            "token was predicted after the request's deadline).",
+            "queue_full (max_rolling_batch_size + job_queue_size in flight) or predicted_delay (predicted to "
+            "end after the request's deadline, or to make an admitted request miss its own).",
             ["model", "reason"],
             registry=r,
         )
