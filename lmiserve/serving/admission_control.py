@@ -181,13 +181,12 @@ class AdmissionControl:
         queued = [e for e in self._entries.values() if not e.started]
         started = [e for e in self._entries.values() if e.started]
         own_queued = sum(e.width for e in queued)
-        queued_seqs = max(load.waiting, own_queued)
+        running, queued_seqs = self._running_and_queued(load)
         queued_tokens = sum(e.prompt_tokens for e in queued)
         mean_prompt = queued_tokens / len(queued) if queued else prompt_tokens
         queued_tokens += (queued_seqs - own_queued) * mean_prompt
         prefill_s = (queued_tokens + prompt_tokens) / load.prefill_tokens_per_s if load.prefill_tokens_per_s else 0.0
         step = load.decode_step_seconds
-        running = max(load.running, sum(e.width for e in started))
         need = running + queued_seqs + max(1, width) - self.batch_size
         slot_s = 0.0
         if need > 0 and step > 0:
@@ -212,12 +211,12 @@ class AdmissionControl:
     def stretched(self, load: EngineLoad, width: int = 1, now: float | None = None) -> float | None:
         """Seconds until the first request in flight that another ``width`` sequences would make
         miss its deadline is expected to end (None: none would)."""
-        step, running = load.decode_step_seconds, load.running
+        step = load.decode_step_seconds
+        running, queued = self._running_and_queued(load)
         if step <= 0 or running <= 0:
             return None
         now = time.monotonic() if now is None else now
-        queued = sum(e.width for e in self._entries.values() if not e.started)
-        batch = min(self.batch_size, max(running, sum(e.width for e in self._entries.values() if e.started)) + queued)
+        batch = min(self.batch_size, running + queued)
         step_now = step * max(1.0, batch / running)
         step_then = step * max(1.0, min(self.batch_size, batch + max(1, width)) / running)
         victims = []
@@ -229,6 +228,13 @@ class AdmissionControl:
             if owed * step_now <= slack < owed * step_then:
                 victims.append(owed * step_now)
         return min(victims) if victims else None
+
+    def _running_and_queued(self, load: EngineLoad) -> tuple[int, int]:
+        """Sequences running and queued ahead: what the engine reported, or what this ledger knows
+        when that is more (the engine's report is a step old, or from before a restart)."""
+        started = sum(e.width for e in self._entries.values() if e.started)
+        queued = sum(e.width for e in self._entries.values() if not e.started)
+        return max(load.running, started), max(load.waiting, queued)
 
     def _first_slot_s(self, load: EngineLoad) -> float:
         """Seconds until a running sequence is predicted to end (0: not known)."""

@@ -256,3 +256,17 @@ def test_a_request_late_already_does_not_block_admissions():
     c.admitted("doomed", 10, 100, deadline=1000.0 + 1.0)  # 10 s of tokens left, 1 s of time
     c.progressed("doomed", 1)
     assert c.stretched(busy, now=1000.0) is None
+
+
+def test_a_stale_report_of_a_small_batch_does_not_inflate_the_step():
+    """Just after a restart the engine may report one sequence running while this process knows of
+    ten (the others are being computed again): the step is scaled to the ten, not to one."""
+    c = control(batch=64)
+    stale = EngineLoad(running=1, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
+    now = time.monotonic()
+    for i in range(10):
+        c.admitted(f"r{i}", 10, 100, deadline=now + 120.0)
+        c.progressed(f"r{i}", 1)
+    assert c.stretched(stale, now=now) is None
+    assert c.predict(0, 20, stale).total_s == pytest.approx(20 * 0.1 * 11 / 10)
+    assert c.decide(10, 20, budget=120.0, load=stale).admit
