@@ -40,7 +40,9 @@ tokens still to come, at the step time with and without the newcomer). That is w
 deadlines of the admitted under a flood: each admission, taken alone, is in time, but together
 they would stretch every step past what the first ones were admitted for.
 
-Both keep ``RESERVE`` (15%) of each deadline in hand. ``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
+Both keep ``RESERVE`` (15%) of each deadline in hand. Until a request has ended here, how long
+requests run is not known (``max_new_tokens`` is only a bound: a chat request without
+``max_tokens`` may have thousands), so only the first token is weighed. ``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
 it is expected to end), at least 1 second: about when enough of the work ahead will have ended.
 
 **Fairness.** Each request may name its tenant. When either limit would refuse a request, a
@@ -281,9 +283,12 @@ class AdmissionControl:
         if not self.predictive or budget is None:
             return Decision(True)
         prediction = self.predict(prompt_tokens, max_new_tokens, load, width)
-        late = prediction.total_s - budget * (1 - RESERVE)
+        # until a request has ended here, how long requests run is not known: max_new_tokens is a
+        # bound (a chat request without max_tokens may have thousands), so only the first token counts
+        known = self.typical_tokens is not None
+        late = (prediction.total_s if known else prediction.first_token_s) - budget * (1 - RESERVE)
         if late <= 0:
-            victim = self.stretched(load, width)
+            victim = self.stretched(load, width) if known else None
             if victim is None:
                 return Decision(True, prediction=prediction)
             return Decision(

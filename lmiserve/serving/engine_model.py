@@ -252,7 +252,8 @@ class EngineModel:
 
     @property
     def replay_enabled(self) -> bool:
-        return self.replays_here and self.max_replays > 0
+        # our engine is back within seconds; vLLM takes minutes, which requests should not wait for
+        return self.replays_here and self.max_replays > 0 and self.backend != "vllm"
 
     @property
     def restarting(self) -> bool:
@@ -331,8 +332,7 @@ class EngineModel:
             raise ModelNotReady(f"model {self.name} failed: {self.failure.splitlines()[0]}")
         client = self.client
         alive = client is not None and client.alive
-        if not alive and not (self.restarting and self.backend != "vllm"):
-            # our engine is back within seconds, so a request waits for it; vLLM takes minutes
+        if not alive and not self.restarting:
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
         admitted = self.admit(request)

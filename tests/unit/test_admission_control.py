@@ -15,6 +15,14 @@ def control(batch=4, limit=100, predictive=True):
     return AdmissionControl(batch_size=batch, limit=limit, predictive=predictive)
 
 
+def learned(c: AdmissionControl, tokens: int) -> AdmissionControl:
+    """``c`` once a request of ``tokens`` tokens has ended: the typical length is known."""
+    c.admitted("ended", 1, tokens)
+    c.progressed("ended", tokens)
+    c.forget("ended")
+    return c
+
+
 def test_an_engine_that_has_measured_nothing_yet_admits():
     c = control()
     for i in range(50):
@@ -30,10 +38,16 @@ def test_an_idle_engine_predicts_the_prompts_prefill():
 
 def test_a_request_predicted_to_end_after_its_deadline_is_refused():
     # first token at 0.5 s, last at 1.5 s
-    decision = control().decide(500, 100, budget=1.0, load=FAST)
+    decision = learned(control(), 100).decide(500, 100, budget=1.0, load=FAST)
     assert not decision.admit and decision.reason == PREDICTED_DELAY and decision.retry_after == 1
     assert decision.prediction.first_token_s == pytest.approx(0.5)
-    assert control().decide(500, 100, budget=1.8, load=FAST).admit  # 15% of it kept in reserve
+    assert learned(control(), 100).decide(500, 100, budget=1.8, load=FAST).admit  # 15% kept in reserve
+
+
+def test_until_a_request_has_ended_only_the_first_token_counts():
+    """max_new_tokens is only a bound: a chat request without max_tokens may have thousands."""
+    assert control().decide(500, 8000, budget=1.0, load=FAST).admit
+    assert not control().decide(1000, 8000, budget=1.0, load=FAST).admit  # its first token at 1 s
 
 
 def test_each_admission_stretches_the_step_of_a_busy_batch():
@@ -41,14 +55,11 @@ def test_each_admission_stretches_the_step_of_a_busy_batch():
     busy = EngineLoad(running=10, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
     # an 11th sequence: steps of 0.11 s for its 100 tokens
     assert c.predict(0, 100, busy).total_s == pytest.approx(100 * 0.1 * 11 / 10)
-    assert not c.decide(0, 100, budget=10.5, load=busy).admit
-    # sequences here end after about 20 tokens: 20 steps of 0.11 s
-    for i in range(3):
-        c.admitted(f"r{i}", 10, 100)
-        c.progressed(f"r{i}", 20)
-        c.forget(f"r{i}")
-    assert c.predict(0, 100, busy).total_s == pytest.approx(20 * 0.11)
-    assert c.decide(0, 100, budget=10.5, load=busy).admit
+    assert not learned(c, 100).decide(0, 100, budget=10.5, load=busy).admit
+    # where sequences end after about 20 tokens: 20 steps of 0.11 s
+    short = learned(control(batch=64), 20)
+    assert short.predict(0, 100, busy).total_s == pytest.approx(20 * 0.11)
+    assert short.decide(0, 100, budget=10.5, load=busy).admit
 
 
 def test_the_prompts_admitted_but_not_started_are_queued_ahead():
@@ -235,7 +246,7 @@ def test_without_tenants_or_with_one_there_is_no_share_to_claim():
 
 
 def test_a_newcomer_in_time_is_refused_when_it_would_make_an_admitted_request_late():
-    c = control(batch=64)
+    c = learned(control(batch=64), 100)
     busy = EngineLoad(running=10, prefill_tokens_per_s=1000.0, decode_step_seconds=0.1)
     now = time.monotonic()
     for i in range(10):
