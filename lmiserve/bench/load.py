@@ -41,13 +41,7 @@ async def _one(conn: Connection, path: str, body: bytes, api: Api) -> RequestRec
     record = RequestRecord(start=time.perf_counter())
 
     def on_line(line: bytes) -> None:
-        n = api.tokens_in(line) if line else 0
-        if n:
-            now = time.perf_counter()
-            if record.first_token is None:
-                record.first_token = now
-            record.token_times.append(now)
-            record.tokens += n
+        record.arrived(api.tokens_in(line) if line else 0)
 
     try:
         status, error_body = await conn.post(path, body, on_line)

@@ -58,13 +58,7 @@ async def _one(conn: Connection, api: Api, body: bytes, headers: dict[str, str])
     record = OpenRecord(start=time.perf_counter())
 
     def on_line(line: bytes) -> None:
-        n = api.tokens_in(line) if line else 0
-        if n:
-            now = time.perf_counter()
-            if record.first_token is None:
-                record.first_token = now
-            record.token_times.append(now)
-            record.tokens += n
+        record.arrived(api.tokens_in(line) if line else 0)
 
     try:
         record.status, record.body = await conn.post(api.path, body, on_line, headers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,15 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+
+    def arrived(self, tokens: int) -> None:
+        """``tokens`` streamed tokens came now (0: a line that carried none)."""
+        if tokens:
+            now = time.perf_counter()
+            if self.first_token is None:
+                self.first_token = now
+            self.token_times.append(now)
+            self.tokens += tokens
 
     @property
     def ttft(self) -> float | None:
