@@ -31,7 +31,7 @@ from . import engine_sockets, heap
 from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
 from .handler_model import ModelLoadError
-from .replay import ReplayingStream, Replays
+from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
 log = logging.getLogger("lmiserve.model")
@@ -91,8 +91,7 @@ class EngineModel:
         self.generation = 0
         """How many engines have started: the running one's number."""
         self.replays = Replays()
-        self._engine_waiters: list[asyncio.Future[tuple[EngineClient, int]]] = []
-        self._waiting_for_engine = 0
+        self.engine_waiters = EngineWaiters()
 
     @functools.cached_property
     def admission(self) -> AdmissionControl:
@@ -178,7 +177,7 @@ class EngineModel:
         self.max_model_len = int(client.info["max_model_len"])
         self._ever_ready = True
         self.generation += 1
-        self._wake_waiters()
+        self.engine_waiters.wake()
         self.on_change()
         self._refill_standby(client)
 
@@ -227,13 +226,13 @@ class EngineModel:
                 if self._restarts >= MAX_RESTARTS:
                     self.failure = str(exc)
                     log.error("model %s: the engine cannot be restarted: %s", self.name, exc)
-                    self._wake_waiters()
+                    self.engine_waiters.wake()
                     return
                 await asyncio.sleep(min(30.0, 2.0**self._restarts))
 
     async def stop(self) -> None:
         self._closing = True
-        self._wake_waiters()
+        self.engine_waiters.wake()
         for task in list(self._tasks):
             task.cancel()
         if self.standby is not None:
@@ -270,24 +269,12 @@ class EngineModel:
                 return client, self.generation
             if not self.restarting and not (client is not None and client.alive):
                 raise WorkerDied(self._no_engine())
-            waiter: asyncio.Future[tuple[EngineClient, int]] = asyncio.get_running_loop().create_future()
-            self._engine_waiters.append(waiter)
-            self._waiting_for_engine += 1
-            try:
-                await waiter
-            finally:
-                self._waiting_for_engine -= 1
+            await self.engine_waiters.wait()
 
     def _no_engine(self) -> str:
         if self.failure is not None:
             return f"model {self.name} failed: {self.failure.splitlines()[0]}"
         return f"model {self.name} is stopping" if self._closing else f"model {self.name} has no engine"
-
-    def _wake_waiters(self) -> None:
-        waiters, self._engine_waiters = self._engine_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result((self.client, self.generation))  # type: ignore[arg-type]
 
     # --- generation ---------------------------------------------------------------------
     def admit(self, request: GenerationRequest) -> Admitted:
@@ -345,7 +332,7 @@ class EngineModel:
             params.max_new_tokens,
             budget,
             EngineLoad.of(client.stats if alive else None),  # type: ignore[union-attr]
-            self._in_flight(client) if alive else self._waiting_for_engine,  # type: ignore[arg-type]
+            self._in_flight(client) if alive else self.engine_waiters.count,  # type: ignore[arg-type]
             width,
             tenant,
         )

@@ -50,6 +50,30 @@ class Replays:
         return {"replayed": self.replayed, "resumed": self.resumed, "poisoned": self.poisoned}
 
 
+class EngineWaiters:
+    """The requests waiting for the next engine to start (a restart, or the model's end)."""
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[None]] = []
+        self.count = 0
+
+    async def wait(self) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._futures.append(future)
+        self.count += 1
+        try:
+            await future
+        finally:
+            self.count -= 1
+
+    def wake(self) -> None:
+        """An engine started, or none will: every waiter looks again."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
+
+
 class EngineSource(Protocol):
     """What a replaying stream needs of its model."""
 
