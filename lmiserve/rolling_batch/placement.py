@@ -4,9 +4,10 @@ process (which may ask torch what it sees), and the engine's configuration for t
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from ..config.schema import ModelSettings
-from ..devices import resolve_device, resolve_dtype
+from ..devices import cpu_has_native_bf16, resolve_device, resolve_dtype
 from .engine_config import EngineConfig, settings_of
 from .parallel import resolve_degree
 
@@ -18,6 +19,10 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
     model, engine = settings_of(options)
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
+    if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
+        from .ops.cpu_dtype import measured_dtype
+
+        dtype, why = measured_dtype(Path(model_path), engine.quantize)
     log.info("dtype %s (%s)", dtype, why)
     degree = resolve_degree(model.tensor_parallel_degree, device)
     return EngineConfig.from_settings(

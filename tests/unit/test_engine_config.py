@@ -27,9 +27,27 @@ def test_every_field_names_a_declared_setting():
 def _config(tmp_path, text, monkeypatch, device="cpu"):
     monkeypatch.setattr(placement, "resolve_device", lambda spec: device)
     monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("fp32", "test"))
+    monkeypatch.setattr(placement, "cpu_has_native_bf16", lambda: True)
     (tmp_path / "serving.properties").write_text(text)
     s = load_settings(tmp_path, env={})
     return s, engine_config(str(tmp_path), engine_options(s.model, s.engine))
+
+
+@pytest.mark.parametrize(
+    "native, text, dtype", [(False, "", "bf16"), (True, "", "fp32"), (False, "option.dtype=fp32\n", "fp32")]
+)
+def test_auto_dtype_is_measured_on_a_cpu_without_bf16_arithmetic(tmp_path, monkeypatch, native, text, dtype):
+    from lmiserve.rolling_batch.ops import cpu_dtype
+
+    asked = []
+    monkeypatch.setattr(cpu_dtype, "measured_dtype", lambda path, quantize: asked.append(path) or ("bf16", "measured"))
+    monkeypatch.setattr(placement, "resolve_device", lambda spec: "cpu")
+    monkeypatch.setattr(placement, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("fp32", "by the ISA or the setting"))
+    (tmp_path / "serving.properties").write_text(text)
+    s = load_settings(tmp_path, env={})
+    assert engine_config(str(tmp_path), engine_options(s.model, s.engine)).dtype == dtype
+    assert asked == ([tmp_path] if not native and not text else [])
 
 
 def test_each_field_holds_the_value_of_the_setting_it_names(tmp_path, monkeypatch):

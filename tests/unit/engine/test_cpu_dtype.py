@@ -1,0 +1,69 @@
+"""The dtype measured for a CPU without bf16 arithmetic: the layers sampled from the model's
+config and GGUF file, the choice from the times, and a real measurement's shape."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from lmiserve.model_store import GGUF_SOURCE
+from lmiserve.rolling_batch.ops import cpu_dtype
+from lmiserve.rolling_batch.ops.cpu_dtype import Layer, measure, model_layers
+from lmiserve.rolling_batch.ops.reference import ReferenceOps
+from tests.tiny_models import build_model
+from tests.unit.quant.gguf_files import write_gguf
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("dtype") / "hf", arch="llama", seed=3)
+
+
+def test_layers_follow_the_config(hf) -> None:
+    import json
+
+    config = json.loads((hf / "config.json").read_text())
+    layers, count, head = model_layers(hf)
+    hidden, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    assert count == config["num_hidden_layers"]
+    assert [(x.name, x.out_features, x.in_features, x.kind) for x in layers] == [
+        ("qkv_proj", (heads + 2 * kv) * head_dim, hidden, "dense"),
+        ("o_proj", hidden, heads * head_dim, "dense"),
+        ("gate_up_proj", 2 * config["intermediate_size"], hidden, "dense"),
+        ("down_proj", hidden, config["intermediate_size"], "dense"),
+    ]
+    assert head == Layer("lm_head", config["vocab_size"], hidden)
+
+
+def test_gguf_layers_keep_their_block_kinds(hf, tmp_path) -> None:
+    write_gguf(hf, tmp_path / "model.gguf")
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json",):
+        (model / name).write_bytes((hf / name).read_bytes())
+    os.symlink(tmp_path / "model.gguf", model / GGUF_SOURCE)
+    layers, _, head = model_layers(model)
+    assert [x.kind for x in layers] == ["q4_0", "q4_0", "q4_1", "q4_1"]  # gguf_files.KINDS
+    assert head is not None and head.kind == "q8_0"  # a head of its own
+    dense, _, _ = model_layers(model, quantize="none")  # dequantized at load
+    assert {x.kind for x in dense} == {"dense"}
+
+
+@pytest.mark.parametrize("fp32, bf16, chosen", [(10.0, 5.0, "bf16"), (10.0, 9.9, "fp32"), (5.0, 10.0, "fp32")])
+def test_the_faster_dtype_is_chosen_and_said(monkeypatch, fp32: float, bf16: float, chosen: str) -> None:
+    times = {torch.float32: fp32, torch.bfloat16: bf16}
+    monkeypatch.setattr(cpu_dtype, "time_layers", lambda ops, layers, dtype: times[dtype])
+    choice = measure([Layer("o_proj", 64, 64)], 2, None, ops=object())
+    assert choice.dtype == chosen  # a near tie (within 5%) stays fp32
+    assert choice.seconds == {"fp32": fp32, "bf16": bf16}  # both decoder layers sampled: no scaling
+    assert "ms against fp32's" in choice.why()
+
+
+def test_a_real_measurement_times_both_dtypes() -> None:
+    layers = [Layer("qkv_proj", 96, 64), Layer("down_proj", 64, 128), Layer("blocks", 64, 64, "q8_0")]
+    choice = measure(layers, 3, Layer("lm_head", 256, 64), ops=ReferenceOps())
+    assert choice.dtype in ("fp32", "bf16")
+    assert set(choice.seconds) == {"fp32", "bf16"} and all(s > 0 for s in choice.seconds.values())
