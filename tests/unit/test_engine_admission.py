@@ -89,3 +89,18 @@ def test_below_its_share_a_tenant_is_admitted_where_another_is_refused(model):
     with pytest.raises(Overloaded):
         model.submit(request(), budget=2.5, tenant="flood")
     model.submit(request(), budget=2.5, tenant="light")
+
+
+def test_a_first_token_predicted_past_the_bound_is_refused_without_a_deadline(tmp_path, tiny_tokenizer):
+    (tmp_path / "serving.properties").write_text(
+        "option.max_rolling_batch_size=8\njob_queue_size=8\noption.max_first_token_wait=1.5\n"
+    )
+    m = EngineModel(load_settings(tmp_path, env={}))
+    m.tokenizer, m.max_model_len = tiny_tokenizer, 4096
+    m.client = Client(prefill_tokens_per_s=100.0, decode_step_seconds=0.01)
+    m.submit(request(), budget=None)  # its first token in 1 s
+    with pytest.raises(Overloaded) as refused:
+        m.submit(request(), budget=None)  # in 2 s: 0.5 s past the bound
+    assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "1"
+    assert refused.value.reason == "first_token_wait"
+    assert len(m.client.sent) == 1
