@@ -70,7 +70,8 @@ class PayloadTooLarge(LmiServeError, kind="payload_too_large", status=413, title
 
 
 class Overloaded(LmiServeError, kind="overloaded", status=503, title="Service Unavailable"):
-    """The job queue is full, or the request would wait past its deadline; the client should retry later."""
+    """The job queue is full, the request would wait past its deadline, or its first token past
+    option.max_first_token_wait; the client should retry later."""
 
     def __init__(self, detail: str = "", *, retry_after: int = 1, reason: str = "queue_full"):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})

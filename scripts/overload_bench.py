@@ -7,8 +7,13 @@ multiple of the measured request rate (--load, default 2 and 4 times) for --dura
 every request with an X-Request-Timeout of --deadline seconds. For each level: the offered
 rate, requests admitted and refused (and how fast the refusals came), requests completed within
 their deadline, goodput (tokens of those requests per second, as a share of the capacity's
-tokens/s), the admitted requests' time to first token against the unloaded one, and deadline
-misses among the admitted. Writes JSON (--out) and prints a table.
+tokens/s), the admitted requests' time to first token against the unloaded one, deadline misses
+among the admitted, and the server's refusals of the level by reason (from its /metrics:
+queue_full, predicted_delay, first_token_wait). Writes JSON (--out) and prints a table.
+
+The server's admission settings are its own, set where it is started: for the figures with a bound
+on the first token's wait, start it with OPTION_MAX_FIRST_TOKEN_WAIT=0.2 (or
+option.max_first_token_wait=0.2 in serving.properties); --server-note records how it was started.
 
     python scripts/overload_bench.py --url http://127.0.0.1:8080 --concurrency 32 --duration 60
 """
@@ -24,7 +29,7 @@ import httpx
 
 from lmiserve.bench.apis import APIS
 from lmiserve.bench.load import run_level
-from lmiserve.bench.open_loop import offer_load, overload_report
+from lmiserve.bench.open_loop import offer_load, overload_report, refusals_between, refusals_by_reason
 from lmiserve.bench.prompts import WORDS
 
 CLIENT_BOUND = 0.8
@@ -34,6 +39,15 @@ def model_name(url: str, name: str | None) -> str:
     if name:
         return name
     return httpx.get(url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def server_refusals(url: str, model: str) -> dict[str, float]:
+    """The server's refusals of ``model`` so far, by reason (none where /metrics cannot be read)."""
+    try:
+        answer = httpx.get(url.rstrip("/") + "/metrics", timeout=30)
+    except httpx.HTTPError:
+        return {}
+    return refusals_by_reason(answer.text, model) if answer.status_code == 200 else {}
 
 
 def fixed_prompt(words: int) -> str:
@@ -91,6 +105,9 @@ def table(capacity: dict, levels: list[dict]) -> str:
             f"{r['completed_in_deadline']:>11}  {fmt(r['goodput_ratio'], '.2f'):>7}  {first:>14}  {times:>10}  "
             f"{r['deadline_misses']:>6}"
         )
+    for lv in levels:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in lv["report"].get("refused_by_reason", {}).items())
+        rows.append(f"{lv['load']:g}x refused by the server, by reason: {reasons or 'none'}")
     return "\n".join(rows)
 
 
@@ -107,6 +124,11 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=10.0, help="X-Request-Timeout of every request (seconds)")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes the load is spread over")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--server-note",
+        default="",
+        help="how the server was started (say OPTION_MAX_FIRST_TOKEN_WAIT=0.2), kept in the JSON report",
+    )
     parser.add_argument("--out", default="overload-results.json", help="the JSON report")
     args = parser.parse_args()
 
@@ -120,6 +142,7 @@ def main() -> int:
     for load in [float(x) for x in args.load.split(",") if x.strip()]:
         rate = load * capacity["requests_per_s"]
         print(f"{load:g}x: {rate:.2f} requests/s for {args.duration:g} s ...", file=sys.stderr, flush=True)
+        before = server_refusals(args.url, model)
         records, busy = offer_load(
             args.url,
             APIS["openai"],
@@ -142,6 +165,7 @@ def main() -> int:
             capacity["unloaded_ttft_s"],
         )
         report["client_cpu_per_proc"] = busy
+        report["refused_by_reason"] = refusals_between(before, server_refusals(args.url, model))
         if max(busy) > CLIENT_BOUND:
             print(
                 f"warning: a client process was busy {max(busy):.0%} of the time (try --client-procs)", file=sys.stderr

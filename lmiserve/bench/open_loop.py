@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -138,6 +139,21 @@ def offer_load(
             results = list(pool.map(_run_offer, offers))
     records = [r for rs, _, _ in results for r in rs]
     return records, [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall in results]
+
+
+REFUSED = re.compile(r'^lmiserve_requests_refused_total\{model="([^"]*)",reason="(\w+)"\} (\S+)$', re.M)
+
+
+def refusals_by_reason(metrics_text: str, model: str) -> dict[str, float]:
+    """The server's count of ``model``'s refusals by reason, from its ``/metrics`` text."""
+    return {reason: float(value) for name, reason, value in REFUSED.findall(metrics_text) if name == model}
+
+
+def refusals_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The refusals, by reason, counted between two readings (reasons with none left out)."""
+    return {
+        reason: int(n - before.get(reason, 0.0)) for reason, n in sorted(after.items()) if n > before.get(reason, 0.0)
+    }
 
 
 def _ms(value: float | None) -> float | None:

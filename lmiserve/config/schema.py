@@ -208,6 +208,15 @@ class ModelSettings(Area):
         "already admitted miss its own, rather than admit it to miss it. Off: only job_queue_size limits "
         "the queue.",
     )
+    max_first_token_wait: float = setting(
+        0.0,
+        "option.max_first_token_wait",
+        "Rolling batch, with option.predictive_admission: refuse at once, with 503 and a Retry-After header, "
+        "a request whose first token is predicted (the prompt tokens queued ahead and its own at the "
+        "engine's measured prefill speed, plus the wait for a batch slot) to come more than this many "
+        "seconds after it arrives, deadline or not. 0: no bound.",
+        ge=0,
+    )
     predict_timeout: int = setting(
         120,
         "predict_timeout",

@@ -199,8 +199,9 @@ class ServerMetrics:
         self.requests_refused = Counter(
             "lmiserve_requests_refused",
             "Generation requests refused with 503 and Retry-After before reaching the engine, by reason: "
-            "queue_full (max_rolling_batch_size + job_queue_size in flight) or predicted_delay (predicted to "
-            "end after the request's deadline, or to make an admitted request miss its own).",
+            "queue_full (max_rolling_batch_size + job_queue_size in flight), predicted_delay (predicted to "
+            "end after the request's deadline, or to make an admitted request miss its own) or "
+            "first_token_wait (first token predicted later than option.max_first_token_wait).",
             ["model", "reason"],
             registry=r,
         )

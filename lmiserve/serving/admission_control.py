@@ -1,12 +1,18 @@
 """Admission control of an engine model: refuse at once what the engine cannot serve in time.
 
-Two limits decide whether a new request goes to the engine:
+Three limits decide whether a new request goes to the engine:
 
 - **the queue limit**: the requests in flight may not exceed ``max_rolling_batch_size +
   job_queue_size`` (reason ``queue_full``);
 - **the predicted delay** (``option.predictive_admission``): a request predicted to end after its
   deadline is refused (reason ``predicted_delay``) instead of being admitted to miss it, slowing
-  every other request on the way.
+  every other request on the way;
+- **the first token's wait** (``option.max_first_token_wait``, with the predicted delay; 0: none): a
+  request whose first token is predicted later than that many seconds after it arrives is refused
+  (reason ``first_token_wait``), whether it has a deadline or not. The bound is the operator's own,
+  so no reserve is kept from it. It weighs only the newcomer's own first token: the requests
+  queued ahead of it are served first, so admitting it moves theirs back only through the longer
+  steps of a larger batch, which the prediction of their first tokens does not scale.
 
 The prediction, from the engine's latest statistics and this process's ledger::
 
@@ -27,6 +33,17 @@ never more than its ``max_new_tokens``; until one has ended, all of ``max_new_to
 sequence already past the typical length may end any step: it is expected to free its slot now,
 so that a refusal is never for a wait longer than what the past suggests.
 
+The first token under load: on an engine that prefills a prompt in chunks beside the running
+decodes (``option.decode_step_prefill_tokens_per_sequence``, set by default on CPUs), a prompt
+under a full batch takes about ``ceil(prompt / chunk)`` steps of ``decode_step_seconds``. The engine measures
+``prefill_tokens_per_s`` over every step that computes prompt tokens, those beside decodes
+included, so while the batch is busy it is about ``chunk / decode_step_seconds`` and the prompt term
+above comes to ``prompt / chunk`` steps: what it leaves out is the rounding up to whole steps (less
+than one step: the prompts queued ahead share their chunks), and the lag of the smoothing when the load changes (a speed measured
+on steps with nothing decoding, whose prompts run whole, is faster). The chunk itself is not known
+here: the engine does not report it, and an empty setting is resolved by device in the engine
+process, so the prediction does not model it.
+
 A decode step takes longer the more sequences it runs: ``batch`` is the sequences running and
 queued ahead with this request's (at most ``max_rolling_batch_size``), and the step time the
 engine measured at its ``running`` batch is scaled in proportion (a bound from above: part of a
@@ -40,12 +57,14 @@ tokens still to come, at the step time with and without the newcomer). That is w
 deadlines of the admitted under a flood: each admission, taken alone, is in time, but together
 they would stretch every step past what the first ones were admitted for.
 
-Both keep ``RESERVE`` (15%) of each deadline in hand. Until a request has ended here, how long
-requests run is not known (``max_new_tokens`` is only a bound: a chat request without
-``max_tokens`` may have thousands), so only the first token is weighed. ``Retry-After`` is ``ceil(total - deadline)`` (for a stretched request in flight, the time until
-it is expected to end), at least 1 second: about when enough of the work ahead will have ended.
+Both deadline checks keep ``RESERVE`` (15%) of each deadline in hand. Until a request has ended
+here, how long requests run is not known (``max_new_tokens`` is only a bound: a chat request without
+``max_tokens`` may have thousands), so only the first token is weighed. ``Retry-After`` is
+``ceil(total - deadline)`` (for a stretched request in flight, the time until it is expected to
+end; for the first token's wait, ``ceil(first_token - bound)``), at least 1 second: about when
+enough of the work ahead will have ended.
 
-**Fairness.** Each request may name its tenant. When either limit would refuse a request, a
+**Fairness.** Each request may name its tenant. When any limit would refuse a request, a
 tenant holding fewer than its fair share (the queue limit divided by the tenants with requests in
 flight, this one included) of this process's requests is admitted still: the refusals fall on the
 tenants above their share. A tenant below its share never holds more than that share, so the
@@ -69,6 +88,7 @@ TYPICAL_WEIGHT = 0.1
 """Weight of each ended request in the typical length."""
 QUEUE_FULL = "queue_full"
 PREDICTED_DELAY = "predicted_delay"
+FIRST_TOKEN_WAIT = "first_token_wait"
 
 
 @dataclass(frozen=True)
@@ -123,7 +143,7 @@ class Prediction:
 class Decision:
     admit: bool
     reason: str = ""
-    """Why a request is refused: ``queue_full`` or ``predicted_delay``."""
+    """Why a request is refused: ``queue_full``, ``predicted_delay`` or ``first_token_wait``."""
     retry_after: int = 0
     prediction: Prediction | None = None
     detail: str = ""
@@ -132,10 +152,12 @@ class Decision:
 class AdmissionControl:
     """The ledger of this process's requests in flight, and the admission decision."""
 
-    def __init__(self, batch_size: int, limit: int, predictive: bool = True):
+    def __init__(self, batch_size: int, limit: int, predictive: bool = True, first_token_wait: float = 0.0):
         self.batch_size = max(1, batch_size)
         self.limit = max(1, limit)
         self.predictive = predictive
+        self.first_token_wait = max(0.0, first_token_wait)
+        """Seconds a request's first token may be predicted to take (0: no bound)."""
         self._entries: dict[str, _Entry] = {}
         self.typical_tokens: float | None = None
         """Moving average of the tokens a sequence generated, over the requests that ended here."""
@@ -280,14 +302,20 @@ class AdmissionControl:
                 max(1, math.ceil(wait)),
                 detail=f"{in_flight} requests in flight, as many as max_rolling_batch_size + job_queue_size allow",
             )
-        if not self.predictive or budget is None:
+        bound = self.first_token_wait
+        if not self.predictive or (budget is None and not bound):
             return Decision(True)
         prediction = self.predict(prompt_tokens, max_new_tokens, load, width)
+        if budget is None:
+            return self._first_token_refusal(prediction) or Decision(True, prediction=prediction)
         # until a request has ended here, how long requests run is not known: max_new_tokens is a
         # bound (a chat request without max_tokens may have thousands), so only the first token counts
         known = self.typical_tokens is not None
         late = (prediction.total_s if known else prediction.first_token_s) - budget * (1 - RESERVE)
         if late <= 0:
+            slow = self._first_token_refusal(prediction)
+            if slow is not None:
+                return slow
             victim = self.stretched(load, width) if known else None
             if victim is None:
                 return Decision(True, prediction=prediction)
@@ -305,6 +333,22 @@ class AdmissionControl:
             prediction,
             f"it is predicted to end in {prediction.total_s:.1f} s (first token in "
             f"{prediction.first_token_s:.1f} s), after its deadline of {budget:g} s",
+        )
+
+    def _first_token_refusal(self, prediction: Prediction) -> Decision | None:
+        """The refusal of a request whose first token is predicted past ``first_token_wait`` (None:
+        within it, or no bound)."""
+        bound = self.first_token_wait
+        over = prediction.first_token_s - bound
+        if not bound or over <= 0:
+            return None
+        return Decision(
+            False,
+            FIRST_TOKEN_WAIT,
+            max(1, math.ceil(over)),
+            prediction,
+            f"its first token is predicted in {prediction.first_token_s:.2f} s, later than "
+            f"option.max_first_token_wait ({bound:g} s)",
         )
 
     def _below_share(self, tenant: str | None) -> bool:

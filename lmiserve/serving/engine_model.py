@@ -99,7 +99,9 @@ class EngineModel:
         (:mod:`lmiserve.serving.admission_control`)."""
         engine, model = self.settings.engine, self.settings.model
         limit = engine.max_rolling_batch_size + model.job_queue_size
-        return AdmissionControl(engine.max_rolling_batch_size, limit, model.predictive_admission)
+        return AdmissionControl(
+            engine.max_rolling_batch_size, limit, model.predictive_admission, model.max_first_token_wait
+        )
 
     # --- state -------------------------------------------------------------------------
     @property

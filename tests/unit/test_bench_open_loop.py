@@ -6,7 +6,7 @@ import json
 import threading
 
 from lmiserve.bench.apis import APIS
-from lmiserve.bench.open_loop import OpenRecord, offer_load, overload_report
+from lmiserve.bench.open_loop import OpenRecord, offer_load, overload_report, refusals_between, refusals_by_reason
 
 TOKENS = 5
 
@@ -93,3 +93,19 @@ def test_the_overload_report():
     assert report["goodput_tokens_per_s"] == 8 / 6  # 8 tokens on time over the 6 s of the level
     assert report["goodput_ratio"] == (8 / 6) / 4.0
     assert report["ttft_s"]["p50"] is not None and report["ttft_vs_unloaded"]["p50"] > 1
+
+
+def test_the_servers_refusals_by_reason_between_two_readings():
+    before = refusals_by_reason(
+        'lmiserve_requests_refused_total{model="llm",reason="queue_full"} 2.0\n'
+        'lmiserve_requests_refused_total{model="other",reason="queue_full"} 9.0\n',
+        "llm",
+    )
+    after = refusals_by_reason(
+        "# HELP lmiserve_requests_refused_total Generation requests refused\n"
+        'lmiserve_requests_refused_total{model="llm",reason="queue_full"} 2.0\n'
+        'lmiserve_requests_refused_total{model="llm",reason="first_token_wait"} 7.0\n',
+        "llm",
+    )
+    assert before == {"queue_full": 2.0}
+    assert refusals_between(before, after) == {"first_token_wait": 7}
