@@ -215,3 +215,22 @@ def describe(environ: Mapping[str, str] | None = None) -> str:
             else f"forced by {PORTABLE_ENV}=1"
         )
     return f"CPU class {isa_class(environ)} ({how}; this is an {cpu.describe()})"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m lmiserve.cpu_isa [CLASS]``: the class in use here; with CLASS, whether this CPU
+    can run it (exit status 1 and why not)."""
+    if argv:
+        try:
+            choose(argv[0], cpu_info())
+        except CpuIsaError as exc:
+            print(exc)
+            return 1
+        print(f"{argv[0]}: this CPU has it ({cpu_info().describe()})")
+        return 0
+    print(describe())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
