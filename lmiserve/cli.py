@@ -8,6 +8,7 @@ import sys
 
 from .config import ConfigError, load_settings
 from .config.loader import SPECS
+from .cpu_isa import CpuIsaError, apply_torch_env
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         from .deploy.command import run as run_deploy
 
         return run_deploy(args)
+    try:
+        # torch's and oneDNN's own kernels held to a forced CPU class, in this process and the
+        # engine processes it starts: before anything imports torch
+        apply_torch_env()
+    except CpuIsaError as exc:
+        print(f"lmiserve: {exc}", file=sys.stderr)
+        return 2
     try:
         settings = _settings(args)
     except ConfigError as exc:

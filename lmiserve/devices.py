@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
-from pathlib import Path
+
+from .cpu_isa import cpu_info, isa_class
 
 log = logging.getLogger("lmiserve.devices")
 
@@ -13,22 +13,15 @@ TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 """lmiserve's dtype names (``option.dtype``) → torch's, which vLLM also takes."""
 
 
-@functools.cache
 def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` on x86, ``Features`` on Arm)."""
+    return cpu_info().features
 
 
 def cpu_has_native_bf16() -> bool:
-    """bf16 matrix multiply in hardware: AVX512_BF16 or AMX."""
-    flags = cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """bf16 matrix multiply in hardware: AVX512_BF16 or AMX, in the CPU class in use (a class
+    forced lower, ``LMISERVE_CPU_ISA=avx512`` say, has none)."""
+    return isa_class() in ("avx512_bf16", "amx")
 
 
 def npu_available() -> bool:

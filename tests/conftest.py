@@ -1,4 +1,9 @@
 import os
+from pathlib import Path
+
+import pytest
+
+from lmiserve.cpu_isa import apply_torch_env
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -9,9 +14,9 @@ if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "" or not any(
 ):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from pathlib import Path
-
-import pytest
+# LMISERVE_CPU_ISA (a CPU class forced below this CPU's) holds torch's and oneDNN's own kernels
+# to that class too: read when torch is first imported
+apply_torch_env()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The CPU ops' C++ kernels: building and loading them, and what this CPU can run.
 
-The kernels (``csrc/``) are compiled on first use for the CPU they run on (``-march=native``
-unless ``LMISERVE_PORTABLE_KERNELS=1``) and cached; the probes below say which linear-layer path
+The kernels (``csrc/``) are compiled on first use for the CPU class in use (``lmiserve.cpu_isa``:
+the CPU's own, or a lower one forced by ``LMISERVE_CPU_ISA``) and cached; the probes below say
+which linear-layer path
 a bf16 weight takes here: oneDNN's packed layout, or the C++ kernel's own on its vector code or
 on AMX tiles.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ...devices import cpu_flags
+from ...cpu_isa import compile_flags, describe, isa_class
 
 log = logging.getLogger("lmiserve.ops")
 
@@ -71,6 +72,8 @@ def load_kernels() -> bool:
     """Compile (first time only) and load the C++ kernels; False if that is not possible."""
     if os.environ.get("LMISERVE_DISABLE_CPU_KERNELS") == "1":
         return False
+    cls = isa_class()  # a forced class this CPU lacks is refused here, not turned into a fallback
+    log.info("%s", describe())
     try:
         from torch.utils.cpp_extension import load
 
@@ -79,14 +82,12 @@ def load_kernels() -> bool:
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-        flags = ["-O3", "-fopenmp", "-ffast-math"]
-        if os.environ.get("LMISERVE_PORTABLE_KERNELS") != "1":
-            flags.append("-march=native")
+        flags = ["-O3", "-fopenmp", "-ffast-math", *compile_flags(cls)]
         log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
         # the name carries a hash of every source and header, of the flags and of where the
-        # sources are, so an edit, or a switch between the native and the portable build, always
-        # rebuilds, and two copies of the sources (two installs, two checkouts) keep a build each
-        # instead of rebuilding the shared one in turn (its build file names the sources' paths)
+        # sources are, so an edit, or a switch between two CPU classes, always rebuilds, and two
+        # copies of the sources (two installs, two checkouts) keep a build each instead of
+        # rebuilding the shared one in turn (its build file names the sources' paths)
         sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
         digest = hashlib.sha256(sources + " ".join(flags).encode() + str(_CSRC).encode()).hexdigest()[:10]
         name = f"lmiserve_cpu_kernels_{digest}"
@@ -133,7 +134,7 @@ def can_pack(weight: torch.Tensor) -> bool:
 @functools.cache
 def bf16_linear_kernel() -> bool:
     """Whether the C++ bf16 linear kernel is built for this CPU: AVX512_BF16 (the kernels are
-    compiled for the CPU they run on). Where it is, bf16 linear layers run in it: on AMX tiles
+    compiled for the CPU class in use: the avx512_bf16 or the amx class). Where it is, bf16 linear layers run in it: on AMX tiles
     where the CPU has them and the operating system grants them (per forward of SmolLM2's linear
     layers, 5.7 ms against oneDNN's 5.9 at one row, 6.9 against 8.9 at 32, 90.8 against 103.2 at
     1,024, 178 against 142 at 2,048), else on its vector code (faster than oneDNN's at decode sizes)."""
@@ -142,9 +143,10 @@ def bf16_linear_kernel() -> bool:
 
 @functools.cache
 def amx_tiles() -> bool:
-    """Whether the C++ linear kernel runs on AMX tiles here (``csrc/linear_amx.cpp``): a CPU
-    with AMX whose operating system grants this process the tile state."""
-    return "amx_bf16" in cpu_flags() and bf16_linear_kernel() and bool(torch.ops.lmiserve_cpu.linear_amx_usable())
+    """Whether the C++ linear kernel runs on AMX tiles here (``csrc/linear_amx.cpp``): the amx
+    class in use (a CPU with AMX, not forced lower) and an operating system that grants this
+    process the tile state."""
+    return isa_class() == "amx" and bf16_linear_kernel() and bool(torch.ops.lmiserve_cpu.linear_amx_usable())
 
 
 def pack_lora_for_tiles(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
