@@ -9,11 +9,15 @@ Each mode is its own server, started, measured with ``lmiserve bench`` and stopp
 the same model: ``default``; ``deterministic`` (``option.deterministic=true``); ``loraN`` (N random
 rank-16 adapters on every projection, ``option.max_loras=N``, requests spread evenly over them);
 ``quantize-X`` (``option.quantize=X``: none, int8 or fp8); ``awq``, ``gptq``, ``fp8-checkpoint``
-(the random model written in that format by ``scripts/random_model.py --quantize``).
+(the random model written in that format by ``scripts/random_model.py --quantize``);
+``isa-CLASS`` (the default server with ``LMISERVE_CPU_ISA=CLASS``: the kernels, torch and oneDNN
+held to an older CPU's instructions, e.g. ``isa-avx2``); ``vllm`` (the peer: vLLM-CPU tuned, by
+``../shared/peers/serve_vllm_tuned.sh`` or ``--peers``, on the same weights in ``--dtype``; for the
+embedded model, the directory ``lmiserve serve`` converted its GGUF into).
 ``--shape``: ``default`` (the embedded SmolLM2) or a shape of ``scripts/random_model.py``
 (``llama-1b``, ``llama-8b``, ...; random weights). Load: streaming, 190-token prompts, 128 new
-tokens, ``ignore_eos``. A table of throughput and TTFT p99 per level, each as a ratio to the base
-server's (``--base``), is printed at the end; the reports land in ``--work``.
+tokens, ``ignore_eos``. A table of throughput, TTFT p99 and ITL p50 / p99 per level, throughput and
+TTFT as ratios to the base server's (``--base``), is printed at the end; the reports land in ``--work``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,13 +69,13 @@ def _serve_dir(args: argparse.Namespace, work: Path, model: Path | None, mode: s
     return serve
 
 
-def _wait_ready(url: str, server: subprocess.Popen, log: Path, limit_s: float = 900) -> None:
+def _wait_ready(url: str, server: subprocess.Popen, log: Path, limit_s: float = 900, ready_path: str = "/ping") -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             sys.exit(f"the server stopped before it was ready:\n{log.read_text()[-4000:]}")
         try:
-            with urllib.request.urlopen(f"{url}/ping", timeout=2) as reply:
+            with urllib.request.urlopen(f"{url}{ready_path}", timeout=2) as reply:
                 if reply.status == 200:
                     return
         except OSError:
@@ -79,26 +84,54 @@ def _wait_ready(url: str, server: subprocess.Popen, log: Path, limit_s: float = 
     sys.exit(f"the server was not ready within {limit_s:.0f} s")
 
 
-def run_mode(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> dict:
-    serve = _serve_dir(args, work, model, mode)
-    url = f"http://127.0.0.1:{args.port}"
-    log = work / f"server-{mode}.log"
+VLLM_PORT = 8002
+"""Where ``serve_vllm.sh`` serves, as ``smollm2``."""
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "auto": "bfloat16"}
+
+
+def server_command(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> tuple[list[str], dict, str]:
+    """How a mode's server starts: its command, environment, and the URL it answers on."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if mode == "vllm":
+        weights = model or _converted_default_model()
+        env["MODEL_DIR"] = str(weights)
+        script = Path(args.peers) / "serve_vllm_tuned.sh"
+        return ["bash", str(script), VLLM_DTYPES[args.dtype]], env, f"http://127.0.0.1:{VLLM_PORT}"
+    if mode.startswith("isa-"):
+        env["LMISERVE_CPU_ISA"] = mode.removeprefix("isa-")
+    serve = _serve_dir(args, work, model, mode)
     cmd = [sys.executable, "-m", "lmiserve", "serve", "--model-dir", str(serve)]
+    return cmd + ["--host", "127.0.0.1", "--port", str(args.port)], env, f"http://127.0.0.1:{args.port}"
+
+
+def _converted_default_model() -> Path:
+    """The Hugging Face directory ``lmiserve serve`` converted the embedded GGUF into."""
+    from lmiserve.model_store import resolve_model
+
+    return resolve_model(None, Path("."))
+
+
+def run_mode(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> dict:
+    cmd, env, url = server_command(args, work, model, mode)
+    log = work / f"server-{mode}.log"
     with log.open("w") as out:
-        server = subprocess.Popen(
-            cmd + ["--host", "127.0.0.1", "--port", str(args.port)], stdout=out, stderr=out, env=env
-        )
+        server = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)
     try:
-        _wait_ready(url, server, log)
+        _wait_ready(url, server, log, ready_path="/v1/models" if mode == "vllm" else "/ping")
         bench = [sys.executable, "-m", "lmiserve", "bench", "--url", url, "--api", args.api]
         bench += ["--concurrency", args.concurrency, "--out", str(work / mode)]
+        if mode == "vllm":
+            bench += ["--model", "smollm2", "--tokenizer", str(env["MODEL_DIR"])]
         if count := _adapter_count(mode):
             bench += ["--adapters", ",".join(f"adapter-{i + 1}" for i in range(count))]
         subprocess.run(bench, check=True, env=env, stdout=sys.stderr)
     finally:
-        server.terminate()
-        server.wait(timeout=120)
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
     return json.loads((work / mode / "report.json").read_text())
 
 
@@ -107,11 +140,13 @@ CHECKPOINTS = {"awq": "awq", "gptq": "gptq", "fp8-checkpoint": "fp8"}
 
 
 def table(reports: dict[str, dict], base_mode: str = "default") -> str:
-    """Throughput and TTFT p99 per level, and each as a ratio to the base server's."""
+    """Throughput, TTFT p99 and ITL p50 / p99 per level; throughput and TTFT also as ratios to
+    the base server's."""
     rows = {mode: {r["concurrency"]: r for r in report["server"]} for mode, report in reports.items()}
     levels = sorted({c for per in rows.values() for c in per})
     base = rows.get(base_mode, {})
     head = [f"c={c} tok/s" for c in levels] + [f"TTFT p99 c={c}" for c in levels]
+    head += [f"ITL p50 / p99 c={c}" for c in levels]
     lines = ["| mode | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for mode, per in rows.items():
         cells = []
@@ -123,6 +158,9 @@ def table(reports: dict[str, dict], base_mode: str = "default") -> str:
             ttft = per[c]["ttft_s"]["p99"] if c in per else float("nan")
             ratio = f" ({ttft / base[c]['ttft_s']['p99']:.2f}x)" if c in base and mode != base_mode else ""
             cells.append(f"{ttft * 1e3:.0f} ms{ratio}")
+        for c in levels:
+            itl = per[c].get("itl_s") if c in per else None
+            cells.append(f"{itl['p50'] * 1e3:.0f} / {itl['p99'] * 1e3:.0f} ms" if itl else "-")
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -139,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8095)
     ap.add_argument("--max-batch", type=int, default=0, help="option.max_rolling_batch_size (0: the device's default)")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"), help="where serve_vllm_tuned.sh is")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="mode-bench-"))
     model = None

@@ -30,7 +30,12 @@ def test_each_mode_serves_the_same_model_with_its_own_setting():
 def _report(levels):
     return {
         "server": [
-            {"concurrency": c, "output_tokens_per_s": tps, "ttft_s": {"p50": ttft / 2, "p99": ttft}}
+            {
+                "concurrency": c,
+                "output_tokens_per_s": tps,
+                "ttft_s": {"p50": ttft / 2, "p99": ttft},
+                "itl_s": {"p50": ttft / 10, "p99": ttft / 5},
+            }
             for c, (tps, ttft) in levels.items()
         ]
     }
@@ -43,9 +48,13 @@ def test_the_table_gives_each_mode_as_a_ratio_to_the_default_server():
             "deterministic": _report({1: (90.0, 0.06), 32: (850.0, 0.3)}),
         }
     ).splitlines()
-    assert text[0] == "| mode | c=1 tok/s | c=32 tok/s | TTFT p99 c=1 | TTFT p99 c=32 |"
-    assert text[2] == "| default | 100.0 | 1000.0 | 50 ms | 200 ms |"
-    assert text[3] == "| deterministic | 90.0 (0.90x) | 850.0 (0.85x) | 60 ms (1.20x) | 300 ms (1.50x) |"
+    assert text[0] == (
+        "| mode | c=1 tok/s | c=32 tok/s | TTFT p99 c=1 | TTFT p99 c=32 | ITL p50 / p99 c=1 | ITL p50 / p99 c=32 |"
+    )
+    assert text[2] == "| default | 100.0 | 1000.0 | 50 ms | 200 ms | 5 / 10 ms | 20 / 40 ms |"
+    assert text[3] == (
+        "| deterministic | 90.0 (0.90x) | 850.0 (0.85x) | 60 ms (1.20x) | 300 ms (1.50x) | 6 / 12 ms | 30 / 60 ms |"
+    )
 
 
 def test_quantized_modes_and_a_chosen_base():
@@ -55,6 +64,16 @@ def test_quantized_modes_and_a_chosen_base():
     text = mode_bench.table(
         {"quantize-none": _report({1: (80.0, 0.05)}), "default": _report({1: (100.0, 0.04)})}, "quantize-none"
     ).splitlines()
-    assert text[2] == "| quantize-none | 80.0 | 50 ms |"
-    assert text[3] == "| default | 100.0 (1.25x) | 40 ms (0.80x) |"
+    assert text[2] == "| quantize-none | 80.0 | 50 ms | 5 / 10 ms |"
+    assert text[3] == "| default | 100.0 (1.25x) | 40 ms (0.80x) | 4 / 8 ms |"
     assert set(mode_bench.CHECKPOINTS) == {"awq", "gptq", "fp8-checkpoint"}
+
+
+def test_an_isa_mode_forces_the_class_and_the_peer_serves_the_same_weights(tmp_path):
+    args = _args(device="cpu", port=8095, peers="/peers")
+    cmd, env, url = mode_bench.server_command(args, tmp_path, Path("/m"), "isa-avx2")
+    assert env["LMISERVE_CPU_ISA"] == "avx2" and url == "http://127.0.0.1:8095"
+    assert cmd[1:4] == ["-m", "lmiserve", "serve"]
+    cmd, env, url = mode_bench.server_command(args, tmp_path, Path("/m"), "vllm")
+    assert cmd == ["bash", "/peers/serve_vllm_tuned.sh", "bfloat16"] and env["MODEL_DIR"] == "/m"
+    assert url == "http://127.0.0.1:8002"
