@@ -66,11 +66,24 @@ inline __m512 softcap16(__m512 x, float cap) {
   return _mm512_mul_ps(t, _mm512_set1_ps(cap));
 }
 
-#if defined(__AVX512BF16__)
+// Each lane's bf16 (rounded to nearest even, as vcvtneps2bf16 and torch round) in its low 16
+// bits, by integer arithmetic; a NaN stays a (quiet) NaN.
+inline __m512i bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
 // Each lane rounded to bf16 (to nearest even), kept as fp32.
+#if defined(__AVX512BF16__)
 inline __m512 round_bf16(__m512 x) {
   return widen_bf16((__m256i)_mm512_cvtneps_pbh(x));
 }
+#else
+inline __m512 round_bf16(__m512 x) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(x), 16)); }
+#endif
 
 // SwiGLU of bf16 gate and up values (in fp32 lanes), before the final rounding: silu(gate)
 // rounded to bf16, times up, as the reference rounds (F.silu(gate) * up in bf16).
@@ -78,7 +91,6 @@ inline __m512 swiglu16(__m512 gate, __m512 up) {
   const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
   return _mm512_mul_ps(round_bf16(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e))), up);
 }
-#endif
 
 // Transposes 16 rows of 16 32-bit values in place: r[i] lane j <-> r[j] lane i.
 inline void transpose16(__m512i* r) {

@@ -1,0 +1,225 @@
+// The packed bf16 linear kernel (csrc/linear.cpp) on CPUs without AVX512_BF16: the same packing
+// ([K/2][48][2] per group of 48 columns), the same outputs, the same rounding at the end, with the
+// weights widened to fp32 in registers and multiplied by FMAs. Decode reads every weight from
+// memory each step, so bf16 weights (half the bytes of fp32 ones) are what makes it fast.
+//
+// A pair of k of 16 columns (AVX-512F) or 8 (AVX2) is one load: each 32-bit lane holds a column's
+// even k in its low half and its odd k in its high half, so the even values are the lanes shifted
+// left by 16 and the odd ones the lanes with the low half cleared, two vectors of fp32, each
+// multiplied by its broadcast x value (x widened to fp32 once per tile). Each row's sums run over
+// k in order, one FMA a product, whatever the number of rows: a row's result does not depend on
+// the rest of the batch. Tiles: 8 rows x 48 columns (24 accumulators of 32) on AVX-512F; 2 rows
+// x 48 columns (12 of AVX2's 16 registers) on AVX2. Rounded to bf16 by integer arithmetic.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "linear_tile.h"
+
+#if defined(LMISERVE_LINEAR_AVX512) || defined(LMISERVE_LINEAR_AVX2)
+
+namespace lmiserve_linear {
+
+namespace {
+
+// n bf16 values of x as fp32
+inline void widen_row(const uint16_t* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
+    std::memcpy(out + i, &bits, sizeof(float));
+  }
+}
+
+// This tile's share of the next group's lines, kLinesPerPair * pairs / tiles of them, spread evenly
+// over its pairs: `owed` counts up by the share each pair and a line goes out per `tiles`.
+struct Requests {
+  const char* line;
+  int64_t owed;
+  Requests(const Ahead& ahead, int64_t pairs, bool on)
+      : line(on ? ahead.next + 64 * (ahead.tile * pairs * kLinesPerPair / ahead.tiles) : nullptr),
+        owed(on ? (ahead.tile * pairs * kLinesPerPair) % ahead.tiles : 0) {}
+  void step(int64_t tiles) {
+    for (owed += kLinesPerPair; owed >= tiles; owed -= tiles, line += 64) _mm_prefetch(line, _MM_HINT_T0);
+  }
+};
+
+#if defined(LMISERVE_LINEAR_AVX512)
+
+constexpr int kMaxRows = 8;
+constexpr int kVecs = 3;  // 16-column vectors per group
+
+template <int MR, bool PREFETCH>
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+  __m512 acc[MR][kVecs];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < kVecs; ++j)
+      acc[r][j] = out.first ? _mm512_setzero_ps() : _mm512_loadu_ps(out.part + r * kCols + 16 * j);
+  alignas(64) float xf[MR][2 * kPairsPerStretch];
+  for (int r = 0; r < MR; ++r) widen_row(x + r * ldx, xf[r], 2 * pairs);
+  Requests ask(ahead, pairs, PREFETCH);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    if constexpr (PREFETCH) ask.step(ahead.tiles);
+    const __m512i* bv = reinterpret_cast<const __m512i*>(b + p * kCols * 2);
+    for (int j = 0; j < kVecs; ++j) {
+      const __m512i v = _mm512_loadu_si512(bv + j);
+      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      for (int r = 0; r < MR; ++r) {
+        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(xf[r][2 * p]), even, acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(xf[r][2 * p + 1]), odd, acc[r][j]);
+      }
+    }
+  }
+  if (!out.last) {
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(out.part + r * kCols + 16 * j, acc[r][j]);
+    return;
+  }
+  for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
+}
+
+#else  // AVX2
+
+constexpr int kMaxRows = 2;
+constexpr int kVecs = 6;  // 8-column vectors per group
+
+// Each lane's bf16 (to nearest even) in its low 16 bits; a NaN stays a (quiet) NaN.
+inline __m256i bf16_bits(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+}
+
+inline __m256 round_bf16(__m256 x) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)); }
+
+// 8 fp32 lanes rounded to bf16 into y[0 .. n), n <= 8
+inline void store8(uint16_t* y, __m256 v, int64_t n) {
+  if (n <= 0) return;
+  const __m256i r = bf16_bits(v);
+  const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  if (n >= 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y), h);
+    return;
+  }
+  alignas(16) uint16_t t[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+  std::copy(t, t + n, y);
+}
+
+// The first n (<= 8) bf16 values of y as fp32 (the other lanes 0).
+inline __m256 load8(const uint16_t* y, int64_t n) {
+  alignas(16) uint16_t t[8] = {};
+  std::copy(y, y + std::min<int64_t>(n, 8), t);
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+// e^x on 8 lanes: csrc/bf16_vec.h's exp16 (Cephes' expf polynomial), the same arithmetic.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // 2^n, n in [-126, 127]: a normal float's exponent field
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
+}
+
+// swiglu16's arithmetic: silu(gate) rounded to bf16, times up
+inline __m256 swiglu8(__m256 gate, __m256 up) {
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
+  return _mm256_mul_ps(round_bf16(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), e))), up);
+}
+
+// finish_row on 8-column vectors: acc[0-2] are a gated group's 24 gate units, acc[3-5] their up.
+inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
+  const int64_t cols = out.cols;
+  if (out.output == kGateUp || out.output == kSwiglu) {
+    for (int j = 0; j < 3 && 8 * j < cols; ++j) {
+      if (out.output == kGateUp) {
+        store8(y + 8 * j, acc[j], cols - 8 * j);
+        store8(y + out.units + 8 * j, acc[3 + j], cols - 8 * j);
+      } else {
+        store8(y + 8 * j, swiglu8(round_bf16(acc[j]), round_bf16(acc[3 + j])), cols - 8 * j);
+      }
+    }
+    return;
+  }
+  for (int j = 0; j < kVecs && 8 * j < cols; ++j) {
+    __m256 v = acc[j];
+    if (out.output == kAdd) {
+      v = _mm256_add_ps(round_bf16(v), load8(y + 8 * j, cols - 8 * j));
+    } else if (out.bias) {
+      v = _mm256_add_ps(v, _mm256_loadu_ps(out.bias + 8 * j));
+    }
+    store8(y + 8 * j, v, cols - 8 * j);
+  }
+}
+
+template <int MR, bool PREFETCH>
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+  __m256 acc[MR][kVecs];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < kVecs; ++j)
+      acc[r][j] = out.first ? _mm256_setzero_ps() : _mm256_loadu_ps(out.part + r * kCols + 8 * j);
+  alignas(32) float xf[MR][2 * kPairsPerStretch];
+  for (int r = 0; r < MR; ++r) widen_row(x + r * ldx, xf[r], 2 * pairs);
+  Requests ask(ahead, pairs, PREFETCH);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    if constexpr (PREFETCH) ask.step(ahead.tiles);
+    const __m256i* bv = reinterpret_cast<const __m256i*>(b + p * kCols * 2);
+    __m256 even_x[MR], odd_x[MR];
+    for (int r = 0; r < MR; ++r) {
+      even_x[r] = _mm256_broadcast_ss(&xf[r][2 * p]);
+      odd_x[r] = _mm256_broadcast_ss(&xf[r][2 * p + 1]);
+    }
+    for (int j = 0; j < kVecs; ++j) {
+      const __m256i v = _mm256_loadu_si256(bv + j);
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      for (int r = 0; r < MR; ++r) {
+        acc[r][j] = _mm256_fmadd_ps(even_x[r], even, acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(odd_x[r], odd, acc[r][j]);
+      }
+    }
+  }
+  if (!out.last) {
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < kVecs; ++j) _mm256_storeu_ps(out.part + r * kCols + 8 * j, acc[r][j]);
+    return;
+  }
+  for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
+}
+
+#endif
+
+template <bool PREFETCH, int MR = kMaxRows>
+TileFn pick(int64_t rows) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return pick<PREFETCH, MR - 1>(rows);
+  }
+  return &tile<MR, PREFETCH>;
+}
+
+}  // namespace
+
+int64_t tile_rows() { return kMaxRows; }
+
+TileFn pick_tile(int64_t rows, bool prefetch) { return prefetch ? pick<true>(rows) : pick<false>(rows); }
+
+}  // namespace lmiserve_linear
+
+#endif
