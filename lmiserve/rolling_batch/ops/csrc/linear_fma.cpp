@@ -62,14 +62,16 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (PREFETCH) ask.step(ahead.tiles);
     const __m512i* bv = reinterpret_cast<const __m512i*>(b + p * kCols * 2);
+    __m512 even[kVecs], odd[kVecs];
     for (int j = 0; j < kVecs; ++j) {
       const __m512i v = _mm512_loadu_si512(bv + j);
-      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-      for (int r = 0; r < MR; ++r) {
-        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(xf[r][2 * p]), even, acc[r][j]);
-        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(xf[r][2 * p + 1]), odd, acc[r][j]);
-      }
+      even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      odd[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xe = _mm512_set1_ps(xf[r][2 * p]), xo = _mm512_set1_ps(xf[r][2 * p + 1]);
+      for (int j = 0; j < kVecs; ++j) acc[r][j] = _mm512_fmadd_ps(xe, even[j], acc[r][j]);
+      for (int j = 0; j < kVecs; ++j) acc[r][j] = _mm512_fmadd_ps(xo, odd[j], acc[r][j]);
     }
   }
   if (!out.last) {
@@ -77,7 +79,11 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
       for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(out.part + r * kCols + 16 * j, acc[r][j]);
     return;
   }
-  for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
+  for (int r = 0; r < MR; ++r) {
+    __m512 row[kVecs];  // a copy: the accumulators' own addresses never escape, so they stay in registers
+    std::copy(acc[r], acc[r] + kVecs, row);
+    finish_row(row, out.y + r * out.ldy, out);
+  }
 }
 
 #else  // AVX2
@@ -168,41 +174,54 @@ inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
   }
 }
 
+// The 12 accumulators are named variables (a0-a5: row 0, c0-c5: row 1), not an array: GCC keeps
+// an array of them in registers but also stores each to the stack after every update.
+#define LMISERVE_STEP(j, A, C)                                                                  \
+  {                                                                                             \
+    const __m256i v = _mm256_loadu_si256(bv + j);                                               \
+    const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                          \
+    A = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + 2 * p), even, A);                              \
+    if constexpr (MR == 2) C = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 2 * p), even, C);        \
+    const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));                          \
+    A = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + 2 * p + 1), odd, A);                           \
+    if constexpr (MR == 2) C = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 2 * p + 1), odd, C);    \
+  }
+
 template <int MR, bool PREFETCH>
 void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
-  __m256 acc[MR][kVecs];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < kVecs; ++j)
-      acc[r][j] = out.first ? _mm256_setzero_ps() : _mm256_loadu_ps(out.part + r * kCols + 8 * j);
+  static_assert(MR == 1 || MR == 2, "AVX2 tiles are of 1 or 2 rows");
+  auto start = [&](int r, int j) {
+    return out.first || r >= MR ? _mm256_setzero_ps() : _mm256_loadu_ps(out.part + r * kCols + 8 * j);
+  };
+  __m256 a0 = start(0, 0), a1 = start(0, 1), a2 = start(0, 2), a3 = start(0, 3), a4 = start(0, 4), a5 = start(0, 5);
+  __m256 c0 = start(1, 0), c1 = start(1, 1), c2 = start(1, 2), c3 = start(1, 3), c4 = start(1, 4), c5 = start(1, 5);
   alignas(32) float xf[MR][2 * kPairsPerStretch];
   for (int r = 0; r < MR; ++r) widen_row(x + r * ldx, xf[r], 2 * pairs);
+  const float* x0 = xf[0];
+  const float* x1 = xf[MR - 1];
   Requests ask(ahead, pairs, PREFETCH);
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (PREFETCH) ask.step(ahead.tiles);
+    // x's broadcasts are loaded again for each vector (from L1): no register is left for them
     const __m256i* bv = reinterpret_cast<const __m256i*>(b + p * kCols * 2);
-    __m256 even_x[MR], odd_x[MR];
-    for (int r = 0; r < MR; ++r) {
-      even_x[r] = _mm256_broadcast_ss(&xf[r][2 * p]);
-      odd_x[r] = _mm256_broadcast_ss(&xf[r][2 * p + 1]);
-    }
-    for (int j = 0; j < kVecs; ++j) {
-      const __m256i v = _mm256_loadu_si256(bv + j);
-      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-      for (int r = 0; r < MR; ++r) {
-        acc[r][j] = _mm256_fmadd_ps(even_x[r], even, acc[r][j]);
-        acc[r][j] = _mm256_fmadd_ps(odd_x[r], odd, acc[r][j]);
-      }
+    LMISERVE_STEP(0, a0, c0)
+    LMISERVE_STEP(1, a1, c1)
+    LMISERVE_STEP(2, a2, c2)
+    LMISERVE_STEP(3, a3, c3)
+    LMISERVE_STEP(4, a4, c4)
+    LMISERVE_STEP(5, a5, c5)
+  }
+  const __m256 rows[2][kVecs] = {{a0, a1, a2, a3, a4, a5}, {c0, c1, c2, c3, c4, c5}};
+  for (int r = 0; r < MR; ++r) {
+    if (!out.last) {
+      for (int j = 0; j < kVecs; ++j) _mm256_storeu_ps(out.part + r * kCols + 8 * j, rows[r][j]);
+    } else {
+      finish_row(rows[r], out.y + r * out.ldy, out);
     }
   }
-  if (!out.last) {
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < kVecs; ++j) _mm256_storeu_ps(out.part + r * kCols + 8 * j, acc[r][j]);
-    return;
-  }
-  for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
 }
+#undef LMISERVE_STEP
 
 #endif
 
