@@ -23,7 +23,7 @@ BUILDS = {
     "avx2": (["-mavx2", "-mfma", "-mf16c"], "avx2"),
     "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"], "avx512f"),
 }
-KERNEL_SOURCES = ("linear.cpp", "linear_fma.cpp", "linear_amx.cpp")
+KERNEL_SOURCES = ("linear.cpp", "linear_fma.cpp", "linear_amx.cpp", "fused.cpp")
 PLAIN, GATE_UP, SWIGLU = 0, 1, 2
 
 
@@ -97,10 +97,11 @@ def test_plain_product_equals_fp32_sums_in_order(ops, m: int, k: int, n: int, wi
 @pytest.mark.parametrize("k,units", [(64, 50), (1600, 100)])
 def test_gated_gate_up_and_swiglu(ops, m: int, k: int, units: int) -> None:  # type: ignore[no-untyped-def]
     """A gate_up weight packed gated: gate and up in their places equal the fp32 sums in order;
-    the SwiGLU (silu(gate) rounded to bf16, times up, rounded) is the same on both builds (AVX2's
-    8-lane exp is AVX-512's polynomial, operation for operation) and within a bf16 step of torch's.
-    (Not compared with the native build's SwiGLU kernel: built with -ffast-math, its exp may end
-    a unit in the last place away, which moves a silu lying next to a bf16 rounding boundary.)"""
+    the SwiGLU (silu(gate) rounded to bf16, times up, rounded) equals the same build's SwiGLU
+    kernel on that gate_up, is the same on both builds (AVX2's 8-lane exp is AVX-512's polynomial,
+    operation for operation) and is within a bf16 step of torch's. (Not compared with the native
+    build's: built with -ffast-math, its exp may end a unit in the last place away, which moves a
+    silu lying next to a bf16 rounding boundary.)"""
     g = torch.Generator().manual_seed(m + units)
     w = torch.randn(2 * units, k, generator=g).bfloat16()
     x = torch.randn(m, k, generator=g).bfloat16()
@@ -109,6 +110,7 @@ def test_gated_gate_up_and_swiglu(ops, m: int, k: int, units: int) -> None:  # t
     assert torch.equal(gate_up, in_order(x, w))
     act = ops.linear_bf16(x, packed, None, units, SWIGLU)
     assert act.shape == (m, units)
+    assert torch.equal(act, ops.swiglu(gate_up))
     if all(flag in cpu_flags() for _, flag in BUILDS.values()):
         other = build("avx2" if ops.linear_bf16_isa() == "avx512" else "avx512")
         assert torch.equal(act, other.linear_bf16(x, other.pack_linear_bf16(w, True), None, units, SWIGLU))

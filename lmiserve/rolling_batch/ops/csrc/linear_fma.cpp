@@ -91,63 +91,10 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
 constexpr int kMaxRows = 2;
 constexpr int kVecs = 6;  // 8-column vectors per group
 
-// Each lane's bf16 (to nearest even) in its low 16 bits; a NaN stays a (quiet) NaN.
-inline __m256i bf16_bits(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
-}
-
-inline __m256 round_bf16(__m256 x) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)); }
-
-// 8 fp32 lanes rounded to bf16 into y[0 .. n), n <= 8
-inline void store8(uint16_t* y, __m256 v, int64_t n) {
-  if (n <= 0) return;
-  const __m256i r = bf16_bits(v);
-  const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  if (n >= 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y), h);
-    return;
-  }
-  alignas(16) uint16_t t[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
-  std::copy(t, t + n, y);
-}
-
-// The first n (<= 8) bf16 values of y as fp32 (the other lanes 0).
-inline __m256 load8(const uint16_t* y, int64_t n) {
-  alignas(16) uint16_t t[8] = {};
-  std::copy(y, y + std::min<int64_t>(n, 8), t);
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-// e^x on 8 lanes: csrc/bf16_vec.h's exp16 (Cephes' expf polynomial), the same arithmetic.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // 2^n, n in [-126, 127]: a normal float's exponent field
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
-}
-
-// swiglu16's arithmetic: silu(gate) rounded to bf16, times up
-inline __m256 swiglu8(__m256 gate, __m256 up) {
-  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
-  return _mm256_mul_ps(round_bf16(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), e))), up);
-}
+using lmiserve::load_bf16x8;
+using lmiserve::round_bf16x8;
+using lmiserve::store_bf16x8;
+using lmiserve::swiglu8;
 
 // finish_row on 8-column vectors: acc[0-2] are a gated group's 24 gate units, acc[3-5] their up.
 inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
@@ -155,10 +102,10 @@ inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
   if (out.output == kGateUp || out.output == kSwiglu) {
     for (int j = 0; j < 3 && 8 * j < cols; ++j) {
       if (out.output == kGateUp) {
-        store8(y + 8 * j, acc[j], cols - 8 * j);
-        store8(y + out.units + 8 * j, acc[3 + j], cols - 8 * j);
+        store_bf16x8(y + 8 * j, acc[j], cols - 8 * j);
+        store_bf16x8(y + out.units + 8 * j, acc[3 + j], cols - 8 * j);
       } else {
-        store8(y + 8 * j, swiglu8(round_bf16(acc[j]), round_bf16(acc[3 + j])), cols - 8 * j);
+        store_bf16x8(y + 8 * j, swiglu8(round_bf16x8(acc[j]), round_bf16x8(acc[3 + j])), cols - 8 * j);
       }
     }
     return;
@@ -166,11 +113,11 @@ inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
   for (int j = 0; j < kVecs && 8 * j < cols; ++j) {
     __m256 v = acc[j];
     if (out.output == kAdd) {
-      v = _mm256_add_ps(round_bf16(v), load8(y + 8 * j, cols - 8 * j));
+      v = _mm256_add_ps(round_bf16x8(v), load_bf16x8(y + 8 * j, cols - 8 * j));
     } else if (out.bias) {
       v = _mm256_add_ps(v, _mm256_loadu_ps(out.bias + 8 * j));
     }
-    store8(y + 8 * j, v, cols - 8 * j);
+    store_bf16x8(y + 8 * j, v, cols - 8 * j);
   }
 }
 

@@ -9,8 +9,7 @@
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-#endif
-#if defined(__AVX512F__)
+
 #include "bf16_vec.h"
 #endif
 
@@ -18,7 +17,7 @@
 // bf16 weights widened to fp32 for FMAs on 16 lanes or on 8 (csrc/linear_fma.cpp).
 #if defined(__AVX512BF16__)
 #define LMISERVE_LINEAR_AVX512BF16 1
-#elif defined(__AVX512F__) && defined(__FMA__)
+#elif defined(__AVX512F__)
 #define LMISERVE_LINEAR_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LMISERVE_LINEAR_AVX2 1
