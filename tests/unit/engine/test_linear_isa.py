@@ -139,3 +139,25 @@ def test_native_build_names_its_path() -> None:
     if "avx512_bf16" in cpu_flags():
         assert isa == "avx512_bf16"
     assert torch.ops.lmiserve_cpu.linear_bf16_supported() == (isa != "none")
+
+
+@pytest.mark.parametrize("build_name", ["native", *sorted(BUILDS)])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 100), (17, 1600, 200), (70, 64, 50)])
+def test_product_added_to_y(build_name: str, m: int, k: int, n: int) -> None:
+    """kAdd: y += x W^T, the product rounded to bf16, then the sum rounded (a bf16 product added)."""
+    if build_name == "native":
+        ops = torch.ops.lmiserve_cpu
+        if not ops.linear_bf16_supported():
+            pytest.skip("the native build has no bf16 linear kernel")
+    else:
+        if BUILDS[build_name][1] not in cpu_flags():
+            pytest.skip(f"this CPU has no {BUILDS[build_name][1]}")
+        ops = build(build_name)
+    g = torch.Generator().manual_seed(m + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    y = torch.randn(m, n, generator=g).bfloat16()
+    packed = ops.pack_linear_bf16(w)
+    expected = (ops.linear_bf16(x, packed, None, n, PLAIN).float() + y.float()).bfloat16()
+    ops.linear_bf16_add_(y, x, packed)
+    assert torch.equal(y, expected)

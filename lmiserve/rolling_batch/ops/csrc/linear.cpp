@@ -170,7 +170,7 @@ std::string linear_bf16_isa() {
 void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
               int64_t k, Output output) {
   const int64_t units = output == kGateUp ? n / 2 : n;  // gated outputs only
-  const int64_t group_cols = output == kPlain ? kCols : kUnits;
+  const int64_t group_cols = output == kGateUp || output == kSwiglu ? kUnits : kCols;
   const int64_t pairs = k / 2, groups = (units + group_cols - 1) / group_cols, group_elems = pairs * kCols * 2;
   const bool prefetch = m <= kPrefetchRows;
   const int64_t rows_per_tile = tile_rows();
@@ -240,6 +240,27 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
   return y;
 }
 
+// y (.., n) += x W^T for a plain packing: the product rounded to bf16, added to y, rounded again
+// (as a product in bf16 added to y), on the vector code.
+void linear_bf16_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(linear_bf16_supported(), "linear_bf16_add_ needs a CPU with AVX2 and FMA or AVX-512 (kernels built for it)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
+                  y.scalar_type() == at::kBFloat16, "linear_bf16_add_ takes bf16");
+  TORCH_CHECK(y.is_contiguous(), "linear_bf16_add_ needs a contiguous y");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
+  const int64_t k = x.size(-1), n = y.size(-1);
+  TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " features; the weight takes ", packed.size(1) * 2);
+  TORCH_CHECK(n > 0 && n <= packed.size(0) * kCols, "y's width does not fit the weight");
+  const auto x2 = x.reshape({-1, k}).contiguous();
+  const int64_t m = x2.size(0);
+  TORCH_CHECK(y.numel() == m * n, "y must have a row of out_features for each row of x");
+  if (m == 0) return;
+#if defined(LMISERVE_LINEAR_VECTOR)
+  multiply(reinterpret_cast<const uint16_t*>(x2.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+           nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m, n, k, kAdd);
+#endif
+}
+
 }  // namespace
 
 LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
@@ -253,4 +274,6 @@ LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
   m.def("linear_amx_usable() -> bool");
   m.impl("linear_amx_usable", c10::DispatchKey::CatchAll, &amx_usable);
   m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
+  m.def("linear_bf16_add_(Tensor(a!) y, Tensor x, Tensor packed) -> ()");
+  m.impl("linear_bf16_add_", c10::DispatchKey::CPU, &linear_bf16_add_);
 }
