@@ -121,11 +121,15 @@ void swiglu_bf16(const uint16_t* g, const uint16_t* u, uint16_t* dst, int64_t n)
 #if defined(__AVX512F__)
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t len = std::min<int64_t>(16, n - i);
-    alignas(32) uint16_t gt[16] = {}, ut[16] = {};
-    std::copy(g + i, g + i + len, gt);
-    std::copy(u + i, u + i + len, ut);
-    const __m512 act = lmiserve::swiglu16(lmiserve::widen_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(gt))),
-                                          lmiserve::widen_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ut))));
+    alignas(32) uint16_t gt[16] = {}, ut[16] = {};  // the last partial vector, zero-padded
+    const uint16_t* gp = g + i;
+    const uint16_t* up = u + i;
+    if (len < 16) {
+      gp = std::copy(gp, gp + len, gt) - len;
+      up = std::copy(up, up + len, ut) - len;
+    }
+    const __m512 act = lmiserve::swiglu16(lmiserve::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp))),
+                                          lmiserve::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(up))));
     _mm512_mask_cvtepi32_storeu_epi16(dst + i, static_cast<__mmask16>((1u << len) - 1u), lmiserve::bf16_bits(act));
   }
 #else
