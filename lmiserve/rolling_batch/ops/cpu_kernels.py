@@ -37,6 +37,7 @@ _SOURCES = [
         "fused.cpp",
         "lora.cpp",
         "linear.cpp",
+        "linear_fma.cpp",
         "linear_amx.cpp",
         "lora_amx.cpp",
         "quant_linear.cpp",

@@ -1,13 +1,96 @@
-// AVX-512 helpers shared by the kernels that read and write bf16.
+// AVX-512 (and AVX2) helpers shared by the kernels that read and write bf16.
 
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <cstdint>
 
+namespace lmiserve {
+
+// Below this, e^x is taken as e^kMinExponent (1.6e-38, the smallest normal float): attention's
+// masked lanes hold -1e30, whose e^x would underflow.
+constexpr float kMinExponent = -87.f;
+
+}  // namespace lmiserve
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+namespace lmiserve {
+
+// The 8-lane forms of the AVX-512 helpers below, the same arithmetic (for AVX2-only CPUs).
+
+// 8 bf16 lanes (as 16-bit integers) widened to fp32.
+inline __m256 widen_bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+
+// Each lane's bf16 (to nearest even, as vcvtneps2bf16 and torch round) in its low 16 bits, by
+// integer arithmetic; a NaN stays a (quiet) NaN.
+inline __m256i bf16_bits8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+}
+
+// Each lane rounded to bf16, kept as fp32.
+inline __m256 round_bf16x8(__m256 x) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(x), 16)); }
+
+// 8 fp32 lanes rounded to bf16 into y[0 .. n), n <= 8
+inline void store_bf16x8(uint16_t* y, __m256 v, int64_t n) {
+  if (n <= 0) return;
+  const __m256i r = bf16_bits8(v);
+  const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  if (n >= 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y), h);
+    return;
+  }
+  alignas(16) uint16_t t[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+  std::copy(t, t + n, y);
+}
+
+// The first n (<= 8) bf16 values of p as fp32 (the other lanes 0).
+inline __m256 load_bf16x8(const uint16_t* p, int64_t n) {
+  if (n >= 8) return widen_bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t t[8] = {};
+  std::copy(p, p + std::max<int64_t>(n, 0), t);
+  return widen_bf16x8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+// exp16 below on 8 lanes: the same clamp, polynomial and scaling, operation for operation.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(kMinExponent));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // 2^n for n in [-126, 127]: a normal float's exponent field (scalef's exact product)
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
+}
+
+// swiglu16 below on 8 lanes: silu(gate) rounded to bf16, times up (not yet rounded).
+inline __m256 swiglu8(__m256 gate, __m256 up) {
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
+  return _mm256_mul_ps(round_bf16x8(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), e))), up);
+}
+
+}  // namespace lmiserve
+#endif
+
+#if defined(__AVX512F__)
 namespace lmiserve {
 
 // 16 bf16 lanes (as 16-bit integers) widened to fp32: a bf16 is the top half of its float.
@@ -33,10 +116,6 @@ inline void split_bf16(const c10::BFloat16* p, __m512& even, __m512& odd) {
   even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
-
-// Below this, e^x is taken as e^kMinExponent (1.6e-38, the smallest normal float): attention's
-// masked lanes hold -1e30, whose e^x would underflow.
-constexpr float kMinExponent = -87.f;
 
 // e^x in each lane, within about one unit in the last place: x = n ln2 + r with |r| <= ln2 / 2,
 // e^r by Cephes' expf polynomial, then scaled by 2^n.
@@ -66,11 +145,24 @@ inline __m512 softcap16(__m512 x, float cap) {
   return _mm512_mul_ps(t, _mm512_set1_ps(cap));
 }
 
-#if defined(__AVX512BF16__)
+// Each lane's bf16 (rounded to nearest even, as vcvtneps2bf16 and torch round) in its low 16
+// bits, by integer arithmetic; a NaN stays a (quiet) NaN.
+inline __m512i bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
 // Each lane rounded to bf16 (to nearest even), kept as fp32.
+#if defined(__AVX512BF16__)
 inline __m512 round_bf16(__m512 x) {
   return widen_bf16((__m256i)_mm512_cvtneps_pbh(x));
 }
+#else
+inline __m512 round_bf16(__m512 x) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(x), 16)); }
+#endif
 
 // SwiGLU of bf16 gate and up values (in fp32 lanes), before the final rounding: silu(gate)
 // rounded to bf16, times up, as the reference rounds (F.silu(gate) * up in bf16).
@@ -78,7 +170,6 @@ inline __m512 swiglu16(__m512 gate, __m512 up) {
   const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
   return _mm512_mul_ps(round_bf16(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e))), up);
 }
-#endif
 
 // Transposes 16 rows of 16 32-bit values in place: r[i] lane j <-> r[j] lane i.
 inline void transpose16(__m512i* r) {

@@ -6,13 +6,20 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 
 #include "bf16_vec.h"
 #include "convert.h"
 #include "rotary.h"
+
+#ifndef LMISERVE_OPS_NS
+#define LMISERVE_OPS_NS lmiserve_cpu
+#endif
+#define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
 namespace {
 
@@ -106,6 +113,35 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tens
   });
 }
 
+#if !defined(__AVX512BF16__) && (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)))
+#define LMISERVE_SWIGLU_FMA 1
+// silu(gate) * up of n bf16 values with the arithmetic of csrc/linear_fma.cpp's fused SwiGLU (the
+// same exp and roundings, so a gated product's SwiGLU equals this on its gate_up)
+void swiglu_bf16(const uint16_t* g, const uint16_t* u, uint16_t* dst, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t len = std::min<int64_t>(16, n - i);
+    alignas(32) uint16_t gt[16] = {}, ut[16] = {};  // the last partial vector, zero-padded
+    const uint16_t* gp = g + i;
+    const uint16_t* up = u + i;
+    if (len < 16) {
+      gp = std::copy(gp, gp + len, gt) - len;
+      up = std::copy(up, up + len, ut) - len;
+    }
+    const __m512 act = lmiserve::swiglu16(lmiserve::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp))),
+                                          lmiserve::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(up))));
+    _mm512_mask_cvtepi32_storeu_epi16(dst + i, static_cast<__mmask16>((1u << len) - 1u), lmiserve::bf16_bits(act));
+  }
+#else
+  for (int64_t i = 0; i < n; i += 8) {
+    const int64_t len = std::min<int64_t>(8, n - i);
+    lmiserve::store_bf16x8(dst + i, lmiserve::swiglu8(lmiserve::load_bf16x8(g + i, len), lmiserve::load_bf16x8(u + i, len)),
+                           len);
+  }
+#endif
+}
+#endif
+
 template <typename T>
 void swiglu_rows(const T* in, T* out, int64_t rows, int64_t inner) {
   const int64_t width = 2 * inner;
@@ -125,6 +161,12 @@ void swiglu_rows(const T* in, T* out, int64_t rows, int64_t inner) {
           const __m512 act = lmiserve::swiglu16(lmiserve::bf16x16(g + i, inner - i), lmiserve::bf16x16(u + i, inner - i));
           _mm256_mask_storeu_epi16(dst + i, static_cast<__mmask16>((1u << (inner - i)) - 1u), (__m256i)_mm512_cvtneps_pbh(act));
         }
+        continue;
+      }
+#elif defined(LMISERVE_SWIGLU_FMA)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        swiglu_bf16(reinterpret_cast<const uint16_t*>(g), reinterpret_cast<const uint16_t*>(u),
+                    reinterpret_cast<uint16_t*>(dst), inner);
         continue;
       }
 #endif
@@ -153,7 +195,7 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
+LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.def("add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");

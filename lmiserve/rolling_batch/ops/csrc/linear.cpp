@@ -1,4 +1,6 @@
-// bf16 linear layers on CPUs with AVX512_BF16: y = x W^T (+ bias), sums in fp32, y rounded to bf16.
+// bf16 linear layers: y = x W^T (+ bias), sums in fp32, y rounded to bf16. On CPUs with
+// AVX512_BF16 here; on AVX-512F and AVX2 ones the same packing and tiles run on FMAs, the weights
+// widened to fp32 in registers (csrc/linear_fma.cpp).
 //
 // The weight (N, K) is packed once into groups of kCols = 48 output columns, each group laid out
 // as [K/2][48][2]: for every pair of k, the 48 columns' two values side by side, which is what
@@ -27,9 +29,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "linear_tile.h"
+
+#ifndef LMISERVE_OPS_NS
+#define LMISERVE_OPS_NS lmiserve_cpu
+#endif
+#define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
 namespace {
 
@@ -68,22 +76,11 @@ at::Tensor pack_linear_bf16(const at::Tensor& weight, bool gated) {
   return packed;
 }
 
-bool linear_bf16_supported() {
-#if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
-#endif
-}
+}  // namespace
 
-#if defined(__AVX512BF16__)
-
-// Requests for the next group's cache lines spread over a group's tiles: tile `tile` of `tiles`
-// asks, at pair p, for the lines numbered (tile * pairs + p) * kPanels / tiles onwards.
-struct Ahead {
-  const char* next;
-  int64_t tile, tiles;
-};
+#if defined(LMISERVE_LINEAR_AVX512BF16)
+namespace lmiserve_linear {
+namespace {
 
 template <int MR, bool PREFETCH>
 void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
@@ -118,10 +115,8 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
   for (int r = 0; r < MR; ++r) finish_row(acc[r], out.y + r * out.ldy, out);
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
-
 template <bool PREFETCH>
-TileFn pick_tile(int64_t rows) {
+TileFn pick(int64_t rows) {
   switch (rows) {
     case 1: return &tile<1, PREFETCH>;
     case 2: return &tile<2, PREFETCH>;
@@ -134,22 +129,59 @@ TileFn pick_tile(int64_t rows) {
   }
 }
 
+}  // namespace
+
+int64_t tile_rows() { return kRows; }
+
+TileFn pick_tile(int64_t rows, bool prefetch) { return prefetch ? pick<true>(rows) : pick<false>(rows); }
+
+}  // namespace lmiserve_linear
+#endif
+
+namespace {
+
+using namespace lmiserve_linear;
+
+bool linear_bf16_supported() {
+#if defined(LMISERVE_LINEAR_VECTOR)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Which vector code this build's kernel runs: "avx512_bf16", "avx512", "avx2" or "none".
+std::string linear_bf16_isa() {
+#if defined(LMISERVE_LINEAR_AVX512BF16)
+  return "avx512_bf16";
+#elif defined(LMISERVE_LINEAR_AVX512)
+  return "avx512";
+#elif defined(LMISERVE_LINEAR_AVX2)
+  return "avx2";
+#else
+  return "none";
+#endif
+}
+
+#if defined(LMISERVE_LINEAR_VECTOR)
+
 // y (m, n) = x W^T for a plain packing; for a gated one, n is the output width: 2 x units
 // (kGateUp) or units (kSwiglu).
 void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
               int64_t k, Output output) {
   const int64_t units = output == kGateUp ? n / 2 : n;  // gated outputs only
-  const int64_t group_cols = output == kPlain ? kCols : kUnits;
+  const int64_t group_cols = output == kGateUp || output == kSwiglu ? kUnits : kCols;
   const int64_t pairs = k / 2, groups = (units + group_cols - 1) / group_cols, group_elems = pairs * kCols * 2;
   const bool prefetch = m <= kPrefetchRows;
-  const int64_t chunk = std::max<int64_t>(kRows, (kChunkBytes / (2 * k)) / kRows * kRows);
+  const int64_t rows_per_tile = tile_rows();
+  const int64_t chunk = std::max<int64_t>(rows_per_tile, (kChunkBytes / (2 * k)) / rows_per_tile * rows_per_tile);
   const int64_t stretches = (pairs + kPairsPerStretch - 1) / kPairsPerStretch;
   const int64_t stretch = (pairs + stretches - 1) / stretches;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> part(stretches > 1 ? chunk * kCols : 0);
     std::vector<float> group_bias(kCols, 0.f);
     for (int64_t m0 = 0; m0 < m; m0 += chunk) {
-      const int64_t m1 = std::min(m, m0 + chunk), tiles = (m1 - m0 + kRows - 1) / kRows;
+      const int64_t m1 = std::min(m, m0 + chunk), tiles = (m1 - m0 + rows_per_tile - 1) / rows_per_tile;
       for (int64_t g = g0; g < g1; ++g) {
         const uint16_t* b = packed + g * group_elems;
         const int64_t cols = std::min(group_cols, units - g * group_cols);  // units = n when plain
@@ -158,12 +190,11 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
         for (int64_t p0 = 0; p0 < pairs; p0 += stretch) {
           const int64_t len = std::min(stretch, pairs - p0);
           for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t r0 = m0 + t * kRows, rows = std::min(kRows, m1 - r0);
+            const int64_t r0 = m0 + t * rows_per_tile, rows = std::min(rows_per_tile, m1 - r0);
             const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
-                              part.data() + t * kRows * kCols, p0 == 0, p0 + len >= pairs, output, units};
+                              part.data() + t * rows_per_tile * kCols, p0 == 0, p0 + len >= pairs, output, units};
             const bool ask = prefetch && next != nullptr && stretches == 1;
-            const TileFn fn = ask ? pick_tile<true>(rows) : pick_tile<false>(rows);
-            fn(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
+            pick_tile(rows, ask)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
           }
         }
       }
@@ -177,7 +208,7 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
 // run it (csrc/linear_amx.cpp), else the vector kernel.
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t out_features, int64_t output, bool tiles) {
-  TORCH_CHECK(linear_bf16_supported(), "linear_bf16 needs a CPU with AVX512_BF16 (kernels built for it)");
+  TORCH_CHECK(linear_bf16_supported(), "linear_bf16 needs a CPU with AVX2 and FMA or AVX-512 (kernels built for it)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_bf16 takes bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
   const int64_t k = x.size(-1);
@@ -198,7 +229,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
     TORCH_CHECK(bias->numel() == out_features, "bias must have out_features values");
     bias_f32 = bias->to(at::kFloat).contiguous();
   }
-#if defined(__AVX512BF16__)
+#if defined(LMISERVE_LINEAR_VECTOR)
   const auto* xs = reinterpret_cast<const uint16_t*>(x2.data_ptr());
   const auto* ws = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   const float* bs = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
@@ -209,15 +240,40 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
   return y;
 }
 
+// y (.., n) += x W^T for a plain packing: the product rounded to bf16, added to y, rounded again
+// (as a product in bf16 added to y), on the vector code.
+void linear_bf16_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(linear_bf16_supported(), "linear_bf16_add_ needs a CPU with AVX2 and FMA or AVX-512 (kernels built for it)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
+                  y.scalar_type() == at::kBFloat16, "linear_bf16_add_ takes bf16");
+  TORCH_CHECK(y.is_contiguous(), "linear_bf16_add_ needs a contiguous y");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "not a weight from pack_linear_bf16");
+  const int64_t k = x.size(-1), n = y.size(-1);
+  TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " features; the weight takes ", packed.size(1) * 2);
+  TORCH_CHECK(n > 0 && n <= packed.size(0) * kCols, "y's width does not fit the weight");
+  const auto x2 = x.reshape({-1, k}).contiguous();
+  const int64_t m = x2.size(0);
+  TORCH_CHECK(y.numel() == m * n, "y must have a row of out_features for each row of x");
+  if (m == 0) return;
+#if defined(LMISERVE_LINEAR_VECTOR)
+  multiply(reinterpret_cast<const uint16_t*>(x2.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+           nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m, n, k, kAdd);
+#endif
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
+LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
   m.def("pack_linear_bf16(Tensor weight, bool gated=False) -> Tensor");
   m.impl("pack_linear_bf16", c10::DispatchKey::CPU, &pack_linear_bf16);
   m.def("linear_bf16_supported() -> bool");
   m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
+  m.def("linear_bf16_isa() -> str");
+  m.impl("linear_bf16_isa", c10::DispatchKey::CatchAll, &linear_bf16_isa);
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0, bool tiles=False) -> Tensor");
   m.def("linear_amx_usable() -> bool");
   m.impl("linear_amx_usable", c10::DispatchKey::CatchAll, &amx_usable);
   m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
+  m.def("linear_bf16_add_(Tensor(a!) y, Tensor x, Tensor packed) -> ()");
+  m.impl("linear_bf16_add_", c10::DispatchKey::CPU, &linear_bf16_add_);
 }

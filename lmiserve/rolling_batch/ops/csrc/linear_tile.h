@@ -7,10 +7,23 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 
 #include "bf16_vec.h"
+#endif
+
+// Which vector code the bf16 linear kernel has in this build: vdpbf16ps (csrc/linear.cpp), or
+// bf16 weights widened to fp32 for FMAs on 16 lanes or on 8 (csrc/linear_fma.cpp).
+#if defined(__AVX512BF16__)
+#define LMISERVE_LINEAR_AVX512BF16 1
+#elif defined(__AVX512F__)
+#define LMISERVE_LINEAR_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LMISERVE_LINEAR_AVX2 1
+#endif
+#if defined(LMISERVE_LINEAR_AVX512BF16) || defined(LMISERVE_LINEAR_AVX512) || defined(LMISERVE_LINEAR_AVX2)
+#define LMISERVE_LINEAR_VECTOR 1
 #endif
 
 namespace lmiserve_linear {
@@ -28,25 +41,57 @@ constexpr int64_t kUnits = kCols / 2;        // gated packing: gate and up colum
 // kAdd (a plain weight only): y += round(x W^T), rounded again, as a product in bf16 added to y.
 enum Output : int64_t { kPlain = 0, kGateUp = 1, kSwiglu = 2, kAdd = 3 };
 
-#if defined(__AVX512BF16__)
-
 // Where a tile's sums go: the first stretch of K starts them at zero (or at `part`), the last
 // rounds them to bf16 in y (adding the bias), the others leave them in `part`.
 struct TileOut {
   uint16_t* y;        // the group's first output column (kGateUp: its first gate column)
   int64_t ldy, cols;  // cols: the group's output columns (gated: its units)
   const float* bias;  // kCols values for this group, or nullptr
-  float* part;        // kRows * kCols partial sums between stretches
+  float* part;        // the tile's rows x kCols partial sums between stretches
   bool first, last;
   Output output = kPlain;
   int64_t units = 0;  // gated: where the up columns start in y (kGateUp)
 };
 
+// Requests for the next group's cache lines spread over a group's tiles: tile `tile` of `tiles`
+// asks, at pair p, for the lines numbered (tile * pairs + p) * kLinesPerPair / tiles onwards.
+struct Ahead {
+  const char* next;
+  int64_t tile, tiles;
+};
+constexpr int64_t kLinesPerPair = kCols * 2 * 2 / 64;  // a pair of k of a group: 192 bytes
+
+// A tile: `rows` rows of x (ldx elements apart) times `pairs` pairs of k of a group, finished as
+// `out` says. The vector code has tiles of up to tile_rows() rows; pick_tile gives the one for
+// `rows` rows, requesting the next group's lines ahead or not.
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
+#if defined(LMISERVE_LINEAR_VECTOR)
+int64_t tile_rows();
+TileFn pick_tile(int64_t rows, bool prefetch);
+#endif
+
+#if defined(__AVX512F__)
+
 // 16 fp32 lanes rounded to bf16 into y[0 .. n), n <= 16
 inline void store16(uint16_t* y, __m512 v, int64_t n) {
   if (n <= 0) return;
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  _mm256_mask_storeu_epi16(y, static_cast<__mmask16>((1u << std::min<int64_t>(n, 16)) - 1u), h);
+  const auto mask = static_cast<__mmask16>((1u << std::min<int64_t>(n, 16)) - 1u);
+#if defined(__AVX512BF16__)
+  _mm256_mask_storeu_epi16(y, mask, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  _mm512_mask_cvtepi32_storeu_epi16(y, mask, lmiserve::bf16_bits(v));
+#endif
+}
+
+// The first n (<= 16) bf16 values of y, widened to fp32 (the other lanes 0).
+inline __m512 load16(const uint16_t* y, int64_t n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return lmiserve::widen_bf16(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), y));
+#else
+  alignas(32) uint16_t v[16] = {};
+  std::copy(y, y + n, v);
+  return lmiserve::widen_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(v)));
+#endif
 }
 
 // A gated tile's row: acc[0] = gate units 0-15, acc[1] = gate 16-23 then up 0-7, acc[2] = up 8-23.
@@ -72,8 +117,7 @@ inline void finish_row(const __m512* acc, uint16_t* y, const TileOut& out) {
   if (out.output == kAdd) {
     for (int j = 0; j < kPanels && 16 * j < out.cols; ++j) {
       const int64_t n = std::min<int64_t>(16, out.cols - 16 * j);
-      const __m256i old = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), y + 16 * j);
-      store16(y + 16 * j, _mm512_add_ps(lmiserve::round_bf16(acc[j]), lmiserve::widen_bf16(old)), n);
+      store16(y + 16 * j, _mm512_add_ps(lmiserve::round_bf16(acc[j]), load16(y + 16 * j, n)), n);
     }
     return;
   }
