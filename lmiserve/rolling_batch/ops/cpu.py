@@ -1,12 +1,13 @@
 """The device ops tuned for CPUs.
 
-- Linear layers in bf16, on CPUs with AVX512_BF16, use a C++ kernel with weights packed once
-  for it: on AMX tiles where the CPU has them (``csrc/linear_amx.cpp``), else AVX-512 code
-  (``csrc/linear.cpp``) that keeps the next columns' weights arriving while it multiplies, which
-  a decode step (few rows, every weight read from memory) needs most. A row's result there never
-  depends on the other rows, which deterministic mode (``row_invariant``) relies on. Without
-  AVX512_BF16, oneDNN with weights reordered once into its blocked layout (the reorder otherwise
-  happens on every call; at small batch sizes it costs more than the multiply itself).
+- Linear layers in bf16 use a C++ kernel with weights packed once for it: on AMX tiles where the
+  CPU has them (``csrc/linear_amx.cpp``), else vector code that keeps the next columns' weights
+  arriving while it multiplies, which a decode step (few rows, every weight read from memory)
+  needs most: bf16 pairs multiplied by ``vdpbf16ps`` with AVX512_BF16 (``csrc/linear.cpp``), the
+  weights widened to fp32 in registers for FMAs on AVX-512F and AVX2 (``csrc/linear_fma.cpp``).
+  A row's result never depends on the other rows, which deterministic mode (``row_invariant``)
+  relies on. A build without any of them (the portable class): oneDNN with weights reordered
+  once into its blocked layout where it multiplies bf16, else ``F.linear``.
 - Decode attention reads keys and values straight from the paged cache in a small C++
   kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
   gathers each sequence's keys and values once and uses torch's SDPA.

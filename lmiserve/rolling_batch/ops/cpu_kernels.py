@@ -124,7 +124,7 @@ def bf16_packing_supported() -> bool:
         except RuntimeError:
             supported = False
     if not supported:
-        log.info("this CPU has no oneDNN bf16 matrix products; bf16 weights are not prepacked")
+        log.info("this CPU has no oneDNN bf16 matrix products; bf16 weights are not prepacked for oneDNN")
     return supported
 
 
@@ -134,11 +134,13 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 @functools.cache
 def bf16_linear_kernel() -> bool:
-    """Whether the C++ bf16 linear kernel is built for this CPU: AVX512_BF16 (the kernels are
-    compiled for the CPU class in use: the avx512_bf16 or the amx class). Where it is, bf16 linear layers run in it: on AMX tiles
-    where the CPU has them and the operating system grants them (per forward of SmolLM2's linear
-    layers, 5.7 ms against oneDNN's 5.9 at one row, 6.9 against 8.9 at 32, 90.8 against 103.2 at
-    1,024, 178 against 142 at 2,048), else on its vector code (faster than oneDNN's at decode sizes)."""
+    """Whether the C++ bf16 linear kernel is built for this CPU class: AVX2+FMA, AVX-512F and
+    AVX512_BF16 builds all have it (``linear_bf16_isa()`` says which path: the last multiplies
+    bf16 pairs with ``vdpbf16ps``, the others widen the weights to fp32 in registers for FMAs).
+    Where it is, bf16 linear layers run in it: on AMX tiles where the CPU has them and the
+    operating system grants them (per forward of SmolLM2's linear layers, 5.7 ms against
+    oneDNN's 5.9 at one row, 6.9 against 8.9 at 32, 90.8 against 103.2 at 1,024, 178 against 142
+    at 2,048), else on its vector code (faster than oneDNN's at decode sizes)."""
     return load_kernels() and bool(torch.ops.lmiserve_cpu.linear_bf16_supported())
 
 
