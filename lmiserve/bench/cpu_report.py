@@ -32,6 +32,8 @@ from ..wire import SamplingParams
 MATMUL = re.compile(r"^(aten|mkldnn)::\w*(mm|linear|matmul)")
 """torch's matrix products (``aten::addmm``, ``aten::mm``, ``mkldnn::_linear_pointwise``...)."""
 OTHER = "other (torch ops and Python)"
+TOP = 8
+"""Op lines printed per level (the JSON has them all)."""
 COUNTED = (
     "every weight a decode step reads: the decoder layers' linear weights (dense: their tensors' bytes; "
     "GGUF blocks: the blocks' bytes; other quantized formats: their tensors'), biases and norms, the final "
@@ -145,7 +147,7 @@ def _timed_steps(engine: Engine, steps: int) -> list[float]:
     return times
 
 
-def op_shares(events: Any, total_us: float, top: int = 8) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def op_shares(events: Any, total_us: float) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Per op (self CPU time of ``key_averages()``) its share of ``total_us``: the C++ kernels and
     torch's matrix products each on a line, the rest of torch's ops and the Python between them on
     one (step time less every op's self time)."""
@@ -159,7 +161,7 @@ def op_shares(events: Any, total_us: float, top: int = 8) -> tuple[list[dict[str
     named = sum(x["share"] for x in lines)
     python = max(0.0, 1.0 - named - other_ops)
     other = {"share": max(0.0, 1.0 - named), "torch_ops": other_ops, "python": python}
-    return lines[:top], other
+    return lines, other
 
 
 def decode_level(engine: Engine, c: int, prompt_tokens: int, steps: int, rng: random.Random) -> dict[str, Any]:
@@ -257,8 +259,11 @@ def render(r: dict[str, Any]) -> str:
             f"{row['profiled_step_s'] * 1e3:.2f}), {row['tokens_per_s']:.1f} tok/s, weights read at "
             f"{row['read_bytes_per_s'] / 1e9:.1f} GB/s = {row['read_ceiling_share']:.0%} of the ceiling"
         )
-        for line in row["ops"]:
+        for line in row["ops"][:TOP]:
             out.append(f"  {line['share']:6.1%}  {line['op']} ({line['calls']} calls)")
+        if len(row["ops"]) > TOP:
+            rest = row["ops"][TOP:]
+            out.append(f"  {sum(x['share'] for x in rest):6.1%}  {len(rest)} more kernels and matrix products")
         o = row["other"]
         out.append(f"  {o['share']:6.1%}  {OTHER}: torch ops {o['torch_ops']:.1%}, Python {o['python']:.1%}")
     p = r["prefill"]
