@@ -231,13 +231,15 @@ def cpu_report(engine: Engine, why: str, levels: list[int], prompt_tokens: int, 
     ceiling = ceilings.flops.get(engine.config.dtype, ceilings.flops["fp32"])
     pre["ceiling_share"] = pre["flops"] / ceiling
     report["prefill"] = pre
+    report["machine"]["load_average_end"] = os.getloadavg()[0]  # other processes' share of the CPU
     return report
 
 
 def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     out = [
-        f"CPU: {m['cpu']}; torch threads {m['torch_threads']}; load average {m['load_average']:.2f} at the start",
+        f"CPU: {m['cpu']}; torch threads {m['torch_threads']}; load average {m['load_average']:.2f} at the start, "
+        f"{m['load_average_end']:.2f} at the end",
         f"{m['isa']}; torch CPU capability {m['torch_cpu_capability']}",
     ]
     if m["kernels"]:
