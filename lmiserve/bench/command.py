@@ -20,7 +20,11 @@ from .report import plot, table, write_json
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the running server")
     parser.add_argument("--api", choices=sorted(APIS), default="lmi", help="protocol to load the server with")
-    parser.add_argument("--concurrency", default="1,8,32,128", help="comma-separated concurrency levels")
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated concurrency levels (default: 1,8,32,128; --cpu-report 1,8,32)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=190)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=0, help="measured requests per level (default: max(8, 3 x c))")
@@ -40,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
     parser.add_argument("--device", default=None, help="baseline device (default: the server's, e.g. cuda:0)")
     parser.add_argument("--out", default="bench-results", help="directory for report.json and report.png")
+    parser.add_argument(
+        "--cpu-report",
+        action="store_true",
+        help="no server: run the engine in this process and report how it uses this CPU (cpu-report.json in --out)",
+    )
+    parser.add_argument("--model-dir", default=None, help="--cpu-report: the model directory, as for lmiserve serve")
+    parser.add_argument("--steps", type=int, default=20, help="--cpu-report: decode steps measured per level")
     parser.add_argument(
         "--client-procs",
         type=int,
@@ -94,9 +105,20 @@ def _model_path(info: dict, tokenizer: str | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cpu_report:
+        from ..cpu_isa import CpuIsaError, apply_torch_env
+
+        try:
+            apply_torch_env()  # a forced CPU class holds torch's own kernels too, as in lmiserve serve
+        except CpuIsaError as exc:
+            print(f"lmiserve: {exc}", file=sys.stderr)
+            return 2
+        from .cpu_report import run as run_cpu_report
+
+        return run_cpu_report(args)
     from transformers import AutoTokenizer
 
-    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    levels = [int(c) for c in (args.concurrency or "1,8,32,128").split(",") if c.strip()]
     adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]
     info = _server_model(args.url, args.model)
     path = _model_path(info, args.tokenizer)

@@ -16,6 +16,11 @@ log = logging.getLogger("lmiserve.engine")
 
 def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
     """The engine's configuration from :func:`~.engine_config.engine_options`' strings."""
+    return placed_config(model_path, options)[0]
+
+
+def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfig, str]:
+    """:func:`engine_config`, and why its dtype was chosen."""
     model, engine = settings_of(options)
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
@@ -25,9 +30,10 @@ def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
         dtype, why = measured_dtype(Path(model_path), engine.quantize)
     log.info("dtype %s (%s)", dtype, why)
     degree = resolve_degree(model.tensor_parallel_degree, device)
-    return EngineConfig.from_settings(
+    config = EngineConfig.from_settings(
         model_path, model, engine, device=device, dtype=dtype, tensor_parallel_degree=degree
     )
+    return config, why
 
 
 def engine_device(model: ModelSettings) -> str:
