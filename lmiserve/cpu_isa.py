@@ -59,6 +59,7 @@ _ARM_NEEDS = {"neon": {"asimd"}, "neon_bf16": {"bf16"}}
 
 # torch's (ATen's) and oneDNN's own names for the level a forced class holds them to
 _ATEN = {"portable": "default", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512", "amx": "avx512"}
+_MKL = {"portable": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512", "avx512_bf16": "AVX512", "amx": "AVX512"}
 _ONEDNN = {
     "portable": "SSE41",
     "avx2": "AVX2",
@@ -176,12 +177,17 @@ def compile_flags(cls: str) -> list[str]:
 
 
 def torch_env(cls: str, cpu: CpuInfo) -> dict[str, str]:
-    """The environment that holds torch's kernels (``ATEN_CPU_CAPABILITY``) and oneDNN's
-    (``ONEDNN_MAX_CPU_ISA``) to CLS, where it is below what the CPU has; nothing otherwise."""
+    """The environment that holds torch's kernels (``ATEN_CPU_CAPABILITY``), oneDNN's
+    (``ONEDNN_MAX_CPU_ISA``) and MKL's (``MKL_ENABLE_INSTRUCTIONS``: torch's fp32 matrix products)
+    to CLS, where it is below what the CPU has; nothing otherwise."""
     if cls == cpu.detected:
         return {}
     if cpu.family == "x86":
-        return {"ATEN_CPU_CAPABILITY": _ATEN[cls], "ONEDNN_MAX_CPU_ISA": _ONEDNN[cls]}
+        return {
+            "ATEN_CPU_CAPABILITY": _ATEN[cls],
+            "ONEDNN_MAX_CPU_ISA": _ONEDNN[cls],
+            "MKL_ENABLE_INSTRUCTIONS": _MKL[cls],
+        }
     if cls == "portable":
         return {"ATEN_CPU_CAPABILITY": "default"}
     return {}

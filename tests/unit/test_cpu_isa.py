@@ -105,10 +105,22 @@ def test_the_environment() -> None:
 def test_torch_and_onednn_follow_a_forced_class() -> None:
     spr = _cpu("sapphire_rapids")
     assert torch_env("amx", spr) == {}
-    assert torch_env("avx2", spr) == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    assert torch_env("avx512", spr) == {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    assert torch_env("avx2", spr) == {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    }
+    assert torch_env("avx512", spr) == {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+    }
     assert torch_env("avx512_bf16", spr)["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
-    assert torch_env("portable", spr) == {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    assert torch_env("portable", spr) == {
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    }
     assert torch_env("portable", _cpu("graviton3")) == {"ATEN_CPU_CAPABILITY": "default"}
 
 
@@ -141,7 +153,11 @@ def test_torch_reports_the_forced_class() -> None:
         "from lmiserve.cpu_isa import apply_torch_env; apply_torch_env(); import torch;"
         "print(torch.backends.cpu.get_cpu_capability())"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+    }
     env["LMISERVE_CPU_ISA"] = "avx2"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "AVX2"
