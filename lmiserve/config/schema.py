@@ -125,7 +125,8 @@ class ModelSettings(Area):
         "option.dtype",
         "Weight and compute dtype. auto: bf16 on CPUs with native bf16 (AVX512_BF16/AMX) and on GPUs "
         "that support it, fp16 on other GPUs and NPUs; on other CPUs the engine measures the model's "
-        "linear layers in fp32 and in bf16 at start-up and takes the faster (the dynamic-batch handler: fp32).",
+        "linear layers in fp32 and in bf16 (and a GGUF model's blocks against its weights dequantized) at "
+        "start-up and takes the fastest (the dynamic-batch handler: fp32).",
         allowed="auto, fp32, fp16, bf16",
     )
     device: str = setting(

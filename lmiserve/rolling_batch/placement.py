@@ -25,9 +25,12 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
     if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
-        from .ops.cpu_dtype import measured_dtype
+        from .ops.cpu_dtype import measured_format
 
-        dtype, why = measured_dtype(Path(model_path), engine.quantize)
+        choice, why = measured_format(Path(model_path), engine.quantize)
+        dtype = choice.dtype if choice is not None else "fp32"
+        if choice is not None and choice.dense:  # a GGUF model's weights, dequantized at load
+            engine = engine.model_copy(update={"quantize": "none"})
     log.info("dtype %s (%s)", dtype, why)
     degree = resolve_degree(model.tensor_parallel_degree, device)
     config = EngineConfig.from_settings(

@@ -40,14 +40,18 @@ def test_auto_dtype_is_measured_on_a_cpu_without_bf16_arithmetic(tmp_path, monke
     from lmiserve.rolling_batch.ops import cpu_dtype
 
     asked = []
-    monkeypatch.setattr(cpu_dtype, "measured_dtype", lambda path, quantize: asked.append(path) or ("bf16", "measured"))
+    choice = cpu_dtype.Choice("bf16", {}, dense=True)
+    monkeypatch.setattr(cpu_dtype, "measured_format", lambda path, quantize: asked.append(path) or (choice, "measured"))
     monkeypatch.setattr(placement, "resolve_device", lambda spec: "cpu")
     monkeypatch.setattr(placement, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("fp32", "by the ISA or the setting"))
     (tmp_path / "serving.properties").write_text(text)
     s = load_settings(tmp_path, env={})
-    assert engine_config(str(tmp_path), engine_options(s.model, s.engine)).dtype == dtype
-    assert asked == ([tmp_path] if not native and not text else [])
+    config = engine_config(str(tmp_path), engine_options(s.model, s.engine))
+    assert config.dtype == dtype
+    measured = not native and not text
+    assert asked == ([tmp_path] if measured else [])
+    assert config.quantize == ("none" if measured else None)  # the measurement chose dense weights
 
 
 def test_each_field_holds_the_value_of_the_setting_it_names(tmp_path, monkeypatch):

@@ -1,17 +1,21 @@
-"""fp32 or bf16 on a CPU without bf16 arithmetic: whichever runs this model's linear layers faster.
+"""fp32 or bf16 on a CPU without bf16 arithmetic, and for a GGUF model its blocks or dense weights:
+whichever runs this model's linear layers faster.
 
-On a CPU with AVX512_BF16 or AMX, bf16 is the answer and nothing is measured. Elsewhere bf16 has
-no arithmetic of its own, but a bf16 weight is half the bytes of an fp32 one and decoding reads
-every weight at every step, so which format is faster depends on the machine: how fast it reads
-memory, how its kernels widen bf16 to fp32 in registers. It is measured at start-up, in well under
-a second: the model's linear layers as the engine will run them (:class:`~.cpu.CpuOps`, with its
-C++ kernels), at one row and at 16 (a decode step of one stream and of sixteen), in fp32 and in
-bf16, over weights of the model's shapes, as many layers as 64 MiB of weights hold (more than
-the caches of most CPUs, so the weights come from memory as they do in a step) plus the LM head.
-GGUF block layers keep their blocks in either format; only their activations change.
+On a CPU with AVX512_BF16 or AMX, bf16 and the blocks are the answer and nothing is measured.
+Elsewhere bf16 has no arithmetic of its own, but a bf16 weight is half the bytes of an fp32 one and
+decoding reads every weight at every step, so which format is faster depends on the machine: how
+fast it reads memory, how its kernels widen bf16 to fp32 in registers, how fast its block kernel
+turns blocks into weights. It is measured at start-up, in about a second: the model's linear layers
+as the engine will run them (:class:`~.cpu.CpuOps`, with its C++ kernels), in fp32 and in bf16,
+from the blocks and (for a GGUF model served from its blocks) dequantized, at one row (a decode
+step of one stream) over as many layers as 64 MiB of weights hold (more than the caches of most
+CPUs, so the weights come from memory as they do in a step), and at 16 and 64 rows (a busy decode
+step, a prompt chunk) over one layer, each scaled to the model's layer count, plus the LM head.
+Dense weights are a candidate only where they take under ``DENSE_MEMORY_SHARE`` of the memory
+available.
 
 What is not measured: attention, norms and the rest of a step, which take a small share of it at
-these sizes, and a prompt's prefill, which is bound by arithmetic (fp32's).
+these sizes.
 """
 
 from __future__ import annotations
@@ -30,11 +34,16 @@ from ..quant.weights import BLOCK, BLOCK_BYTES, BlockWeight
 log = logging.getLogger("lmiserve.engine")
 
 SAMPLE_BYTES = 64 << 20
-"""Bytes of weights sampled (bf16 or blocks): more than the caches of most CPUs."""
-ROWS = (1, 16)
+"""Bytes of weights sampled at one row (bf16 or blocks): more than the caches of most CPUs."""
+ONE_ROW = 1
+MANY_ROWS = (16, 64)
 REPEATS = 5
 MARGIN = 0.95
-"""bf16 is chosen when it takes less than this share of fp32's time (ties go to fp32: exact)."""
+"""A candidate other than fp32 from the checkpoint's own format is chosen only when it takes less
+than this share of that one's time (ties go to fp32 from the checkpoint: exact)."""
+DENSE_MEMORY_SHARE = 0.4
+"""Dense weights are a candidate for a GGUF model only where they take less than this share of
+the memory available."""
 
 
 @dataclass(frozen=True)
@@ -47,19 +56,29 @@ class Layer:
     in_features: int
     kind: str = "dense"
 
+    def dense(self) -> Layer:
+        return Layer(self.name, self.out_features, self.in_features)
+
 
 @dataclass(frozen=True)
 class Choice:
     dtype: str
     seconds: dict[str, float]
-    """Per dtype: the sampled layers at one row plus at 16 rows, per call."""
+    """Per candidate (``fp32``, ``bf16``, and for a GGUF model ``fp32 dense``, ``bf16 dense``): the
+    model's linear layers at one row plus at 16 and 64 rows, seconds."""
+    dense: bool = False
+    """Serve a GGUF model's weights dequantized (``option.quantize=none``) instead of its blocks."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.dtype} dense" if self.dense else self.dtype
 
     def why(self) -> str:
-        fp32, bf16 = self.seconds["fp32"], self.seconds["bf16"]
-        faster = "faster" if bf16 < fp32 else "slower"
+        times = ", ".join(f"{name} {t * 1e3:.1f} ms" for name, t in sorted(self.seconds.items(), key=lambda kv: kv[1]))
+        what = f"{self.dtype}, the GGUF weights dequantized at load" if self.dense else self.dtype
         return (
-            f"auto: this CPU has no bf16 arithmetic; measured, bf16 weights widened in registers run the "
-            f"model's linear layers in {bf16 * 1e3:.1f} ms against fp32's {fp32 * 1e3:.1f} ms ({faster})"
+            f"auto: this CPU has no bf16 arithmetic; measured, the model's linear layers (1, 16 and 64 rows) "
+            f"take {times}: {what}"
         )
 
 
@@ -140,50 +159,84 @@ def _sample(layers: list[Layer], count: int) -> list[Layer]:
     return [x for _ in range(copies) for x in layers]
 
 
-def time_layers(ops, layers: list[Layer], dtype: torch.dtype, rows=ROWS) -> float:  # type: ignore[no-untyped-def]
-    """Seconds per call of every layer of ``layers`` in turn, summed over ``rows``: the median
-    of ``REPEATS`` runs after one warm-up."""
+def time_layers(ops, layers: list[Layer], dtype: torch.dtype, rows: int) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of every layer of ``layers`` in turn at ``rows`` rows: the median of
+    ``REPEATS`` runs after one warm-up."""
     generator = torch.Generator().manual_seed(0)
     prepared = [(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers]
-    total = 0.0
-    for m in rows:
-        inputs = {x.in_features: torch.randn(m, x.in_features, generator=generator).to(dtype) for x, _ in prepared}
-        runs = []
-        for _ in range(REPEATS + 1):
-            start = time.perf_counter()
-            for x, w in prepared:
-                ops.linear(inputs[x.in_features], w)
-            runs.append(time.perf_counter() - start)
-        total += statistics.median(runs[1:])
-    return total
+    inputs = {x.in_features: torch.randn(rows, x.in_features, generator=generator).to(dtype) for x, _ in prepared}
+    runs = []
+    for _ in range(REPEATS + 1):
+        start = time.perf_counter()
+        for x, w in prepared:
+            ops.linear(inputs[x.in_features], w)
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs[1:])
 
 
-def measure(layers: list[Layer], count: int, head: Layer | None, ops=None) -> Choice:  # type: ignore[no-untyped-def]
-    """Which of fp32 and bf16 runs these layers faster here (:class:`Choice`)."""
+def model_time(ops, layers: list[Layer], count: int, head: Layer | None, dtype: torch.dtype) -> float:  # type: ignore[no-untyped-def]
+    """The model's linear layers at one row (sampled over ``SAMPLE_BYTES``) and at each of
+    ``MANY_ROWS`` (one decoder layer), each scaled to ``count`` decoder layers, plus the head."""
+    sampled = _sample(layers, count)
+    spent = time_layers(ops, sampled, dtype, ONE_ROW) * count * len(layers) / len(sampled)
+    spent += sum(time_layers(ops, layers, dtype, rows) * count for rows in MANY_ROWS)
+    if head is not None:
+        spent += sum(time_layers(ops, [head], dtype, rows) for rows in (ONE_ROW, *MANY_ROWS))
+    return spent
+
+
+def measure(  # type: ignore[no-untyped-def]
+    layers: list[Layer], count: int, head: Layer | None, ops=None, dense_allowed: bool = True
+) -> Choice:
+    """Which of fp32 and bf16 (and, for block layers, their blocks or dense weights) runs these
+    layers fastest here (:class:`Choice`)."""
     if ops is None:
         from .cpu import CpuOps
 
         ops = CpuOps()
-    sampled = _sample(layers, count)
-    scale = count * len(layers) / len(sampled)
+    blocks = any(x.kind != "dense" for x in [*layers, *([head] if head else [])])
+    candidates = {"fp32": (torch.float32, False), "bf16": (torch.bfloat16, False)}
+    if blocks and dense_allowed:
+        candidates |= {"fp32 dense": (torch.float32, True), "bf16 dense": (torch.bfloat16, True)}
     seconds = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        spent = time_layers(ops, sampled, dtype) * scale
-        if head is not None:
-            spent += time_layers(ops, [head], dtype)
-        seconds[name] = spent
-    dtype = "bf16" if seconds["bf16"] < MARGIN * seconds["fp32"] else "fp32"
-    return Choice(dtype, seconds)
+    for name, (dtype, dense) in candidates.items():
+        shapes = [x.dense() for x in layers] if dense else layers
+        top = head.dense() if dense and head is not None else head
+        seconds[name] = model_time(ops, shapes, count, top, dtype)
+    best = min(seconds, key=seconds.__getitem__)
+    if seconds[best] >= MARGIN * seconds["fp32"]:
+        best = "fp32"
+    dtype, dense = candidates[best]
+    return Choice("bf16" if dtype == torch.bfloat16 else "fp32", seconds, dense)
 
 
-def measured_dtype(model_dir: Path, quantize: str | None = None) -> tuple[str, str]:
-    """The dtype for a model on a CPU without bf16 arithmetic, and why; fp32 where the model's
-    shapes cannot be read from its config."""
+def _memory_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
+    """fp32 bytes of the model's linear weights dequantized (the larger of the two dtypes)."""
+    weights = sum(x.out_features * x.in_features for x in layers) * count
+    if head is not None:
+        weights += head.out_features * head.in_features
+    return 4 * weights
+
+
+def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choice | None, str]:
+    """The :class:`Choice` for a model on a CPU without bf16 arithmetic, and why (None: fp32,
+    where the model's shapes cannot be read from its config)."""
     try:
         layers, count, head = model_layers(model_dir, quantize)
     except (OSError, KeyError, ValueError) as exc:
-        return "fp32", f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
+        return None, f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
     start = time.perf_counter()
-    choice = measure(layers, count, head)
-    log.info("dtype measured in %.2f s: fp32 %s", time.perf_counter() - start, choice.seconds)
-    return choice.dtype, choice.why()
+    dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * _memory_available()
+    choice = measure(layers, count, head, dense_allowed=dense_allowed)
+    log.info("weights' format measured in %.2f s", time.perf_counter() - start)
+    return choice, choice.why()

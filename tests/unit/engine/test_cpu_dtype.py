@@ -52,18 +52,41 @@ def test_gguf_layers_keep_their_block_kinds(hf, tmp_path) -> None:
     assert {x.kind for x in dense} == {"dense"}
 
 
+def _timed(monkeypatch, times: dict) -> None:
+    """``time_layers`` answering from ``times``: by (dtype, whether the layers are dense)."""
+
+    def fake(ops, layers, dtype, rows):  # type: ignore[no-untyped-def]
+        return times[dtype, all(x.kind == "dense" for x in layers)] * len(layers)
+
+    monkeypatch.setattr(cpu_dtype, "time_layers", fake)
+
+
 @pytest.mark.parametrize("fp32, bf16, chosen", [(10.0, 5.0, "bf16"), (10.0, 9.9, "fp32"), (5.0, 10.0, "fp32")])
 def test_the_faster_dtype_is_chosen_and_said(monkeypatch, fp32: float, bf16: float, chosen: str) -> None:
-    times = {torch.float32: fp32, torch.bfloat16: bf16}
-    monkeypatch.setattr(cpu_dtype, "time_layers", lambda ops, layers, dtype: times[dtype])
+    _timed(monkeypatch, {(torch.float32, True): fp32, (torch.bfloat16, True): bf16})
     choice = measure([Layer("o_proj", 64, 64)], 2, None, ops=object())
-    assert choice.dtype == chosen  # a near tie (within 5%) stays fp32
-    assert choice.seconds == {"fp32": fp32, "bf16": bf16}  # both decoder layers sampled: no scaling
-    assert "ms against fp32's" in choice.why()
+    assert choice.dtype == chosen and not choice.dense  # a near tie (within 5%) stays fp32
+    # one row over both layers sampled, then 16 and 64 rows over one layer scaled to two
+    assert choice.seconds == {"fp32": 6 * fp32, "bf16": 6 * bf16}
+    assert "ms" in choice.why() and choice.why().endswith(f": {chosen}")
 
 
-def test_a_real_measurement_times_both_dtypes() -> None:
+def test_a_gguf_model_may_be_served_dense_where_that_measures_faster(monkeypatch) -> None:
+    blocks = [Layer("o_proj", 64, 64, "q4_1")]
+    times = {(torch.float32, False): 10.0, (torch.bfloat16, False): 9.0, (torch.float32, True): 8.0}
+    _timed(monkeypatch, times | {(torch.bfloat16, True): 4.0})
+    choice = measure(blocks, 2, None, ops=object())
+    assert (choice.dtype, choice.dense, choice.name) == ("bf16", True, "bf16 dense")
+    assert set(choice.seconds) == {"fp32", "bf16", "fp32 dense", "bf16 dense"}
+    assert "dequantized at load" in choice.why()
+    # dense weights that would not fit are not a candidate
+    choice = measure(blocks, 2, None, ops=object(), dense_allowed=False)
+    assert (choice.dtype, choice.dense) == ("bf16", False) and set(choice.seconds) == {"fp32", "bf16"}
+
+
+def test_a_real_measurement_times_every_candidate() -> None:
     layers = [Layer("qkv_proj", 96, 64), Layer("down_proj", 64, 128), Layer("blocks", 64, 64, "q8_0")]
     choice = measure(layers, 3, Layer("lm_head", 256, 64), ops=ReferenceOps())
     assert choice.dtype in ("fp32", "bf16")
-    assert set(choice.seconds) == {"fp32", "bf16"} and all(s > 0 for s in choice.seconds.values())
+    assert set(choice.seconds) == {"fp32", "bf16", "fp32 dense", "bf16 dense"}
+    assert all(s > 0 for s in choice.seconds.values())
