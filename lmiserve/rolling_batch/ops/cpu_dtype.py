@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -228,15 +229,61 @@ def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
     return 4 * weights
 
 
+def _cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool) -> Path:
+    """Where a measurement of these layers on this CPU, class, thread count, torch and kernel
+    sources is kept: a restarted engine (after a crash, or the next start) reuses it."""
+    import hashlib
+
+    from ...cpu_isa import cpu_info, isa_class
+    from ...model_store import cache_root
+
+    sources = b"".join(p.read_bytes() for p in sorted((Path(__file__).parent / "csrc").iterdir()))
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    model_name = next((ln for ln in lines if ln.startswith("model name")), "")
+    key = json.dumps(
+        [
+            [vars(x) for x in layers],
+            count,
+            vars(head) if head else None,
+            dense_allowed,
+            isa_class(),
+            sorted(cpu_info().features),
+            model_name,
+            torch.get_num_threads(),
+            torch.__version__,
+            hashlib.sha256(sources).hexdigest(),
+        ]
+    )
+    return cache_root() / "cpu-formats" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
 def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choice | None, str]:
     """The :class:`Choice` for a model on a CPU without bf16 arithmetic, and why (None: fp32,
-    where the model's shapes cannot be read from its config)."""
+    where the model's shapes cannot be read from its config). Measured once per model shape and
+    machine, then read from the cache."""
     try:
         layers, count, head = model_layers(model_dir, quantize)
     except (OSError, KeyError, ValueError) as exc:
         return None, f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
-    start = time.perf_counter()
     dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * _memory_available()
+    cached = _cache_file(layers, count, head, dense_allowed)
+    try:
+        saved = json.loads(cached.read_text())
+        choice = Choice(saved["dtype"], saved["seconds"], saved["dense"])
+        return choice, f"{choice.why()} (measured at an earlier start, {cached})"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.perf_counter()
     choice = measure(layers, count, head, dense_allowed=dense_allowed)
     log.info("weights' format measured in %.2f s", time.perf_counter() - start)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}")
+        partial.write_text(json.dumps({"dtype": choice.dtype, "dense": choice.dense, "seconds": choice.seconds}))
+        partial.replace(cached)
+    except OSError as exc:  # a read-only cache: measured again at the next start
+        log.warning("the measured format was not cached (%s)", exc)
     return choice, choice.why()

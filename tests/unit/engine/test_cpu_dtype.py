@@ -90,3 +90,20 @@ def test_a_real_measurement_times_every_candidate() -> None:
     assert choice.dtype in ("fp32", "bf16")
     assert set(choice.seconds) == {"fp32", "bf16", "fp32 dense", "bf16 dense"}
     assert all(s > 0 for s in choice.seconds.values())
+
+
+def test_a_measurement_is_kept_for_the_next_start(hf, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("LMISERVE_CACHE", str(tmp_path))
+    calls = []
+
+    def fake(layers, count, head, ops=None, dense_allowed=True):  # type: ignore[no-untyped-def]
+        calls.append(count)
+        return cpu_dtype.Choice("bf16", {"fp32": 2.0, "bf16": 1.0})
+
+    monkeypatch.setattr(cpu_dtype, "measure", fake)
+    first, why = cpu_dtype.measured_format(hf)
+    second, again = cpu_dtype.measured_format(hf)
+    assert len(calls) == 1 and first == second and first.dtype == "bf16"
+    assert "earlier start" not in why and "earlier start" in again
+    cpu_dtype.measured_format(hf, quantize="int8")  # another question: measured anew
+    assert len(calls) == 2
