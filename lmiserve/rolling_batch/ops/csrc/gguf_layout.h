@@ -15,6 +15,7 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -43,6 +44,10 @@ struct Layout {
   }
   int64_t arranged() const { return kind == kQ8_0 ? k : pairs * 64; }  // x values a row takes
 };
+
+// csrc/quant_linear_avx2.cpp: y (m, n) = x W^T (+ bias) for arranged fp32 x, on AVX2 without
+// AVX-512; false (nothing done) in builds for other classes.
+bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, float* y);
 
 inline float half_bits(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
