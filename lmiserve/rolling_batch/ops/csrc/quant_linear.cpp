@@ -341,11 +341,10 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
 #if !defined(__AVX512BF16__)
   bf16 = false;
 #endif
-  if (!bf16 && x2.scalar_type() != at::kFloat) x2 = x2.to(at::kFloat);
   const int64_t m = x2.size(0);
   auto shape = x.sizes().vec();
   shape.back() = n;
-  auto y = at::empty({m, n}, x2.options());
+  auto y = at::empty({m, n}, x2.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   at::Tensor bias_f32;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bias must have N values");
@@ -363,7 +362,9 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
     }
   } else if (m > 0) {
     std::vector<float> xa(m * L.arranged());
-    arrange_x(x2.data_ptr<float>(), m, L, xa.data());
+    if (out_dtype == at::kBFloat16) arrange_x(x2.data_ptr<c10::BFloat16>(), m, L, xa.data());  // widened as arranged
+    else if (out_dtype == at::kHalf) arrange_x(x2.data_ptr<c10::Half>(), m, L, xa.data());
+    else arrange_x(x2.data_ptr<float>(), m, L, xa.data());
     if (!avx2_gguf(xa.data(), m, w, L, n, bs, y.data_ptr<float>()))
       dispatch(kind, xa.data(), m, w, L, n, bs, y.data_ptr<float>());
   }
