@@ -85,7 +85,10 @@ void tile(const float* wb, const float* xa, int64_t ld, float* s) {
     for (int r = 0; r < R; ++r) {
       _mm256_store_ps(lanes, acc[m][r]);
       float v = 0.f;
-      for (int i = 0; i < 8; ++i) v += lanes[i];
+      for (int i = 0; i < 8; ++i) {  // in this order in every tile, -ffast-math or not
+        v += lanes[i];
+        asm("" : "+x"(v));
+      }
       s[m * R + r] = v;
     }
 }
