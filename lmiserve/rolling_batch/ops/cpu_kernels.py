@@ -41,6 +41,7 @@ _SOURCES = [
         "linear_amx.cpp",
         "lora_amx.cpp",
         "quant_linear.cpp",
+        "quant_linear_avx2.cpp",
         "quant_linear_amx.cpp",
         "moe.cpp",
     )

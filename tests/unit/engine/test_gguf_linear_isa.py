@@ -1,6 +1,7 @@
 """The GGUF-block kernel built for other CPU classes than this one's: AVX2 only (no AVX-512) and
-plain C++, each in a build of its own, against the weights dequantized in fp32. (The kernels are
-compiled for the CPU they run on; these builds run the other classes' code here.)"""
+plain C++, each in a build of its own (with load_kernels' flags), against the weights dequantized
+in fp32; and the AVX2 build's rows, which do not depend on the rest of the batch. (The kernels
+are compiled for the CPU they run on; these builds run the other classes' code here.)"""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def build(isa: str):  # type: ignore[no-untyped-def]
     namespace = f"lmiserve_quant_{isa}"
     load(
         name=f"lmiserve_quant_kernels_{isa}",
-        sources=[str(_CSRC / "quant_linear.cpp"), str(_CSRC / "quant_linear_amx.cpp")],
-        extra_cflags=["-O3", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa]],
+        sources=[str(_CSRC / name) for name in ("quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")],
+        extra_cflags=["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa]],  # load_kernels' flags
         is_python_module=False,
         verbose=False,
     )
@@ -47,20 +48,50 @@ def ops(request):  # type: ignore[no-untyped-def]
     return built
 
 
-@pytest.mark.parametrize("kind, qtype", [(0, GT.Q4_0), (1, GT.Q4_1), (2, GT.Q8_0)])
-@pytest.mark.parametrize("m", [1, 3, 6])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_match_dequantized_weights(ops, kind: int, qtype, m: int, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+NAMES = {0: "q4_0", 1: "q4_1", 2: "q8_0"}
+QTYPES = {0: GT.Q4_0, 1: GT.Q4_1, 2: GT.Q8_0}
+
+
+def weight(kind: int, n: int, k: int):  # type: ignore[no-untyped-def]
     from lmiserve.rolling_batch.quant.weights import BlockWeight
 
-    names = {0: "q4_0", 1: "q4_1", 2: "q8_0"}
-    w = torch.randn(11, 96, generator=torch.Generator().manual_seed(kind)).numpy().astype(np.float32)
-    weight = BlockWeight(names[kind], torch.from_numpy(np.ascontiguousarray(quantize(w, qtype))), 96)
-    packed = ops.pack_gguf(weight.blocks, kind, 96)
-    x = torch.randn(m, 96, generator=torch.Generator().manual_seed(7)).to(dtype)
-    bias = torch.randn(11)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(kind)).numpy().astype(np.float32)
+    return BlockWeight(NAMES[kind], torch.from_numpy(np.ascontiguousarray(quantize(w, QTYPES[kind]))), k)
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 17, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("n, k", [(11, 96), (37, 1536)])
+def test_rows_match_dequantized_weights(  # type: ignore[no-untyped-def]
+    ops, kind: int, m: int, dtype: torch.dtype, with_bias: bool, n: int, k: int
+) -> None:
+    """96 inputs: three blocks (Q4's last pair half empty); N not a whole number of row groups."""
+    w = weight(kind, n, k)
+    packed = ops.pack_gguf(w.blocks, kind, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).to(dtype)
+    bias = torch.randn(n) if with_bias else None
     got = ops.linear_gguf(x, packed, kind, bias, 4)
-    assert got.dtype == dtype
-    want = F.linear(x.double(), weight.dequantize(torch.float64), bias.double())
+    assert got.dtype == dtype and got.shape == (m, n)
+    want = F.linear(x.double(), w.dequantize(torch.float64), None if bias is None else bias.double())
     tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
     torch.testing.assert_close(got.double(), want, **tolerance)
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", [(11, 96), (37, 1536)])
+def test_avx2_rows_do_not_depend_on_the_batch(ops, kind: int, dtype: torch.dtype, n: int, k: int) -> None:  # type: ignore[no-untyped-def]
+    """Each row of a 17-row product is that row's product alone, bit for bit (the AVX2 build's
+    property; the plain C++ one's fp32 rows, under -ffast-math, do not keep it)."""
+    if ops.quant_linear_isa() != "avx2":
+        pytest.skip("the AVX2 build's property")
+    w = weight(kind, n, k)
+    packed = ops.pack_gguf(w.blocks, kind, k)
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(3)).to(dtype)
+    bias = torch.randn(n)
+    batch = ops.linear_gguf(x, packed, kind, bias, 4)
+    for i in range(17):
+        assert torch.equal(ops.linear_gguf(x[i : i + 1], packed, kind, bias, 4), batch[i : i + 1]), i
+    assert torch.equal(ops.linear_gguf(x[5:11], packed, kind, bias, 4), batch[5:11])

@@ -15,12 +15,15 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#include <type_traits>
+
+#if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -43,6 +46,10 @@ struct Layout {
   }
   int64_t arranged() const { return kind == kQ8_0 ? k : pairs * 64; }  // x values a row takes
 };
+
+// csrc/quant_linear_avx2.cpp: y (m, n) = x W^T (+ bias) for arranged fp32 x, on AVX2 without
+// AVX-512; false (nothing done) in builds for other classes.
+bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, float* y);
 
 inline float half_bits(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
@@ -83,7 +90,22 @@ void arrange_x(const X* x, int64_t rows, const Layout& L, Out* xa) {
       continue;
     }
 #endif
-    for (int64_t p = 0; p < L.pairs; ++p) {
+    int64_t p = 0;
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<X, float> && std::is_same_v<Out, float>) {
+      // a whole pair's arranged values 32 h + 8 t... are inputs 16 h + 4 t... of its two blocks,
+      // two at a time from each, alternately
+      for (; 64 * p + 64 <= L.k; ++p)
+        for (int h = 0; h < 2; ++h)
+          for (int t = 0; t < 4; ++t) {
+            const __m128d a = _mm_castps_pd(_mm_loadu_ps(row + 64 * p + 16 * h + 4 * t));
+            const __m128d b = _mm_castps_pd(_mm_loadu_ps(row + 64 * p + 32 + 16 * h + 4 * t));
+            _mm_storeu_ps(out + 64 * p + 32 * h + 8 * t, _mm_castpd_ps(_mm_unpacklo_pd(a, b)));
+            _mm_storeu_ps(out + 64 * p + 32 * h + 8 * t + 4, _mm_castpd_ps(_mm_unpackhi_pd(a, b)));
+          }
+    }
+#endif
+    for (; p < L.pairs; ++p) {
       const int64_t left = L.k - 64 * p;
       for (int i = 0; i < 64; ++i)
         out[p * 64 + i] = source[i] < left ? static_cast<Out>(row[64 * p + source[i]]) : static_cast<Out>(0.f);

@@ -8,7 +8,8 @@
 //   block's sums scaled by its d. Sums in fp32, 32 products an instruction. From `tile_rows` rows
 //   on, on AMX tiles instead (csrc/quant_linear_amx.cpp).
 // - fp32 x: each weight dequantized exactly as the fp32 dequantization does (one rounding of
-//   d q + m) and multiplied in fp32, on AVX-512 or AVX2, else plain C++.
+//   d q + m) and multiplied in fp32, on AVX-512, on AVX2 (csrc/quant_linear_avx2.cpp: each weight
+//   row dequantized once a call), else plain C++.
 // A row's sums are formed in the same order whatever the number of rows: a row's result does not
 // depend on the rest of the batch (with tiles, as long as every call takes them).
 
@@ -202,7 +203,8 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
 #else
-  // AVX2 or plain C++: a block (Q8) or a pair (Q4) dequantized into fp32, then multiplied
+  // plain C++ (AVX2: csrc/quant_linear_avx2.cpp): a block (Q8) or a pair (Q4) dequantized into
+  // fp32, then multiplied
   float acc[R][MR][8] = {};
   alignas(32) float wv[64];
   const int64_t units = KIND == kQ8_0 ? L.blocks : L.pairs, width = KIND == kQ8_0 ? 32 : 64;
@@ -225,13 +227,7 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
       }
       for (int m = 0; m < MR; ++m) {
         const float* xb = xa + m * lda + u * width;
-#if defined(__AVX2__)
-        __m256 a = _mm256_loadu_ps(acc[r][m]);
-        for (int i = 0; i < width; i += 8) a = _mm256_fmadd_ps(_mm256_load_ps(wv + i), _mm256_loadu_ps(xb + i), a);
-        _mm256_storeu_ps(acc[r][m], a);
-#else
         for (int i = 0; i < width; ++i) acc[r][m][i % 8] = std::fma(wv[i], xb[i], acc[r][m][i % 8]);
-#endif
       }
     }
   }
@@ -345,11 +341,10 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
 #if !defined(__AVX512BF16__)
   bf16 = false;
 #endif
-  if (!bf16 && x2.scalar_type() != at::kFloat) x2 = x2.to(at::kFloat);
   const int64_t m = x2.size(0);
   auto shape = x.sizes().vec();
   shape.back() = n;
-  auto y = at::empty({m, n}, x2.options());
+  auto y = at::empty({m, n}, x2.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   at::Tensor bias_f32;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bias must have N values");
@@ -367,8 +362,11 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
     }
   } else if (m > 0) {
     std::vector<float> xa(m * L.arranged());
-    arrange_x(x2.data_ptr<float>(), m, L, xa.data());
-    dispatch(kind, xa.data(), m, w, L, n, bs, y.data_ptr<float>());
+    if (out_dtype == at::kBFloat16) arrange_x(x2.data_ptr<c10::BFloat16>(), m, L, xa.data());  // widened as arranged
+    else if (out_dtype == at::kHalf) arrange_x(x2.data_ptr<c10::Half>(), m, L, xa.data());
+    else arrange_x(x2.data_ptr<float>(), m, L, xa.data());
+    if (!avx2_gguf(xa.data(), m, w, L, n, bs, y.data_ptr<float>()))
+      dispatch(kind, xa.data(), m, w, L, n, bs, y.data_ptr<float>());
   }
   return y.to(out_dtype).view(shape);
 }
