@@ -276,8 +276,11 @@ def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choic
         return choice, f"{choice.why()} (measured at an earlier start, {cached})"
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    from .cpu import CpuOps
+
+    ops = CpuOps()  # builds the kernels where they are not built yet: not part of the measurement
     start = time.perf_counter()
-    choice = measure(layers, count, head, dense_allowed=dense_allowed)
+    choice = measure(layers, count, head, ops, dense_allowed=dense_allowed)
     log.info("weights' format measured in %.2f s", time.perf_counter() - start)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
