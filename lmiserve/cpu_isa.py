@@ -96,6 +96,18 @@ class CpuInfo:
         return f"{self.family} CPU that has the {self.detected} class{extra}"
 
 
+@functools.cache
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def family_of(machine: str) -> str:
     machine = machine.lower()
     if machine in ("x86_64", "amd64", "i686", "i386"):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -40,16 +39,6 @@ COUNTED = (
     "norm and the LM head (a tied head: the embedding table, read whole for the logits); not the token "
     "embeddings' lookup (a few rows a step)"
 )
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # --- what a step reads ----------------------------------------------------------------------
@@ -98,11 +87,11 @@ def linears(obj: Any) -> list[LinearWeight]:
 
 # --- the machine --------------------------------------------------------------------------
 def machine(engine: Engine, why: str) -> dict[str, Any]:
-    from ..cpu_isa import describe, is_forced, isa_class
+    from ..cpu_isa import cpu_model_name, describe, is_forced, isa_class
     from ..rolling_batch.ops.cpu_kernels import amx_tiles, load_kernels
 
     info: dict[str, Any] = {
-        "cpu": cpu_model(),
+        "cpu": cpu_model_name(),
         "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0],
         "isa_class": isa_class(),

@@ -234,15 +234,10 @@ def _cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allow
     sources is kept: a restarted engine (after a crash, or the next start) reuses it."""
     import hashlib
 
-    from ...cpu_isa import cpu_info, isa_class
+    from ...cpu_isa import cpu_info, cpu_model_name, isa_class
     from ...model_store import cache_root
+    from .cpu_kernels import sources_digest
 
-    sources = b"".join(p.read_bytes() for p in sorted((Path(__file__).parent / "csrc").iterdir()))
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    model_name = next((ln for ln in lines if ln.startswith("model name")), "")
     key = json.dumps(
         [
             [vars(x) for x in layers],
@@ -251,10 +246,10 @@ def _cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allow
             dense_allowed,
             isa_class(),
             sorted(cpu_info().features),
-            model_name,
+            cpu_model_name(),
             torch.get_num_threads(),
             torch.__version__,
-            hashlib.sha256(sources).hexdigest(),
+            sources_digest(),
         ]
     )
     return cache_root() / "cpu-formats" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

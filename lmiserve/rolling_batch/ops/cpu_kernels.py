@@ -70,6 +70,13 @@ def build_guard(build_dir: Path) -> Iterator[None]:
 
 
 @functools.cache
+def sources_digest() -> str:
+    """A hash of every kernel source and header: what a build, or a measurement of the kernels,
+    is for."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()
+
+
+@functools.cache
 def load_kernels() -> bool:
     """Compile (first time only) and load the C++ kernels; False if that is not possible."""
     if os.environ.get("LMISERVE_DISABLE_CPU_KERNELS") == "1":
@@ -90,8 +97,7 @@ def load_kernels() -> bool:
         # sources are, so an edit, or a switch between two CPU classes, always rebuilds, and two
         # copies of the sources (two installs, two checkouts) keep a build each instead of
         # rebuilding the shared one in turn (its build file names the sources' paths)
-        sources = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
-        digest = hashlib.sha256(sources + " ".join(flags).encode() + str(_CSRC).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(f"{sources_digest()} {' '.join(flags)} {_CSRC}".encode()).hexdigest()[:10]
         name = f"lmiserve_cpu_kernels_{digest}"
         from torch.utils.cpp_extension import _get_build_directory
 
