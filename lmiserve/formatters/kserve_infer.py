@@ -55,7 +55,6 @@ def _parameter_input(t: Tensor) -> dict[str, Any]:
     return {t.name: values[0]}
 
 
-
 @dataclass
 class InferPlan:
     """A checked inference request: the prompts, their parameters and the outputs to send."""

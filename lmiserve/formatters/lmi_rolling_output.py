@@ -45,7 +45,6 @@ def refusal(body: bytes, defaults: Defaults, err: LmiServeError) -> tuple[int, b
     return 400, generation_error_body(req), JSON
 
 
-
 def _sequence_details(seq: SequenceOutput, req: ParsedRequest) -> dict[str, Any]:
     tgi = req.tgi_compat
     details: dict[str, Any] = {

@@ -60,4 +60,3 @@ def token(t: TokenOutput, tgi_shape: bool) -> dict[str, Any]:
 def top(t: TokenOutput, tgi_shape: bool = True) -> list[dict[str, Any]]:
     """The most likely tokens at ``t``'s position (``top_n_tokens``)."""
     return [token(a, tgi_shape) for a in t.top or []]
-

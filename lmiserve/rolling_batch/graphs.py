@@ -168,6 +168,7 @@ class DecodeGraphs:
             and arrays.num_decodes == n
             and n <= self.buckets[-1]
             and arrays.block_tables.shape[1] <= self.width
+            and arrays.prompt_lens is None
             and (arrays.lora_slots is None or self.lora is not None)
         )
 

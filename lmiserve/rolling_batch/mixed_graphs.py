@@ -157,11 +157,13 @@ class MixedGraphs:
         return self.seq_buckets[i], self.token_buckets[j]
 
     def fits(self, arrays: StepArrays) -> bool:
-        """A step with prompt tokens, small enough (with adapters where captured with LoRA)."""
+        """A step with prompt tokens, none generated before (:mod:`.ops.generated_rows`), small
+        enough (with adapters where captured with LoRA)."""
         return (
             0 < arrays.num_seqs
             and arrays.num_decodes < arrays.num_seqs
             and arrays.block_tables.shape[1] <= self.step_width
+            and arrays.prompt_lens is None
             and (arrays.lora_slots is None or self.lora is not None)
             and self.bucket_for(arrays) is not None
         )

@@ -121,7 +121,8 @@ def agree_min(value: int, device: str) -> int:
 
 # --- the per-step broadcast --------------------------------------------------------------
 _STOP, _STEP = 0, 1
-# kind, tokens, sequences, decodes, block-table width, block copies, payload length, unused
+# kind, tokens, sequences, decodes, block-table width, block copies, payload length, whether the
+# prompt lengths follow (a step whose prompt chunks hold generated tokens)
 _HEADER = 8
 
 StepInputs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata, tuple[torch.Tensor, torch.Tensor] | None]
@@ -153,11 +154,13 @@ class StepChannel:
                 arrays.cu_q_lens,
                 arrays.seq_lens,
                 flat,
+                arrays.prompt_lens if arrays.prompt_lens is not None else np.zeros(0, dtype=np.int64),
             ],
             dtype=np.int64,
         )
         s, w = arrays.block_tables.shape
-        header = [_STEP, arrays.num_tokens, s, arrays.num_decodes, w, len(copies), payload.shape[0], 0]
+        has_lens = int(arrays.prompt_lens is not None)
+        header = [_STEP, arrays.num_tokens, s, arrays.num_decodes, w, len(copies), payload.shape[0], has_lens]
         dist.broadcast(torch.tensor(header, dtype=torch.long, device=self.device), 0)
         dist.broadcast(torch.from_numpy(payload).to(self.device), 0)
         return self._inputs(arrays, flat, len(copies))
@@ -168,11 +171,11 @@ class StepChannel:
         header = self._header.tolist()
         if header[0] == _STOP:
             return None
-        _, t, s, nd, w, ncopies, size, _ = header
+        _, t, s, nd, w, ncopies, size, has_lens = header
         data = torch.empty(size, dtype=torch.long, device=self.device)
         dist.broadcast(data, 0)
         values = data.cpu().numpy()
-        bounds = np.cumsum([0, t, t, t, s * w, s + 1, s, 2 * ncopies])
+        bounds = np.cumsum([0, t, t, t, s * w, s + 1, s, 2 * ncopies, s * has_lens])
         part = [values[a:b] for a, b in zip(bounds, bounds[1:])]
         arrays = StepArrays(
             input_ids=part[0],
@@ -182,6 +185,7 @@ class StepChannel:
             cu_q_lens=part[4].astype(np.int32),
             seq_lens=part[5].astype(np.int32),
             num_decodes=nd,
+            prompt_lens=part[7].astype(np.int32) if has_lens else None,
         )
         return self._inputs(arrays, part[6], ncopies)
 

@@ -15,6 +15,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from .ops.generated_rows import generated_rows
 from .ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
 from .scheduler import SchedulerOutput
 
@@ -52,6 +53,10 @@ class StepArrays:
     lora_slots: np.ndarray | None = None
     """int32 ``(S,)``: the device slot of each sequence's adapter, -1 for none; None when no
     sequence of the step uses an adapter."""
+    prompt_lens: np.ndarray | None = None
+    """int32 ``(S,)``: each sequence's prompt length, when a prompt chunk of the step holds tokens
+    generated before (a replay, a recompute), which are attended as decodes
+    (:mod:`.ops.generated_rows`); None when none does."""
     fill: TokenFill | None = None
     """Input ids that come from the previous step's samples on the device (their host value is a
     placeholder), set by the overlapped engine."""
@@ -97,6 +102,9 @@ def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
     owner = np.repeat(np.arange(n), counts)
     positions = starts[owner] + (np.arange(total) - cu[owner])
     slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    prompt_lens = None
+    if any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills):
+        prompt_lens = np.fromiter((i.seq.num_prompt_tokens for i in items), np.int32, n)
     adapters = [i.seq.group.adapter for i in items]
     lora_slots = None
     if any(a is not None for a in adapters):
@@ -110,6 +118,7 @@ def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
         seq_lens=(starts + counts).astype(np.int32),
         num_decodes=len(out.decodes),
         lora_slots=lora_slots,
+        prompt_lens=prompt_lens,
     )
 
 
@@ -180,6 +189,10 @@ def step_tensors(
         host_seq_lens=arrays.seq_lens.tolist(),
         num_decodes=arrays.num_decodes,
     )
+    if arrays.prompt_lens is not None:
+        paged.generated = generated_rows(
+            arrays.positions, arrays.block_tables, arrays.cu_q_lens, arrays.num_decodes, arrays.prompt_lens, device
+        )
     if arrays.fill is not None:
         arrays.fill.apply(longs[:t])
     runs = lora_runs(arrays)

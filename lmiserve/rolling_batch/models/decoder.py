@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..ops.generated_rows import attend
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight
@@ -138,7 +139,7 @@ class DecoderModel:
                 )  # fmt: skip
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
+            attn = attend(ops, q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)

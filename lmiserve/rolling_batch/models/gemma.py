@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..ops.generated_rows import attend
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata
 from ..ops.reference import LinearWeight, split_qkv
@@ -145,7 +146,7 @@ class GemmaModel(DecoderModel):
                 k = gemma_rms_norm(ops, k, layer.k_norm, eps)
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, layer.window, spec.attn_softcap)
+            attn = attend(ops, q, k_cache, v_cache, meta.paged, self.scale, layer.window, spec.attn_softcap)
             attn = attn.view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:

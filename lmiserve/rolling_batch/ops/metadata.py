@@ -4,8 +4,12 @@ sequence's query rows are, and which adapter each row uses."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .generated_rows import GeneratedRows
 
 
 @dataclass
@@ -34,6 +38,8 @@ class PagedAttentionInputs:
     host_seq_lens: list[int]
     num_decodes: int = 0
     """The leading sequences that decode (one query row each)."""
+    generated: GeneratedRows | None = None
+    """Prompt rows that hold generated tokens, attended again as decodes (:mod:`.generated_rows`)."""
     _parts: tuple[DecodeRows, PromptRows] | None = field(default=None, repr=False)
 
     @property

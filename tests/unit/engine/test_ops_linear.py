@@ -25,7 +25,9 @@ def test_packed_bf16_linear_matches_plain(packing):
         assert torch.allclose(ops.linear(x, lw).float(), torch.nn.functional.linear(x, w, b).float(), atol=1e-2)
 
 
-own_linear = pytest.mark.skipif(not bf16_linear_kernel(), reason="the bf16 linear kernel needs AVX2+FMA or AVX-512 (a build for this class)")
+own_linear = pytest.mark.skipif(
+    not bf16_linear_kernel(), reason="the bf16 linear kernel needs AVX2+FMA or AVX-512 (a build for this class)"
+)
 
 
 @pytest.fixture(params=["vector", "tiles"])

@@ -110,6 +110,25 @@ def test_two_ranks_generate_what_one_process_and_transformers_generate(tp_models
     assert [beams_two["beam"][i] for i in range(2)] == [beams_one["beam"][i] for i in range(2)] == expected_beams
 
 
+def test_a_replay_on_two_ranks_continues_the_first_run(tp_models):
+    """A replay's prompt chunk holds generated tokens: every rank is told (with the step's prompt
+    lengths) and attends them as decodes, so the continuation is the first run's."""
+    prompt = [5, 17, 42, 99, 7, 63, 120, 8, 31, 250, 12, 77, 3, 190, 44]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    two = engine(tp_models["gqa"], tensor_parallel_degree=2)
+    try:
+        first = guarded(lambda: run(two, {0: [("first", prompt, params)]}))[0]["first"][0]
+        for k in (1, 9, 19):
+            two.add_request(f"r{k}", prompt, params, output_ids=first[:k])
+            again = []
+            while two.has_work():
+                again += [t for d in guarded(two.step) for t in d.token_ids]
+            assert first[:k] + again == first, k
+        assert two.blocks.num_used_blocks == 0
+    finally:
+        guarded(two.close)
+
+
 def test_an_indivisible_degree_is_refused_before_any_rank_starts(tp_models):
     with pytest.raises(ValueError, match="num_attention_heads 4 is not divisible by tensor_parallel_degree 3"):
         engine(tp_models["gqa"], tensor_parallel_degree=3)

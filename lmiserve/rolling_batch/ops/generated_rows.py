@@ -1,0 +1,81 @@
+"""Generated tokens run again as prompt rows are attended as the decodes that first produced them.
+
+A replayed request (:mod:`..replay`: its engine died) and a sequence recomputed after preemption
+bring tokens that were generated one decode at a time; the step runs them as rows of a prompt
+chunk. The device's prompt kernel adds a row's attention sums in another order than its decode
+kernel (tiles of queries and keys against one query over the keys), so those rows' keys, values
+and the last row's logits would round differently from the first run, and a greedy continuation
+could take the other side of a later near tie. The linear layers are not the issue: the CPU's and
+the deterministic mode's form each row on its own. So each row at or after its sequence's prompt
+length is attended once more, on its own, as the decode of its position, by the same ops (the
+prompt kernel's result for it is overwritten). Only steps that hold such rows pay for it; they
+run eagerly, outside captured graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .interface import Ops
+from .metadata import PagedAttentionInputs
+
+
+@dataclass
+class GeneratedRows:
+    """The query rows of a step's prompt chunks that hold generated tokens, as decodes."""
+
+    rows: torch.Tensor
+    """int64 ``(G,)``: the rows, in step order."""
+    paged: PagedAttentionInputs
+    """One decode per row: its sequence's block table, its position + 1 as its length."""
+
+
+def generated_rows(
+    positions: np.ndarray,
+    block_tables: np.ndarray,
+    cu_q_lens: np.ndarray,
+    num_decodes: int,
+    prompt_lens: np.ndarray,
+    device: str | torch.device,
+) -> GeneratedRows | None:
+    """The rows of the prompt chunks (sequences after the ``num_decodes`` first) whose position is
+    at least their sequence's prompt length; None when there are none."""
+    owner = np.repeat(np.arange(cu_q_lens.shape[0] - 1), np.diff(cu_q_lens))
+    rows = np.flatnonzero((owner >= num_decodes) & (positions >= prompt_lens[owner]))
+    if rows.shape[0] == 0:
+        return None
+    lens = (positions[rows] + 1).astype(np.int32)
+    n = int(rows.shape[0])
+    paged = PagedAttentionInputs(
+        block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[owner[rows]])).to(device),
+        cu_q_lens=torch.arange(n + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.from_numpy(lens).to(device),
+        max_q_len=1,
+        host_cu_q_lens=list(range(n + 1)),
+        host_seq_lens=lens.tolist(),
+        num_decodes=n,
+    )
+    return GeneratedRows(torch.from_numpy(rows.astype(np.int64)).to(device), paged)
+
+
+def attend(
+    ops: Ops,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    paged: PagedAttentionInputs,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """The ops' attention over the step, its generated prompt rows attended as decodes."""
+    out = ops.attention(q, k_cache, v_cache, paged, scale, window, softcap)
+    generated = paged.generated
+    if generated is not None:
+        q_rows = q.index_select(0, generated.rows)
+        decoded = ops.attention(q_rows, k_cache, v_cache, generated.paged, scale, window, softcap)
+        out.index_copy_(0, generated.rows, decoded)
+    return out
