@@ -10,7 +10,7 @@ with ``decode_step_prefill_tokens_per_sequence`` at most that many per sequence 
 fewer below :data:`FULL_SHARE_SEQUENCES` sequences, never fewer than
 :data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
-steps. A step without decodes delays no stream: it takes the whole budget, or, under the
+steps; a prompt's rest within a quarter of that share (:data:`TAIL_SHARE`) is not cut off. A step without decodes delays no stream: it takes the whole budget, or, under the
 per-sequence limit, the next prompt whole and the per-sequence share beyond it, so that prompts
 arriving together start one after the other instead of decoding (and ending) in step. A request for a LoRA adapter joins only when its adapter has
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
@@ -33,6 +33,12 @@ from typing import Any
 from .block_manager import BlockManager
 from .sequence import Group, Sequence, Status
 
+TAIL_SHARE = 4
+"""Under the per-sequence limit, a prompt whose rest exceeds the step's prompt tokens by at most
+this share of them (a quarter) is taken whole, within the step's budget and
+``max_decode_step_prefill_tokens``: a short tail left for the next step would cost its first
+token a whole further step (every stream waits for each step anyway) to spare this one a few
+tokens' time."""
 MIN_DECODE_STEP_PREFILL = 16
 """Fewest prompt tokens a step that decodes may take under the per-sequence limit (one KV block),
 so that a prompt arriving beside one or two streams is not cut into many tiny chunks."""
@@ -289,7 +295,13 @@ class Scheduler:
             budget -= 1
 
         # streams that decode wait for this step: it takes a bounded number of prompt tokens
-        budget = min(budget, self.decode_step_prefill_budget() if out.decodes else self.idle_step_prefill_budget())
+        hard = budget
+        if out.decodes:
+            hard = min(budget, self.config.max_decode_step_prefill_tokens or budget)
+            budget = min(budget, self.decode_step_prefill_budget())
+        else:
+            budget = min(budget, self.idle_step_prefill_budget())
+        tail = budget // TAIL_SHARE if self.config.decode_step_prefill_tokens_per_sequence is not None else 0
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:
@@ -297,13 +309,13 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue
-            n = min(seq.num_pending, budget)
+            n = _chunk(seq.num_pending, budget, tail, hard)
             if not self._make_room(seq, n, out, protected):
                 continue
             self.blocks.append_slots(seq, n)
             protected.add(seq.seq_id)
             out.prefills.append(ScheduledSeq.of(seq, n))
-            budget -= n
+            budget, hard = budget - n, hard - n
 
         # 3. admit waiting sequences, oldest first; none while others had to be preempted
         skipped: list[Sequence] = []
@@ -319,7 +331,7 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             cached = self.blocks.cached_prefix_blocks(seq)
-            n = min(seq.num_tokens - len(cached) * self.blocks.block_size, budget)
+            n = _chunk(seq.num_tokens - len(cached) * self.blocks.block_size, budget, tail, hard)
             if self.blocks.admission_cost(seq, cached, n) > self.blocks.num_free_blocks:
                 break
             if not self._take_slot(seq.group):  # every slot is taken by adapters running now
@@ -331,7 +343,7 @@ class Scheduler:
             self.running.append(seq)
             protected.add(seq.seq_id)
             out.prefills.append(ScheduledSeq.of(seq, n))
-            budget -= n
+            budget, hard = budget - n, hard - n
         for seq in reversed(skipped):
             self.waiting.appendleft(seq)
         if self.adapters is not None:  # one run of rows per adapter: fewer, larger LoRA products
@@ -344,3 +356,12 @@ class Scheduler:
         for item in out.scheduled:
             item.seq.num_computed += item.num_tokens
             self.blocks.commit(item.seq)
+
+
+def _chunk(pending: int, budget: int, tail: int, hard: int) -> int:
+    """Prompt tokens a sequence with ``pending`` of them gets in this step: what is left of the
+    step's ``budget``, or all of them when the rest is a tail of at most ``tail`` tokens that
+    fits ``hard`` (the step's budget and ``max_decode_step_prefill_tokens``)."""
+    if pending <= budget + tail and pending <= hard:
+        return pending
+    return min(pending, budget)

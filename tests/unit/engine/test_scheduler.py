@@ -186,7 +186,8 @@ def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> 
 def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
     """Per sequence running or waiting, a decoding step takes a few prompt tokens (in proportion
     fewer below FULL_SHARE_SEQUENCES sequences), never fewer than MIN_DECODE_STEP_PREFILL and
-    never more than max_decode_step_prefill_tokens."""
+    never more than max_decode_step_prefill_tokens; a rest of at most a quarter more is taken
+    whole."""
     from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
@@ -207,10 +208,40 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     assert chunks_beside(3, 6, 512) == [16] * 18 + [12]
     # 11 decoding + 1: 6 x 12 x 12/16 = 54
     assert chunks_beside(11, 6, 512) == [54] * 5 + [30]
-    # 15 decoding + 1 prefilling: the whole share, 16 x 6 = 96 per step
-    assert chunks_beside(15, 6, 512) == [96, 96, 96, 12]
+    # 15 decoding + 1 prefilling: the whole share, 16 x 6 = 96 per step; the last 108 are within
+    # a quarter of it
+    assert chunks_beside(15, 6, 512) == [96, 96, 108]
     # 40 decoding + 1: 41 x 6 = 246, capped at 100
     assert chunks_beside(40, 6, 100) == [100, 100, 100]
+    # capped at 110: a rest of 110 is taken whole, one of 120 (within a quarter of 100, past the cap) is not
+    assert chunks_beside(40, 6, 110) == [110, 110, 80]
+
+
+def test_a_short_rest_of_a_prompt_is_not_left_for_another_step():
+    """Beside decodes, a prompt whose rest exceeds the step's share by at most a quarter of it is
+    taken whole (its first token would wait a whole further step for the tail); a longer rest is
+    cut at the share, and without the per-sequence limit nothing changes."""
+
+    def chunks_of(prompt: int, per_seq: int | None, cap: int | None = None) -> list[int]:
+        sched = cpu_like(64, per_seq, cap)
+        for i in range(15):
+            sched.add(request(f"d{i}", 4, max_new=100, first_token=1000 + 10 * i))
+        step(sched)
+        sched.add(request("late", prompt, max_new=2))
+        chunks = []
+        while sched.running[-1].request_id != "late" or sched.running[-1].num_computed < prompt:
+            chunks.append(sum(i.num_tokens for i in step(sched).prefills))
+        return chunks
+
+    # 16 sequences x 8 = 128 a step, a quarter more 160
+    assert chunks_of(130, 8) == [130]
+    assert chunks_of(160, 8) == [160]
+    assert chunks_of(161, 8) == [128, 33]
+    assert chunks_of(300, 8) == [128, 128, 44]
+    # max_decode_step_prefill_tokens still bounds the step
+    assert chunks_of(130, 8, 128) == [128, 2]
+    # no per-sequence limit: the whole prompt fits the step's budget anyway
+    assert chunks_of(300, None) == [300]
 
 
 def test_prompts_arriving_together_start_one_after_the_other_under_the_per_sequence_limit():
@@ -226,6 +257,7 @@ def test_prompts_arriving_together_start_one_after_the_other_under_the_per_seque
     # without the limit, all eight in one step: they decode, end and come back together
     assert first_steps(None)[0] == [(f"r{i}", 50) for i in range(8)]
     # with it: r0 whole (more than the 8 x 8 x 8/16 = 32-token share), then 32 tokens a step
-    assert first_steps(8) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 32)]]
-    # a smaller share: 16 tokens a step (the floor)
-    assert first_steps(2) == [[("r0", 50)], [("r1", 16)], [("r1", 16)], [("r1", 16)]]
+    # (r2's last 36, within a quarter more, whole)
+    assert first_steps(8) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 36)]]
+    # a smaller share: 16 tokens a step (the floor), r1's last 18 whole
+    assert first_steps(2) == [[("r0", 50)], [("r1", 16)], [("r1", 16)], [("r1", 18)]]
