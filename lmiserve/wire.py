@@ -246,6 +246,12 @@ class EngineStats(msgspec.Struct, kw_only=True):
     """Seconds per step in which sequences decode (prompts computed beside them included): what a
     running sequence's next token takes at the current load, smoothed over recent steps (0: not
     yet measured)."""
+    idle_prefill_tokens_per_s: float = 0.0
+    """Prompt tokens per second of the steps in which nothing decodes (the prompt runs whole),
+    smoothed (0: not yet measured)."""
+    decode_step_prefill_tokens: int = 0
+    """Prompt tokens a step that also decodes may take at the current load (0: no limit below the
+    step's budget)."""
 
 
 class EngineStep(Msg):

@@ -339,5 +339,7 @@ class Engine:
             nonfinite_sequences=self.faults.nonfinite,
             prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
             decode_step_seconds=self.speeds.decode_step_seconds,
+            idle_prefill_tokens_per_s=self.speeds.idle_prefill_tokens_per_s,
+            decode_step_prefill_tokens=self.scheduler.decode_step_prefill_budget(),
             **self.lora.stats(),
         )

@@ -1,8 +1,10 @@
 """The engine's measured speeds: prompt tokens computed per second, and the time of a decode step.
 
 Each is smoothed exponentially over the steps that measure it (a step that computes prompt tokens
-measures the first, a step in which sequences decode the second: with prompts beside them or
-not, it is the time their next token took), so one slow step moves it only a little.
+measures the first, one in which nothing decodes also the prompt speed of an idle engine, whose
+prompts run whole; a step in which sequences decode the time of a decode step: with prompts
+beside them or not, it is the time their next token took), so one slow step moves it only a
+little.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class StepSpeeds:
     def __init__(self) -> None:
         self.prefill_tokens_per_s = 0.0
         """Prompt tokens computed per second of step time (0: not measured yet)."""
+        self.idle_prefill_tokens_per_s = 0.0
+        """Prompt tokens per second of the steps in which nothing decodes (0: not measured yet)."""
         self.decode_step_seconds = 0.0
         """Seconds per step in which sequences decode, prompts computed beside them included: what
         each running sequence's next token takes under the current load (0: not measured yet)."""
@@ -30,5 +34,7 @@ class StepSpeeds:
             return
         if prefill_tokens:
             self.prefill_tokens_per_s = _smooth(self.prefill_tokens_per_s, prefill_tokens / seconds)
+            if not decodes:
+                self.idle_prefill_tokens_per_s = _smooth(self.idle_prefill_tokens_per_s, prefill_tokens / seconds)
         if decodes or not prefill_tokens:
             self.decode_step_seconds = _smooth(self.decode_step_seconds, seconds)

@@ -16,7 +16,7 @@ Three limits decide whether a new request goes to the engine:
 
 The prediction, from the engine's latest statistics and this process's ledger::
 
-    first_token = (prompt tokens queued ahead + this prompt) / prefill_tokens_per_s
+    first_token = prefill(prompt tokens queued ahead + this prompt)
                 + steps until enough batch slots free * decode_step_seconds
     total       = first_token + expected tokens * decode_step_seconds * max(1, batch / running)
 
@@ -33,16 +33,15 @@ never more than its ``max_new_tokens``; until one has ended, all of ``max_new_to
 sequence already past the typical length may end any step: it is expected to free its slot now,
 so that a refusal is never for a wait longer than what the past suggests.
 
-The first token under load: on an engine that prefills a prompt in chunks beside the running
-decodes (``option.decode_step_prefill_tokens_per_sequence``, set by default on CPUs), a prompt
-under a full batch takes about ``ceil(prompt / chunk)`` steps of ``decode_step_seconds``. The engine measures
-``prefill_tokens_per_s`` over every step that computes prompt tokens, those beside decodes
-included, so while the batch is busy it is about ``chunk / decode_step_seconds`` and the prompt term
-above comes to ``prompt / chunk`` steps: what it leaves out is the rounding up to whole steps (less
-than one step: the prompts queued ahead share their chunks), and the lag of the smoothing when the load changes (a speed measured
-on steps with nothing decoding, whose prompts run whole, is faster). The chunk itself is not known
-here: the engine does not report it, and an empty setting is resolved by device in the engine
-process, so the prediction does not model it.
+``prefill(tokens)``: on an idle engine the prompts run whole, at the prompt speed the engine
+measured on steps in which nothing decodes (a figure of the hardware, not of the load, so it holds
+however long ago it was measured). Beside running sequences, an engine that prefills in chunks
+(``option.decode_step_prefill_tokens_per_sequence``, set by default on CPUs) takes at most the
+prompt tokens it reports for a decode step, a rest within a quarter more whole: the step under
+way (half of one on average), then ``ceil`` of the tokens over that chunk steps of
+``decode_step_seconds``, plus the prompt tokens' own time at the idle speed (a step that carries
+a prompt is that much longer than one that only decodes). An engine that reports none of this
+(older engines, other backends): the tokens over the prompt speed measured on every step.
 
 A decode step takes longer the more sequences it runs: ``batch`` is the sequences running and
 queued ahead with this request's (at most ``max_rolling_batch_size``), and the step time the
@@ -81,6 +80,9 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
+TAIL_SHARE = 4
+"""The engine's scheduler takes a prompt's rest whole within this share (a quarter) beyond a
+step's prompt tokens (its ``TAIL_SHARE``; this process does not import the engine)."""
 RESERVE = 0.15
 """The share of a deadline that admission keeps for what its prediction cannot see: steps that
 grow after the decision, the API process's own work on a busy host."""
@@ -99,6 +101,14 @@ class EngineLoad:
     waiting: int = 0
     prefill_tokens_per_s: float = 0.0
     decode_step_seconds: float = 0.0
+    idle_prefill_tokens_per_s: float = 0.0
+    """Prompt tokens per second where nothing decodes (0: not measured; :attr:`prefill_tokens_per_s` then)."""
+    decode_step_prefill_tokens: int = 0
+    """Prompt tokens a step that also decodes takes at most now (0: not reported)."""
+
+    @property
+    def idle_speed(self) -> float:
+        return self.idle_prefill_tokens_per_s or self.prefill_tokens_per_s
 
     @classmethod
     def of(cls, stats: Any) -> EngineLoad:
@@ -110,6 +120,8 @@ class EngineLoad:
             waiting=int(stats.waiting),
             prefill_tokens_per_s=float(getattr(stats, "prefill_tokens_per_s", 0.0) or 0.0),
             decode_step_seconds=float(getattr(stats, "decode_step_seconds", 0.0) or 0.0),
+            idle_prefill_tokens_per_s=float(getattr(stats, "idle_prefill_tokens_per_s", 0.0) or 0.0),
+            decode_step_prefill_tokens=int(getattr(stats, "decode_step_prefill_tokens", 0) or 0),
         )
 
 
@@ -209,8 +221,8 @@ class AdmissionControl:
         queued_tokens = sum(e.prompt_tokens for e in queued)
         mean_prompt = queued_tokens / len(queued) if queued else prompt_tokens
         queued_tokens += (queued_seqs - own_queued) * mean_prompt
-        prefill_s = (queued_tokens + prompt_tokens) / load.prefill_tokens_per_s if load.prefill_tokens_per_s else 0.0
         step = load.decode_step_seconds
+        prefill_s = _prefill_seconds(queued_tokens + prompt_tokens, running, load)
         need = running + queued_seqs + max(1, width) - self.batch_size
         slot_s = 0.0
         if need > 0 and step > 0:
@@ -359,3 +371,17 @@ class AdmissionControl:
         if len(tenants) < 2:
             return False
         return self.tenant_requests(tenant) < self.limit / len(tenants)
+
+
+def _prefill_seconds(tokens: int | float, running: int, load: EngineLoad) -> float:
+    """Seconds until ``tokens`` of prompts (the newcomer's last) are computed. On an idle engine
+    they run whole, at the idle speed. Beside running sequences they take steps of at most
+    ``decode_step_prefill_tokens`` (a rest within a quarter more taken whole): the step under
+    way (half of one, on average), then theirs, each a decode step and the prompt tokens' own
+    time at the idle speed. Without those figures, the prompt speed measured over every step."""
+    idle = load.idle_speed
+    chunk, step = load.decode_step_prefill_tokens, load.decode_step_seconds
+    if running <= 0 or chunk <= 0 or step <= 0:
+        return tokens / idle if idle else 0.0
+    steps = max(1, math.ceil((tokens - chunk // TAIL_SHARE) / chunk))
+    return step * (0.5 + steps) + (tokens / idle if idle else 0.0)

@@ -21,3 +21,14 @@ def test_a_step_of_prompts_alone_does_not_measure_decoding():
     speeds.record(1000, 0.5, decodes=0)
     assert speeds.decode_step_seconds == pytest.approx(0.02)
     assert speeds.prefill_tokens_per_s == pytest.approx(2000.0)
+
+
+def test_the_idle_prompt_speed_comes_from_steps_in_which_nothing_decodes():
+    speeds = StepSpeeds()
+    speeds.record(100, 0.1, decodes=8)  # a chunk beside decodes: not the idle speed
+    assert speeds.idle_prefill_tokens_per_s == 0.0
+    speeds.record(400, 0.1, decodes=0)
+    assert speeds.idle_prefill_tokens_per_s == pytest.approx(4000.0)
+    speeds.record(100, 0.1, decodes=8)
+    assert speeds.idle_prefill_tokens_per_s == pytest.approx(4000.0)
+    assert speeds.prefill_tokens_per_s == pytest.approx(1000.0 + 0.2 * (4000.0 - 1000.0) + 0.2 * (1000.0 - 1600.0))
