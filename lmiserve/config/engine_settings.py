@@ -42,7 +42,8 @@ class EngineSettings(Area):
         "proportion fewer below 16 sequences; never fewer than 16, never more than "
         "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
         "full batch prefills its arriving prompts in larger chunks, in fewer steps. "
-        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}.",
+        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}; none under "
+        "option.max_first_token_wait.",
         ge=1,
     )
     kv_cache_memory: int | None = optional_setting(

@@ -215,7 +215,10 @@ class ModelSettings(Area):
         "Rolling batch, with option.predictive_admission: refuse at once, with 503 and a Retry-After header, "
         "a request whose first token is predicted (the prompt tokens queued ahead and its own at the "
         "engine's measured prefill speed, plus the wait for a batch slot) to come more than this many "
-        "seconds after it arrives, deadline or not. 0: no bound.",
+        "seconds after it arrives, deadline or not. With a bound, and "
+        "option.decode_step_prefill_tokens_per_sequence empty, an engine step that also decodes takes "
+        "the prompts whole (up to option.max_decode_step_prefill_tokens) rather than in per-sequence "
+        "shares, so that a prompt's first token comes in the step after it arrives. 0: no bound.",
         ge=0,
     )
     predict_timeout: int = setting(

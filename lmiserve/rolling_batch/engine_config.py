@@ -92,8 +92,9 @@ class EngineConfig:
             max_prefill_seqs=engine.max_prefill_batch_size,
             max_decode_step_prefill_tokens=engine.max_decode_step_prefill_tokens
             or defaults.max_decode_step_prefill_tokens,
-            decode_step_prefill_tokens_per_sequence=engine.decode_step_prefill_tokens_per_sequence
-            or defaults.decode_step_prefill_tokens_per_sequence,
+            decode_step_prefill_tokens_per_sequence=_prefill_share(
+                model, engine, defaults.decode_step_prefill_tokens_per_sequence
+            ),
             quantize=engine.quantize,
             enforce_eager=engine.enforce_eager,
             deterministic=engine.deterministic,
@@ -103,6 +104,19 @@ class EngineConfig:
             max_lora_rank=engine.max_lora_rank,
             max_cpu_loras=engine.cpu_loras,
         )
+
+
+def _prefill_share(model: ModelSettings, engine: EngineSettings, default: int | None) -> int | None:
+    """``option.decode_step_prefill_tokens_per_sequence``, or when empty the device's, except under a
+    bound on the first token's wait (``option.max_first_token_wait`` with predictive admission):
+    then a step that also decodes takes the prompts whole (up to
+    ``option.max_decode_step_prefill_tokens``), so that a prompt's first token comes in the step
+    after it arrives rather than after as many small chunks as a small batch would cut it into."""
+    if engine.decode_step_prefill_tokens_per_sequence is not None:
+        return engine.decode_step_prefill_tokens_per_sequence
+    if model.max_first_token_wait > 0 and model.predictive_admission:
+        return None
+    return default
 
 
 def engine_options(model: ModelSettings, engine: EngineSettings) -> dict[str, str]:

@@ -105,3 +105,20 @@ def test_device_defaults():
     assert DEVICE_DEFAULTS["cpu"] == DeviceDefaults(2048, 512, 4, 16)
     assert DEVICE_DEFAULTS["cuda"] == DeviceDefaults(4096, None, None, 16)
     assert DEVICE_DEFAULTS["npu"] == DeviceDefaults(4096, None, None, 128)
+
+
+@pytest.mark.parametrize(
+    "text, share",
+    [
+        ("", 4),
+        ("option.max_first_token_wait=0.2\n", None),  # prompts whole beside decodes
+        ("option.max_first_token_wait=0.2\noption.predictive_admission=false\n", 4),  # no bound in force
+        ("option.max_first_token_wait=0.2\noption.decode_step_prefill_tokens_per_sequence=6\n", 6),  # set: kept
+    ],
+)
+def test_a_first_token_bound_takes_prompts_whole_beside_decodes_unless_the_share_is_set(
+    tmp_path, monkeypatch, text, share
+):
+    _, cfg = _config(tmp_path, text, monkeypatch, "cpu")
+    assert cfg.decode_step_prefill_tokens_per_sequence == share
+    assert cfg.max_decode_step_prefill_tokens == 512
