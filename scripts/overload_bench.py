@@ -7,13 +7,17 @@ multiple of the measured request rate (--load, default 2 and 4 times) for --dura
 every request with an X-Request-Timeout of --deadline seconds. For each level: the offered
 rate, requests admitted and refused (and how fast the refusals came), requests completed within
 their deadline, goodput (tokens of those requests per second, as a share of the capacity's
-tokens/s), the admitted requests' time to first token against the unloaded one, deadline misses
+tokens/s, over the level with the queue's drain and over the arrivals alone: "steady"), the
+admitted requests' time to first token against the unloaded one, deadline misses
 among the admitted, and the server's refusals of the level by reason (from its /metrics:
 queue_full, predicted_delay, first_token_wait). Writes JSON (--out) and prints a table.
 
 The server's admission settings are its own, set where it is started: for the figures with a bound
 on the first token's wait, start it with OPTION_MAX_FIRST_TOKEN_WAIT=0.2 (or
 option.max_first_token_wait=0.2 in serving.properties); --server-note records how it was started.
+Such a bound refuses part of a closed loop too, so measure the capacity on the same server started
+without it and hand that report to the bounded run: --capacity-from REPORT takes the capacity
+(requests/s, tokens/s, unloaded time to first token) from an earlier report of this script.
 
     python scripts/overload_bench.py --url http://127.0.0.1:8080 --concurrency 32 --duration 60
 """
@@ -90,7 +94,7 @@ def table(capacity: dict, levels: list[dict]) -> str:
         f"{capacity['tokens_per_s']:.1f} tokens/s; unloaded TTFT p50 {fmt(capacity['unloaded_ttft_s'], '.3f')} s\n"
     )
     cols = (
-        "load  offered/s  admitted  refused  refusal ms p50/p99/max  in deadline  goodput  "
+        "load  offered/s  admitted  refused  refusal ms p50/p99/max  in deadline  goodput  steady  "
         "TTFT p50/p99 s  x unloaded  misses"
     )
     rows = [head, cols]
@@ -102,7 +106,8 @@ def table(capacity: dict, levels: list[dict]) -> str:
         times = f"{fmt(ratio['p50'], '.1f')}/{fmt(ratio['p99'], '.1f')}"
         rows.append(
             f"{lv['load']:>3g}x  {r['offered_per_s']:>9.2f}  {r['admitted']:>8}  {r['refused']:>7}  {refusal:>23}  "
-            f"{r['completed_in_deadline']:>11}  {fmt(r['goodput_ratio'], '.2f'):>7}  {first:>14}  {times:>10}  "
+            f"{r['completed_in_deadline']:>11}  {fmt(r['goodput_ratio'], '.2f'):>7}  "
+            f"{fmt(r['steady_goodput_ratio'], '.2f'):>6}  {first:>14}  {times:>10}  "
             f"{r['deadline_misses']:>6}"
         )
     for lv in levels:
@@ -125,6 +130,12 @@ def main() -> int:
     parser.add_argument("--client-procs", type=int, default=1, help="client processes the load is spread over")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--capacity-from",
+        default="",
+        help="an earlier report of this script whose capacity to use instead of measuring it (a server without "
+        "a first-token bound)",
+    )
+    parser.add_argument(
         "--server-note",
         default="",
         help="how the server was started (say OPTION_MAX_FIRST_TOKEN_WAIT=0.2), kept in the JSON report",
@@ -134,7 +145,12 @@ def main() -> int:
 
     model = model_name(args.url, args.model)
     prompt = fixed_prompt(args.prompt_words)
-    capacity = measure_capacity(args, model, prompt)
+    if args.capacity_from:
+        capacity = json.loads(Path(args.capacity_from).read_text())["capacity"] | {"from": args.capacity_from}
+        warm = [f"warm-{i}: {prompt}" for i in range(8)]  # a few at a time: a bound refuses a burst
+        run_level(args.url, APIS["openai"], warm, 2, len(warm), args.max_tokens, model)
+    else:
+        capacity = measure_capacity(args, model, prompt)
     if not capacity["requests_per_s"]:
         print(f"the capacity run failed: {capacity['closed_loop']}", file=sys.stderr)
         return 1

@@ -160,6 +160,23 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 1)
 
 
+def _steady_goodput(on_time: list[OpenRecord], records: list[OpenRecord]) -> float:
+    """Tokens per second of the on-time requests within the arrivals' window, each request's
+    spread evenly from its first token to its end."""
+    if not records:
+        return 0.0
+    lo, hi = min(r.start for r in records), max(r.start for r in records)
+    if hi <= lo:
+        return 0.0
+    tokens = 0.0
+    for r in on_time:
+        first = r.first_token if r.first_token is not None else r.start
+        span = r.end - first
+        inside = max(0.0, min(r.end, hi) - max(first, lo))
+        tokens += r.tokens * (inside / span if span > 0 else float(lo <= r.end <= hi))
+    return tokens / (hi - lo)
+
+
 def overload_report(
     records: list[OpenRecord],
     rate: float,
@@ -170,8 +187,11 @@ def overload_report(
     unloaded_ttft: float | None,
 ) -> dict[str, object]:
     """What an open-loop level did: refusals and their latency, the admitted requests' first
-    tokens and deadlines, and goodput (tokens of requests completed within their deadline, per
-    second of the level, as a share of the closed-loop capacity)."""
+    tokens and deadlines, and goodput: tokens of requests completed within their deadline, as a
+    share of the closed-loop capacity, per second of the level (its first arrival to its last
+    answer, the queue's drain included) and per second of the overload itself (first to last
+    arrival; each request's tokens counted for the part of its stream, first token to end, that
+    falls within it): the steady rate of useful work while the load lasted."""
     refused = [r for r in records if r.refused]
     admitted = [r for r in records if not r.refused]
     on_time = [r for r in admitted if r.status == 200 and r.tokens >= max_new_tokens and r.end - r.start <= deadline]
@@ -179,6 +199,7 @@ def overload_report(
     refusal_s = [r.end - r.start for r in refused]
     window = (max(r.end for r in records) - min(r.start for r in records)) if records else 0.0
     goodput = sum(r.tokens for r in on_time) / window if window > 0 else 0.0
+    steady = _steady_goodput(on_time, records)
     p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
     return {
         "rate": rate,
@@ -195,6 +216,8 @@ def overload_report(
         "deadline_misses": len(admitted) - len(on_time),
         "goodput_tokens_per_s": goodput,
         "goodput_ratio": goodput / capacity_tokens_per_s if capacity_tokens_per_s else None,
+        "steady_goodput_tokens_per_s": steady,
+        "steady_goodput_ratio": steady / capacity_tokens_per_s if capacity_tokens_per_s else None,
         "ttft_s": {"p50": p50, "p99": p99},
         "ttft_vs_unloaded": {
             "p50": p50 / unloaded_ttft if p50 is not None and unloaded_ttft else None,

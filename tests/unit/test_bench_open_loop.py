@@ -5,6 +5,8 @@ import asyncio
 import json
 import threading
 
+import pytest
+
 from lmiserve.bench.apis import APIS
 from lmiserve.bench.open_loop import OpenRecord, offer_load, overload_report, refusals_between, refusals_by_reason
 
@@ -92,6 +94,15 @@ def test_the_overload_report():
     assert report["completed_in_deadline"] == 2 and report["deadline_misses"] == 3
     assert report["goodput_tokens_per_s"] == 8 / 6  # 8 tokens on time over the 6 s of the level
     assert report["goodput_ratio"] == (8 / 6) / 4.0
+    # the overload itself: arrivals from 0 to 4.5 s; both on-time streams (0.2-1.0, 1.4-2.0) inside it
+    assert report["steady_goodput_tokens_per_s"] == pytest.approx(8 / 4.5)
+    assert report["steady_goodput_ratio"] == pytest.approx((8 / 4.5) / 4.0)
+    # a stream that ends after the last arrival counts for its part within the window
+    tail = overload_report(
+        [record(0.0, 1.0, first=0.5), record(1.0, 3.0, first=2.0)], rate=1.0, duration=2.0, deadline=5.0,
+        max_new_tokens=4, capacity_tokens_per_s=4.0, unloaded_ttft=0.1,
+    )  # fmt: skip
+    assert tail["steady_goodput_tokens_per_s"] == pytest.approx(4 / 1.0)  # the window is 0-1 s: 4 + 0 tokens
     assert report["ttft_s"]["p50"] is not None and report["ttft_vs_unloaded"]["p50"] > 1
 
 
