@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"), help="where serve_vllm_tuned.sh is")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="mode-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     model = None
     if args.shape != "default":
         model = work / "model"
