@@ -185,7 +185,7 @@ class ModelRunner:
         the channel is marked broken and no further step is sent."""
         if channel.broken is not None:
             raise TensorParallelError(channel.broken)
-        arrays = build_step_arrays(out, self.block_size)
+        arrays = build_step_arrays(out, self.block_size, not self.deterministic)
         self.steps[eager_key(arrays)] += 1
         copies, out.copies = out.copies, []  # a retried step must not copy again
         try:
@@ -235,7 +235,7 @@ class ModelRunner:
         if out.copies:
             self.copy_blocks(out.copies)
             out.copies = []  # a retried step must not copy again
-        arrays = build_step_arrays(out, self.block_size)
+        arrays = build_step_arrays(out, self.block_size, not self.deterministic)
         arrays.fill = fill
         if self.graphs is not None and self.graphs.fits(arrays):
             self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1

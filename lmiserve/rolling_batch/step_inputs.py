@@ -80,7 +80,10 @@ def _exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
+def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: bool = True) -> StepArrays:
+    """The step's arrays. ``mark_generated``: set :attr:`StepArrays.prompt_lens` where a prompt
+    chunk holds generated tokens (not in deterministic mode, whose ops attend every prompt row as
+    a decode already)."""
     items = out.decodes + out.prefills
     n = len(items)
     starts = np.fromiter((i.start for i in items), np.int64, n)
@@ -103,7 +106,7 @@ def build_step_arrays(out: SchedulerOutput, block_size: int) -> StepArrays:
     positions = starts[owner] + (np.arange(total) - cu[owner])
     slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
     prompt_lens = None
-    if any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills):
+    if mark_generated and any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills):
         prompt_lens = np.fromiter((i.seq.num_prompt_tokens for i in items), np.int32, n)
     adapters = [i.seq.group.adapter for i in items]
     lora_slots = None

@@ -136,16 +136,8 @@ class BatchInvariantOps(OpsWrapper):
         counts = [b - a for a, b in zip(cu, cu[1:])]
         owner = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         own_lens = [n - m + 1 + j for n, m in zip(lens, counts) for j in range(m)]
-        dev, tokens = paged.block_tables.device, len(own_lens)
-        decodes = PagedAttentionInputs(
-            block_tables=paged.block_tables.index_select(0, owner.to(dev)).contiguous(),
-            cu_q_lens=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(own_lens, dtype=torch.int32, device=dev),
-            max_q_len=1,
-            host_cu_q_lens=list(range(tokens + 1)),
-            host_seq_lens=own_lens,
-            num_decodes=tokens,
-        )
+        tables = paged.block_tables.index_select(0, owner.to(paged.block_tables.device)).contiguous()
+        decodes = PagedAttentionInputs.one_decode_per_row(tables, own_lens)
         self._expanded = (paged.block_tables, decodes)
         return decodes
 

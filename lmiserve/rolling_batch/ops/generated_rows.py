@@ -9,7 +9,8 @@ could take the other side of a later near tie. The linear layers are not the iss
 the deterministic mode's form each row on its own. So each row at or after its sequence's prompt
 length is attended once more, on its own, as the decode of its position, by the same ops (the
 prompt kernel's result for it is overwritten). Only steps that hold such rows pay for it; they
-run eagerly, outside captured graphs.
+run eagerly, outside captured graphs. Deterministic mode's ops attend every prompt row as a decode
+already: there no row is marked (:func:`..step_inputs.build_step_arrays`).
 """
 
 from __future__ import annotations
@@ -47,17 +48,8 @@ def generated_rows(
     rows = np.flatnonzero((owner >= num_decodes) & (positions >= prompt_lens[owner]))
     if rows.shape[0] == 0:
         return None
-    lens = (positions[rows] + 1).astype(np.int32)
-    n = int(rows.shape[0])
-    paged = PagedAttentionInputs(
-        block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[owner[rows]])).to(device),
-        cu_q_lens=torch.arange(n + 1, dtype=torch.int32, device=device),
-        seq_lens=torch.from_numpy(lens).to(device),
-        max_q_len=1,
-        host_cu_q_lens=list(range(n + 1)),
-        host_seq_lens=lens.tolist(),
-        num_decodes=n,
-    )
+    tables = torch.from_numpy(np.ascontiguousarray(block_tables[owner[rows]])).to(device)
+    paged = PagedAttentionInputs.one_decode_per_row(tables, (positions[rows] + 1).tolist())
     return GeneratedRows(torch.from_numpy(rows.astype(np.int64)).to(device), paged)
 
 

@@ -58,6 +58,21 @@ class PagedAttentionInputs:
             num_decodes = next((i for i, n in enumerate(runs) if n != 1), len(runs))
         return cls(block_tables, cu_q_lens, seq_lens, max(runs, default=0), cu, lens, num_decodes)
 
+    @classmethod
+    def one_decode_per_row(cls, block_tables: torch.Tensor, lens: list[int]) -> PagedAttentionInputs:
+        """Row ``i`` attended as a decode of a sequence with ``block_tables[i]`` and ``lens[i]``
+        tokens (a prompt row on its own: its position + 1)."""
+        n, device = len(lens), block_tables.device
+        return cls(
+            block_tables=block_tables,
+            cu_q_lens=torch.arange(n + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            max_q_len=1,
+            host_cu_q_lens=list(range(n + 1)),
+            host_seq_lens=lens,
+            num_decodes=n,
+        )
+
     def parts(self) -> tuple[DecodeRows, PromptRows]:
         """The decodes (rows ``0:num_decodes``) and the prompt chunks (the rows after them), each
         with its own tables and lengths; worked out once per step (every layer asks)."""

@@ -48,3 +48,18 @@ def test_attend_gives_generated_rows_the_decode_kernels_result_and_prompt_rows_t
         )
         decoded = ops.attention(q[row : row + 1], k_cache, v_cache, one, dim**-0.5)
         assert torch.equal(out[row], decoded[0]), row
+
+
+def test_deterministic_steps_mark_no_generated_rows(tiny_model_dirs):
+    """Deterministic mode attends every prompt row as a decode already: a replay's step carries no
+    prompt lengths there, and in the default mode it does."""
+    from lmiserve.rolling_batch.step_inputs import build_step_arrays
+    from lmiserve.wire import SamplingParams
+
+    from .engine_helpers import make_engine
+
+    engine = make_engine(tiny_model_dirs["llama"], enable_prefix_caching=False)
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_new_tokens=8), output_ids=[9, 10])
+    out = engine.scheduler.schedule()
+    assert build_step_arrays(out, 16).prompt_lens.tolist() == [4]
+    assert build_step_arrays(out, 16, mark_generated=False).prompt_lens is None

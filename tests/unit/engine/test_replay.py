@@ -173,13 +173,20 @@ def wide_heads_model(tmp_path_factory):
                        num_key_value_heads=2, intermediate_size=256)  # fmt: skip
 
 
-def test_bf16_replays_continue_bit_for_bit(wide_heads_model):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_bf16_replays_continue_bit_for_bit(wide_heads_model, deterministic):
     """The replayed tokens are attended as the decodes that produced them, so in bf16 too every
     continuation is the first run's, log-probabilities to the last bit, whether the replays run
-    alone or together."""
+    alone or together (deterministic mode's ops attend every prompt row so; nothing is marked)."""
     params = SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=1)
     prompts = [PROMPT * 3, PROMPT[3:] * 4, [9, 8, 7, 6, 5, 4, 3, 2, 1, 2, 3] * 5, PROMPT[::-1] * 3]
-    engine = make_engine(wide_heads_model, dtype="bf16", enable_prefix_caching=False, max_num_batched_tokens=256)
+    engine = make_engine(
+        wide_heads_model,
+        dtype="bf16",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=256,
+        deterministic=deterministic,
+    )
     for i, prompt in enumerate(prompts):
         engine.add_request(f"c{i}", prompt, params)
     first = collect(engine)
