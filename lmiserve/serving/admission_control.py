@@ -33,15 +33,8 @@ never more than its ``max_new_tokens``; until one has ended, all of ``max_new_to
 sequence already past the typical length may end any step: it is expected to free its slot now,
 so that a refusal is never for a wait longer than what the past suggests.
 
-``prefill(tokens)``: on an idle engine the prompts run whole, at the prompt speed the engine
-measured on steps in which nothing decodes (a figure of the hardware, not of the load, so it holds
-however long ago it was measured). Beside running sequences, an engine that prefills in chunks
-(``option.decode_step_prefill_tokens_per_sequence``, set by default on CPUs) takes at most the
-prompt tokens it reports for a decode step, a rest within a quarter more whole: the step under
-way (half of one on average), then ``ceil`` of the tokens over that chunk steps of
-``decode_step_seconds``, plus the prompt tokens' own time at the idle speed (a step that carries
-a prompt is that much longer than one that only decodes). An engine that reports none of this
-(older engines, other backends): the tokens over the prompt speed measured on every step.
+``prefill(tokens)`` is :func:`.engine_load.prefill_seconds`: whole at the idle prompt speed on an
+idle engine, in the engine's decode-step chunks beside running sequences.
 
 A decode step takes longer the more sequences it runs: ``batch`` is the sequences running and
 queued ahead with this request's (at most ``max_rolling_batch_size``), and the step time the
@@ -78,11 +71,9 @@ import math
 import time
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any
 
-TAIL_SHARE = 4
-"""The engine's scheduler takes a prompt's rest whole within this share (a quarter) beyond a
-step's prompt tokens (its ``TAIL_SHARE``; this process does not import the engine)."""
+from .engine_load import EngineLoad, prefill_seconds
+
 RESERVE = 0.15
 """The share of a deadline that admission keeps for what its prediction cannot see: steps that
 grow after the decision, the API process's own work on a busy host."""
@@ -91,38 +82,6 @@ TYPICAL_WEIGHT = 0.1
 QUEUE_FULL = "queue_full"
 PREDICTED_DELAY = "predicted_delay"
 FIRST_TOKEN_WAIT = "first_token_wait"
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine last reported about its queue and speed (0: not measured yet)."""
-
-    running: int = 0
-    waiting: int = 0
-    prefill_tokens_per_s: float = 0.0
-    decode_step_seconds: float = 0.0
-    idle_prefill_tokens_per_s: float = 0.0
-    """Prompt tokens per second where nothing decodes (0: not measured; :attr:`prefill_tokens_per_s` then)."""
-    decode_step_prefill_tokens: int = 0
-    """Prompt tokens a step that also decodes takes at most now (0: not reported)."""
-
-    @property
-    def idle_speed(self) -> float:
-        return self.idle_prefill_tokens_per_s or self.prefill_tokens_per_s
-
-    @classmethod
-    def of(cls, stats: Any) -> EngineLoad:
-        """From a ``wire.EngineStats`` (None: an engine that has reported nothing yet)."""
-        if stats is None:
-            return cls()
-        return cls(
-            running=int(stats.running),
-            waiting=int(stats.waiting),
-            prefill_tokens_per_s=float(getattr(stats, "prefill_tokens_per_s", 0.0) or 0.0),
-            decode_step_seconds=float(getattr(stats, "decode_step_seconds", 0.0) or 0.0),
-            idle_prefill_tokens_per_s=float(getattr(stats, "idle_prefill_tokens_per_s", 0.0) or 0.0),
-            decode_step_prefill_tokens=int(getattr(stats, "decode_step_prefill_tokens", 0) or 0),
-        )
 
 
 @dataclass
@@ -222,7 +181,7 @@ class AdmissionControl:
         mean_prompt = queued_tokens / len(queued) if queued else prompt_tokens
         queued_tokens += (queued_seqs - own_queued) * mean_prompt
         step = load.decode_step_seconds
-        prefill_s = _prefill_seconds(queued_tokens + prompt_tokens, running, load)
+        prefill_s = prefill_seconds(queued_tokens + prompt_tokens, running, load)
         need = running + queued_seqs + max(1, width) - self.batch_size
         slot_s = 0.0
         if need > 0 and step > 0:
@@ -371,17 +330,3 @@ class AdmissionControl:
         if len(tenants) < 2:
             return False
         return self.tenant_requests(tenant) < self.limit / len(tenants)
-
-
-def _prefill_seconds(tokens: int | float, running: int, load: EngineLoad) -> float:
-    """Seconds until ``tokens`` of prompts (the newcomer's last) are computed. On an idle engine
-    they run whole, at the idle speed. Beside running sequences they take steps of at most
-    ``decode_step_prefill_tokens`` (a rest within a quarter more taken whole): the step under
-    way (half of one, on average), then theirs, each a decode step and the prompt tokens' own
-    time at the idle speed. Without those figures, the prompt speed measured over every step."""
-    idle = load.idle_speed
-    chunk, step = load.decode_step_prefill_tokens, load.decode_step_seconds
-    if running <= 0 or chunk <= 0 or step <= 0:
-        return tokens / idle if idle else 0.0
-    steps = max(1, math.ceil((tokens - chunk // TAIL_SHARE) / chunk))
-    return step * (0.5 + steps) + (tokens / idle if idle else 0.0)
