@@ -178,14 +178,16 @@ def test_bf16_replays_continue_bit_for_bit(wide_heads_model, deterministic):
     """The replayed tokens are attended as the decodes that produced them, so in bf16 too every
     continuation is the first run's, log-probabilities to the last bit, whether the replays run
     alone or together (deterministic mode's ops attend every prompt row so; nothing is marked)."""
+    check_bf16_replays_bit_for_bit(wide_heads_model, deterministic=deterministic)
+
+
+def check_bf16_replays_bit_for_bit(model_dir, **engine_overrides) -> None:
+    """Replays cut after 1, 13, 26 and 39 tokens, alone and together, continue the first run's
+    tokens and log-probabilities exactly (``engine_overrides``: the device, the mode)."""
     params = SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=1)
     prompts = [PROMPT * 3, PROMPT[3:] * 4, [9, 8, 7, 6, 5, 4, 3, 2, 1, 2, 3] * 5, PROMPT[::-1] * 3]
     engine = make_engine(
-        wide_heads_model,
-        dtype="bf16",
-        enable_prefix_caching=False,
-        max_num_batched_tokens=256,
-        deterministic=deterministic,
+        model_dir, dtype="bf16", enable_prefix_caching=False, max_num_batched_tokens=256, **engine_overrides
     )
     for i, prompt in enumerate(prompts):
         engine.add_request(f"c{i}", prompt, params)
