@@ -52,6 +52,10 @@ class EngineConfig:
     """In a step that also decodes, most prompt tokens per sequence running or waiting (None: no such limit)."""
     quantize: str | None = _setting("option.quantize")
     """The weights' quantization as asked for (None: the checkpoint's own; :mod:`.quant.loading`)."""
+    gguf_dense_rows: int = field(default=0, metadata={"setting": None})
+    """On a CPU, in bf16: rows of a step from which a GGUF model's block layers run from their
+    weights dequantized to bf16, kept beside the blocks (0: never); not a setting, measured at
+    start-up (:mod:`.ops.cpu_gguf_rows`)."""
     enforce_eager: bool = _setting("option.enforce_eager")
     """No device graphs: every step runs kernel by kernel."""
     deterministic: bool = _setting("option.deterministic")

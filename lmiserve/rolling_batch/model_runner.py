@@ -41,15 +41,17 @@ class ModelRunner:
         shard: Shard | None = None,
         deterministic: bool = False,
         quantize: str | None = None,
+        gguf_dense_rows: int = 0,
     ):
         """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
-        part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head."""
+        part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head.
+        ``gguf_dense_rows``: :attr:`.engine_config.EngineConfig.gguf_dense_rows`."""
         self.device = device
         self.dtype = dtype
         self.deterministic = deterministic
         self.block_size = block_size
         phases = PhaseLog(log, "engine start")
-        self.ops = select_ops(device, ops_name, deterministic)
+        self.ops = select_ops(device, ops_name, deterministic, gguf_dense_rows)
         phases.done("ops and their kernels")
         self.channel: StepChannel | None = None
         """Set on rank 0 of a tensor-parallel group: each step's inputs go to the other ranks."""

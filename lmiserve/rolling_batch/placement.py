@@ -3,6 +3,7 @@ process (which may ask torch what it sees), and the engine's configuration for t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -32,11 +33,23 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
         if choice is not None and choice.dense:  # a GGUF model's weights, dequantized at load
             engine = engine.model_copy(update={"quantize": "none"})
     log.info("dtype %s (%s)", dtype, why)
+    rows = 0
+    if device == "cpu" and dtype == "bf16" and engine.quantize is None and not engine.deterministic:
+        from .ops.cpu_gguf_rows import dense_rows
+
+        choice, rows_why = dense_rows(Path(model_path))
+        if choice is not None and choice.dense_rows == 1:  # dense everywhere: no blocks kept
+            engine = engine.model_copy(update={"quantize": "none"})
+        elif choice is not None:
+            rows = choice.dense_rows
+        if rows_why:
+            log.info("%s", rows_why)
+            why = f"{why}; {rows_why}"
     degree = resolve_degree(model.tensor_parallel_degree, device)
     config = EngineConfig.from_settings(
         model_path, model, engine, device=device, dtype=dtype, tensor_parallel_degree=degree
     )
-    return config, why
+    return dataclasses.replace(config, gguf_dense_rows=rows), why
 
 
 def engine_device(model: ModelSettings) -> str:

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             shard=shard,
             deterministic=config.deterministic,
             quantize=config.quantize,
+            gguf_dense_rows=config.gguf_dense_rows,
         )
         store.set(f"loaded/{args.rank}", "1")
         join_group(store, args.rank, args.world_size, device)

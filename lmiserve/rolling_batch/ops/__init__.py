@@ -30,9 +30,10 @@ __all__ = [
 OPS_NAMES = ("auto", "reference", "cpu", "cuda", "npu")
 
 
-def create_ops(device: str, name: str = "auto", deterministic: bool = False) -> Ops:
+def create_ops(device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0) -> Ops:
     """The implementation for ``device``: ``auto`` picks the tuned one. ``deterministic``: prefer
-    kernels whose result for a row does not depend on the other rows."""
+    kernels whose result for a row does not depend on the other rows. ``dense_rows``: the CPU
+    ops' :attr:`~.cpu.CpuOps.dense_rows`."""
     if name not in OPS_NAMES:
         raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")
     if name == "auto":
@@ -42,7 +43,7 @@ def create_ops(device: str, name: str = "auto", deterministic: bool = False) -> 
     if name == "cpu":
         from .cpu import CpuOps
 
-        return CpuOps(row_invariant=deterministic)
+        return CpuOps(row_invariant=deterministic, dense_rows=dense_rows)
     if name == "cuda":
         _triton_cache_dir()
         from .cuda import CudaOps
@@ -58,10 +59,10 @@ def create_ops(device: str, name: str = "auto", deterministic: bool = False) -> 
     return ReferenceOps()
 
 
-def select_ops(device: str, name: str = "auto", deterministic: bool = False) -> CheckedOps:
+def select_ops(device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0) -> CheckedOps:
     """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops);
     ``deterministic``: a token's result does not depend on the rest of the step."""
-    ops = create_ops(device, name, deterministic)
+    ops = create_ops(device, name, deterministic, dense_rows)
     limits = limits_for("npu" if ops.name == "npu" else device)
     if deterministic:
         from .batch_invariant import BatchInvariantOps

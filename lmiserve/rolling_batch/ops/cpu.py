@@ -61,10 +61,10 @@ def _part_cols(parts: tuple[int, ...]) -> torch.Tensor:
 class CpuOps(ReferenceOps):
     name = "cpu"
 
-    def __init__(self, row_invariant: bool = False) -> None:
+    def __init__(self, row_invariant: bool = False, dense_rows: int = 0) -> None:
         """``row_invariant`` (deterministic mode): every LoRA run goes through one of the C++
         kernels, whose rows do not depend on each other (the linear kernel's never do), and GGUF
-        blocks take one path whatever the number of rows."""
+        blocks take one path whatever the number of rows. ``dense_rows``: see :attr:`dense_rows`."""
         self.kernels = load_kernels()
         self.native_formats = ("gguf",) if self.kernels else ()
         self.row_invariant = row_invariant
@@ -73,6 +73,12 @@ class CpuOps(ReferenceOps):
         self.gguf_tile_rows = (1 if row_invariant else GGUF_TILE_ROWS) if self.tiles else 0
         """Rows from which GGUF-block layers take the tiles (0: never); in deterministic mode all
         of them, so that no row's sums change with the batch."""
+        self.dense_rows = 0 if row_invariant or not self.own_linear else dense_rows
+        """Rows of bf16 x from which GGUF-block layers run from their weights dequantized to bf16,
+        kept beside the blocks (0: never, none kept): where reading a quarter of the bytes wins
+        a decode step of a few streams, but turning blocks into weights costs more than reading
+        bf16 ones in a prompt chunk or a full batch (:mod:`.cpu_gguf_rows` measures where). Not
+        in deterministic mode, whose rows take one path whatever the batch."""
         self._lora_packs: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
 
     def _own_kernel_takes(self, weight: torch.Tensor) -> bool:
@@ -91,31 +97,46 @@ class CpuOps(ReferenceOps):
             prepared.packing = "onednn"
         return prepared
 
-    def _prepare_quantized(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearWeight:
+    def _prepare_quantized(
+        self, weight: QuantizedWeight, bias: torch.Tensor | None, gated: bool = False
+    ) -> LinearWeight:
         """GGUF blocks repacked for ``csrc/quant_linear.cpp`` (the blocks themselves are not
-        kept); the GPU formats, which the loader dequantizes for a CPU, take the reference ops'."""
+        kept), with their bf16 weights beside them under :attr:`dense_rows` (``gated``: packed
+        for :meth:`gate_up_swiglu`); the GPU formats, which the loader dequantizes for a CPU,
+        take the reference ops'."""
         if not (isinstance(weight, BlockWeight) and self.kernels):
             return quantized_linear(weight, bias)
         packed = torch.ops.lmiserve_cpu.pack_gguf(weight.blocks, GGUF_KINDS[weight.kind], weight.in_features)
-        return LinearWeight(torch.empty(weight.shape, device="meta"), bias, packed, f"gguf-{weight.kind}")
+        prepared = LinearWeight(torch.empty(weight.shape, device="meta"), bias, packed, f"gguf-{weight.kind}")
+        if self.dense_rows:
+            dense = weight.dequantize(torch.bfloat16)
+            prepared.dense = self.prepare_gate_up(dense) if gated else self.prepare_linear(dense, bias)
+        return prepared
+
+    def _dense_takes(self, x: torch.Tensor, w: LinearWeight) -> bool:
+        return w.dense is not None and x.dtype == torch.bfloat16 and x.numel() >= self.dense_rows * x.shape[-1]
 
     def prepare_gate_up(self, weight):  # type: ignore[no-untyped-def]
         """Packed gated where the kernel runs: each group of columns holds 24 units' gate and up,
         so :meth:`gate_up_swiglu` ends with the SwiGLU and never writes gate_up out."""
         if is_quantized(weight):
-            return self.prepare_linear(weight)
+            return self._prepare_quantized(weight, None, gated=True)
         if weight.shape[0] % 2 == 0 and self._own_kernel_takes(weight):
             packed = torch.ops.lmiserve_cpu.pack_linear_bf16(weight.contiguous(), True)
             return LinearWeight(weight.contiguous(), None, packed, "lmiserve-gated")
         return self.prepare_linear(weight)
 
     def gate_up_swiglu(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        if self._dense_takes(x, w):
+            return self.gate_up_swiglu(x, w.dense)
         if w.packing == "lmiserve-gated" and x.dtype == torch.bfloat16:
             return torch.ops.lmiserve_cpu.linear_bf16(x, w.packed, None, w.weight.shape[0] // 2, 2, self.tiles)
         return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if w.packing in GGUF_PACKINGS:
+            if self._dense_takes(x, w):
+                return self.linear(x, w.dense)
             kind = GGUF_PACKINGS[w.packing]
             return torch.ops.lmiserve_cpu.linear_gguf(x, w.packed, kind, w.bias, self.gguf_tile_rows)
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:

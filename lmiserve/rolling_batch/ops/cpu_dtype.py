@@ -211,7 +211,7 @@ def measure(  # type: ignore[no-untyped-def]
     return Choice("bf16" if dtype == torch.bfloat16 else "fp32", seconds, dense)
 
 
-def _memory_available() -> int:
+def memory_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -229,7 +229,7 @@ def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
     return 4 * weights
 
 
-def _cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool) -> Path:
+def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool) -> Path:
     """Where a measurement of these layers on this CPU, class, thread count, torch and kernel
     sources is kept: a restarted engine (after a crash, or the next start) reuses it."""
     import hashlib
@@ -263,8 +263,8 @@ def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choic
         layers, count, head = model_layers(model_dir, quantize)
     except (OSError, KeyError, ValueError) as exc:
         return None, f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
-    dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * _memory_available()
-    cached = _cache_file(layers, count, head, dense_allowed)
+    dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * memory_available()
+    cached = cache_file(layers, count, head, dense_allowed)
     try:
         saved = json.loads(cached.read_text())
         choice = Choice(saved["dtype"], saved["seconds"], saved["dense"])

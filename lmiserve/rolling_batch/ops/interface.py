@@ -30,6 +30,9 @@ class LinearWeight:
     quant: QuantizedWeight | None = None
     """The weight as it is stored quantized (:mod:`..quant.weights`); ``weight`` is then a tensor
     on the meta device that only gives the shape."""
+    dense: LinearWeight | None = None
+    """The same weight dequantized and prepared again, which a backend may run instead from some
+    number of rows on (a CPU's GGUF blocks: :attr:`.cpu.CpuOps.dense_rows`); None: none kept."""
 
     @property
     def out_features(self) -> int:

@@ -70,6 +70,19 @@ def test_quantize_none_serves_the_dense_copy(gguf_model) -> None:
     assert engine.runner.model.layers[0].qkv.quant is None
 
 
+def test_dense_weights_beside_the_blocks_give_the_dense_models_bf16_tokens(gguf_model) -> None:
+    """With dense weights taken from one row on, every layer runs the bf16 weights the blocks
+    dequantize to: the tokens are those of the dense copy loaded in bf16, bit for bit."""
+    from lmiserve.rolling_batch.ops.cpu_kernels import bf16_linear_kernel
+
+    if not bf16_linear_kernel():
+        pytest.skip("no bf16 linear kernel here")
+    hf, dense, _ = gguf_model
+    engine = make_engine(hf, dtype="bf16", gguf_dense_rows=1)
+    assert engine.runner.model.layers[0].qkv.dense is not None
+    assert _greedy(hf, dtype="bf16", gguf_dense_rows=1) == _greedy(dense, dtype="bf16")
+
+
 def test_gpu_schemes_are_refused_for_a_gguf_file(gguf_model) -> None:
     hf, _, _ = gguf_model
     with pytest.raises(ValueError, match="option.quantize=awq needs a awq checkpoint"):
