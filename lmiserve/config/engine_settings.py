@@ -42,8 +42,9 @@ class EngineSettings(Area):
         "proportion fewer below 16 sequences; never fewer than 16, never more than "
         "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
         "full batch prefills its arriving prompts in larger chunks, in fewer steps. "
-        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}; none under "
-        "option.max_first_token_wait.",
+        f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}; on a CPU raised to the share at "
+        "which a full batch's prompt tokens cost twice its decodes' linear layers, measured at start-up "
+        "(8 with AMX); none under option.max_first_token_wait.",
         ge=1,
     )
     kv_cache_memory: int | None = optional_setting(

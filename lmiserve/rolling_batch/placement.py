@@ -49,7 +49,19 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     config = EngineConfig.from_settings(
         model_path, model, engine, device=device, dtype=dtype, tensor_parallel_degree=degree
     )
-    return dataclasses.replace(config, gguf_dense_rows=rows), why
+    config = dataclasses.replace(config, gguf_dense_rows=rows)
+    default_share = config.decode_step_prefill_tokens_per_sequence
+    if device == "cpu" and engine.decode_step_prefill_tokens_per_sequence is None and default_share is not None:
+        from .prompt_share import measured_share
+
+        share, share_why = measured_share(Path(model_path), dtype, rows, engine.quantize)
+        if share is not None:
+            share = max(share, default_share)  # raised where prompt tokens are cheap, never lowered
+            config = dataclasses.replace(config, decode_step_prefill_tokens_per_sequence=share)
+            share_why = f"{share_why}; taken: {share} (never below the device default, {default_share})"
+        log.info("%s", share_why)
+        why = f"{why}; {share_why}"
+    return config, why
 
 
 def engine_device(model: ModelSettings) -> str:

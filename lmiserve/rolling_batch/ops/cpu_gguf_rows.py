@@ -70,7 +70,7 @@ def crossing(blocks: dict[int, float], dense: dict[int, float]) -> int:
     return rows
 
 
-def _sampled(layers: list[Layer], count: int) -> list[Layer]:
+def sampled(layers: list[Layer], count: int) -> list[Layer]:
     """As many decoder layers' linear layers as :data:`SAMPLE_BYTES` of their bf16 weights hold
     (at least one, at most ``count``): the same set for the blocks and the dense weights."""
     per_layer = sum(2 * x.out_features * x.in_features for x in layers) or 1
@@ -81,7 +81,7 @@ def _sampled(layers: list[Layer], count: int) -> list[Layer]:
 def measure_rows(layers: list[Layer], count: int, ops) -> RowsChoice:  # type: ignore[no-untyped-def]
     """Time the layers from their blocks and dense at each of :data:`ROWS` (``ops``: a
     :class:`~.cpu.CpuOps` without dense weights of its own), scaled to ``count`` decoder layers."""
-    sample = _sampled(layers, count)
+    sample = sampled(layers, count)
     scale = count / (len(sample) / len(layers)) * 1e3
     blocks, dense = {}, {}
     for rows in ROWS:
