@@ -75,7 +75,7 @@ class CpuOps(ReferenceOps):
         of them, so that no row's sums change with the batch."""
         self.dense_rows = 0 if row_invariant or not self.own_linear else dense_rows
         """Rows of bf16 x from which GGUF-block layers run from their weights dequantized to bf16,
-        kept beside the blocks (0: never, none kept): where reading a quarter of the bytes wins
+        kept beside the blocks (0: never, none kept): where reading a third of the bytes wins
         a decode step of a few streams, but turning blocks into weights costs more than reading
         bf16 ones in a prompt chunk or a full batch (:mod:`.cpu_gguf_rows` measures where). Not
         in deterministic mode, whose rows take one path whatever the batch."""

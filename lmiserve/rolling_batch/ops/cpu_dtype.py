@@ -5,12 +5,15 @@ On a CPU with AVX512_BF16 or AMX, bf16 and the blocks are the answer and nothing
 Elsewhere bf16 has no arithmetic of its own, but a bf16 weight is half the bytes of an fp32 one and
 decoding reads every weight at every step, so which format is faster depends on the machine: how
 fast it reads memory, how its kernels widen bf16 to fp32 in registers, how fast its block kernel
-turns blocks into weights. It is measured at start-up, in about a second: the model's linear layers
+turns blocks into weights. It is measured at start-up, in two or three seconds: the model's linear layers
 as the engine will run them (:class:`~.cpu.CpuOps`, with its C++ kernels), in fp32 and in bf16,
 from the blocks and (for a GGUF model served from its blocks) dequantized, at one row (a decode
-step of one stream) over as many layers as 64 MiB of weights hold (more than the caches of most
-CPUs, so the weights come from memory as they do in a step), and at 16 and 64 rows (a busy decode
-step, a prompt chunk) over one layer, each scaled to the model's layer count, plus the LM head.
+step of one stream) and at 8 and 32 rows (decode steps of 8 and 32 streams, which carry the
+prompts' chunks too), each over as many layers as 64 MiB of weights hold (more than the caches of
+most CPUs, so the weights come from memory as they do in a step) and scaled to the model's layer
+count, plus the LM head. (Row counts of prompt chunks alone, 64 and more, are left out: there
+fp32's FMAs win where bf16 must be widened first, but they are a small part of serving's time, and
+counting them chose fp32 by a hair on an AVX2 machine where bf16 serves 1.6x faster at one stream.)
 Dense weights are a candidate only where they take under ``DENSE_MEMORY_SHARE`` of the memory
 available.
 
@@ -37,7 +40,7 @@ log = logging.getLogger("lmiserve.engine")
 SAMPLE_BYTES = 64 << 20
 """Bytes of weights sampled at one row (bf16 or blocks): more than the caches of most CPUs."""
 ONE_ROW = 1
-MANY_ROWS = (16, 64)
+MANY_ROWS = (8, 32)
 REPEATS = 5
 MARGIN = 0.95
 """A candidate other than fp32 from the checkpoint's own format is chosen only when it takes less
@@ -66,7 +69,7 @@ class Choice:
     dtype: str
     seconds: dict[str, float]
     """Per candidate (``fp32``, ``bf16``, and for a GGUF model ``fp32 dense``, ``bf16 dense``): the
-    model's linear layers at one row plus at 16 and 64 rows, seconds."""
+    model's linear layers at one row plus at 8 and 32 rows, seconds."""
     dense: bool = False
     """Serve a GGUF model's weights dequantized (``option.quantize=none``) instead of its blocks."""
 
@@ -78,7 +81,7 @@ class Choice:
         times = ", ".join(f"{name} {t * 1e3:.1f} ms" for name, t in sorted(self.seconds.items(), key=lambda kv: kv[1]))
         what = f"{self.dtype}, the GGUF weights dequantized at load" if self.dense else self.dtype
         return (
-            f"auto: this CPU has no bf16 arithmetic; measured, the model's linear layers (1, 16 and 64 rows) "
+            f"auto: this CPU has no bf16 arithmetic; measured, the model's linear layers (1, 8 and 32 rows) "
             f"take {times}: {what}"
         )
 
@@ -160,29 +163,37 @@ def _sample(layers: list[Layer], count: int) -> list[Layer]:
     return [x for _ in range(copies) for x in layers]
 
 
-def time_layers(ops, layers: list[Layer], dtype: torch.dtype, rows: int) -> float:  # type: ignore[no-untyped-def]
-    """Seconds per call of every layer of ``layers`` in turn at ``rows`` rows: the median of
-    ``REPEATS`` runs after one warm-up."""
+def time_rows(ops, layers: list[Layer], dtype: torch.dtype, rows: tuple[int, ...]) -> dict[int, float]:  # type: ignore[no-untyped-def]
+    """Per row count of ``rows``, seconds per call of every layer of ``layers`` in turn: the
+    median of ``REPEATS`` runs after one warm-up (the weights prepared once for all)."""
     generator = torch.Generator().manual_seed(0)
     prepared = [(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers]
-    inputs = {x.in_features: torch.randn(rows, x.in_features, generator=generator).to(dtype) for x, _ in prepared}
-    runs = []
-    for _ in range(REPEATS + 1):
-        start = time.perf_counter()
-        for x, w in prepared:
-            ops.linear(inputs[x.in_features], w)
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs[1:])
+    seconds = {}
+    for m in rows:
+        inputs = {x.in_features: torch.randn(m, x.in_features, generator=generator).to(dtype) for x, _ in prepared}
+        runs = []
+        for _ in range(REPEATS + 1):
+            start = time.perf_counter()
+            for x, w in prepared:
+                ops.linear(inputs[x.in_features], w)
+            runs.append(time.perf_counter() - start)
+        seconds[m] = statistics.median(runs[1:])
+    return seconds
+
+
+def time_layers(ops, layers: list[Layer], dtype: torch.dtype, rows: int) -> float:  # type: ignore[no-untyped-def]
+    """:func:`time_rows` at one row count."""
+    return time_rows(ops, layers, dtype, (rows,))[rows]
 
 
 def model_time(ops, layers: list[Layer], count: int, head: Layer | None, dtype: torch.dtype) -> float:  # type: ignore[no-untyped-def]
-    """The model's linear layers at one row (sampled over ``SAMPLE_BYTES``) and at each of
-    ``MANY_ROWS`` (one decoder layer), each scaled to ``count`` decoder layers, plus the head."""
+    """The model's linear layers at one row and at each of ``MANY_ROWS``, each sampled over
+    ``SAMPLE_BYTES`` and scaled to ``count`` decoder layers, plus the head."""
     sampled = _sample(layers, count)
-    spent = time_layers(ops, sampled, dtype, ONE_ROW) * count * len(layers) / len(sampled)
-    spent += sum(time_layers(ops, layers, dtype, rows) * count for rows in MANY_ROWS)
+    scale = count * len(layers) / len(sampled)
+    spent = sum(time_rows(ops, sampled, dtype, (ONE_ROW, *MANY_ROWS)).values()) * scale
     if head is not None:
-        spent += sum(time_layers(ops, [head], dtype, rows) for rows in (ONE_ROW, *MANY_ROWS))
+        spent += sum(time_rows(ops, [head], dtype, (ONE_ROW, *MANY_ROWS)).values())
     return spent
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_dtype import DENSE_MEMORY_SHARE, SAMPLE_BYTES, Layer, cache_file, memory_available, model_layers, time_layers
+from .cpu_dtype import DENSE_MEMORY_SHARE, SAMPLE_BYTES, Layer, cache_file, memory_available, model_layers, time_rows
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -83,10 +83,8 @@ def measure_rows(layers: list[Layer], count: int, ops) -> RowsChoice:  # type: i
     :class:`~.cpu.CpuOps` without dense weights of its own), scaled to ``count`` decoder layers."""
     sample = sampled(layers, count)
     scale = count / (len(sample) / len(layers)) * 1e3
-    blocks, dense = {}, {}
-    for rows in ROWS:
-        blocks[rows] = time_layers(ops, sample, torch.bfloat16, rows) * scale
-        dense[rows] = time_layers(ops, [x.dense() for x in sample], torch.bfloat16, rows) * scale
+    blocks = {r: t * scale for r, t in time_rows(ops, sample, torch.bfloat16, ROWS).items()}
+    dense = {r: t * scale for r, t in time_rows(ops, [x.dense() for x in sample], torch.bfloat16, ROWS).items()}
     return RowsChoice(crossing(blocks, dense), blocks, dense)
 
 

@@ -53,12 +53,12 @@ def test_gguf_layers_keep_their_block_kinds(hf, tmp_path) -> None:
 
 
 def _timed(monkeypatch, times: dict) -> None:
-    """``time_layers`` answering from ``times``: by (dtype, whether the layers are dense)."""
+    """``time_rows`` answering from ``times``: by (dtype, whether the layers are dense)."""
 
     def fake(ops, layers, dtype, rows):  # type: ignore[no-untyped-def]
-        return times[dtype, all(x.kind == "dense" for x in layers)] * len(layers)
+        return dict.fromkeys(rows, times[dtype, all(x.kind == "dense" for x in layers)] * len(layers))
 
-    monkeypatch.setattr(cpu_dtype, "time_layers", fake)
+    monkeypatch.setattr(cpu_dtype, "time_rows", fake)
 
 
 @pytest.mark.parametrize("fp32, bf16, chosen", [(10.0, 5.0, "bf16"), (10.0, 9.9, "fp32"), (5.0, 10.0, "fp32")])
@@ -66,7 +66,7 @@ def test_the_faster_dtype_is_chosen_and_said(monkeypatch, fp32: float, bf16: flo
     _timed(monkeypatch, {(torch.float32, True): fp32, (torch.bfloat16, True): bf16})
     choice = measure([Layer("o_proj", 64, 64)], 2, None, ops=object())
     assert choice.dtype == chosen and not choice.dense  # a near tie (within 5%) stays fp32
-    # one row over both layers sampled, then 16 and 64 rows over one layer scaled to two
+    # 1, 8 and 32 rows, each over both layers sampled (two copies of the one: a scale of one)
     assert choice.seconds == {"fp32": 6 * fp32, "bf16": 6 * bf16}
     assert "ms" in choice.why() and choice.why().endswith(f": {chosen}")
 
