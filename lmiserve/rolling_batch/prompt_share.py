@@ -19,15 +19,13 @@ AVX-512 and AVX2 classes measure): the measurement raises the share where prompt
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from .ops.cpu_dtype import Layer, cache_file, model_layers, time_layers
+from .ops.cpu_dtype import Layer, cache_file, load_measurement, model_layers, save_measurement, time_layers
 from .ops.cpu_gguf_rows import sampled
 from .scheduler import FULL_SHARE_SEQUENCES
 
@@ -89,24 +87,19 @@ def measured_share(
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if dtype not in ("bf16", "fp32"):
         return None, f"the prompt share is the default ({dtype} is not measured)"
-    cached = cache_file(layers, count, None, True).with_suffix(f".share-{dtype}-{dense_rows}.json")
+    method = ["prompt-share", dtype, dense_rows, FULL_SHARE_SEQUENCES, CHUNK_ROWS, PROMPT_COST_RATIO, MAX_SHARE]
+    cached = cache_file(layers, count, None, True, method)
+    saved = load_measurement(cached)
     try:
-        saved = json.loads(cached.read_text())
         share, decode_s, chunk_s = int(saved["share"]), float(saved["decode_s"]), float(saved["chunk_s"])
         return share, _why(share, decode_s, chunk_s) + f" (measured at an earlier start, {cached})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         pass
     ops = CpuOps()  # builds the kernels where they are not built yet: not part of the measurement
     start = time.perf_counter()
     share, decode_s, chunk_s = measure_share(layers, count, torch_dtype, dense_rows, ops)
     log.info("the prompt share measured in %.2f s", time.perf_counter() - start)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}")
-        partial.write_text(json.dumps({"share": share, "decode_s": decode_s, "chunk_s": chunk_s}))
-        partial.replace(cached)
-    except OSError as exc:  # a read-only cache: measured again at the next start
-        log.warning("the measured prompt share was not cached (%s)", exc)
+    save_measurement(cached, {"share": share, "decode_s": decode_s, "chunk_s": chunk_s})
     return share, _why(share, decode_s, chunk_s)
 
 

@@ -240,9 +240,11 @@ def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
     return 4 * weights
 
 
-def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool) -> Path:
+def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool, method: object = None) -> Path:
     """Where a measurement of these layers on this CPU, class, thread count, torch and kernel
-    sources is kept: a restarted engine (after a crash, or the next start) reuses it."""
+    sources is kept: a restarted engine (after a crash, or the next start) reuses it. ``method``:
+    what was measured and how (JSON-able), so that a changed measurement is not answered from the
+    cache of another."""
     import hashlib
 
     from ...cpu_isa import cpu_info, cpu_model_name, isa_class
@@ -261,6 +263,7 @@ def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowe
             torch.get_num_threads(),
             torch.__version__,
             sources_digest(),
+            method,
         ]
     )
     return cache_root() / "cpu-formats" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -275,12 +278,12 @@ def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choic
     except (OSError, KeyError, ValueError) as exc:
         return None, f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
     dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * memory_available()
-    cached = cache_file(layers, count, head, dense_allowed)
+    cached = cache_file(layers, count, head, dense_allowed, ["dtype", ONE_ROW, MANY_ROWS, SAMPLE_BYTES, MARGIN])
+    saved = load_measurement(cached)
     try:
-        saved = json.loads(cached.read_text())
         choice = Choice(saved["dtype"], saved["seconds"], saved["dense"])
         return choice, f"{choice.why()} (measured at an earlier start, {cached})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         pass
     from .cpu import CpuOps
 
@@ -288,11 +291,25 @@ def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choic
     start = time.perf_counter()
     choice = measure(layers, count, head, ops, dense_allowed=dense_allowed)
     log.info("weights' format measured in %.2f s", time.perf_counter() - start)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}")
-        partial.write_text(json.dumps({"dtype": choice.dtype, "dense": choice.dense, "seconds": choice.seconds}))
-        partial.replace(cached)
-    except OSError as exc:  # a read-only cache: measured again at the next start
-        log.warning("the measured format was not cached (%s)", exc)
+    save_measurement(cached, {"dtype": choice.dtype, "dense": choice.dense, "seconds": choice.seconds})
     return choice, choice.why()
+
+
+def load_measurement(path: Path) -> dict:
+    """A measurement kept by :func:`save_measurement` ({} where there is none)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def save_measurement(path: Path, values: dict) -> None:
+    """Keep a measurement for the next start (written whole, then renamed into place)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}")
+        partial.write_text(json.dumps(values))
+        partial.replace(path)
+    except OSError as exc:  # a read-only cache: measured again at the next start
+        log.warning("a measurement was not cached (%s)", exc)

@@ -18,16 +18,24 @@ the memory available. Measured once per model shape and machine, then read from 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .cpu_dtype import DENSE_MEMORY_SHARE, SAMPLE_BYTES, Layer, cache_file, memory_available, model_layers, time_rows
+from .cpu_dtype import (
+    DENSE_MEMORY_SHARE,
+    SAMPLE_BYTES,
+    Layer,
+    cache_file,
+    load_measurement,
+    memory_available,
+    model_layers,
+    save_measurement,
+    time_rows,
+)
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -117,27 +125,21 @@ def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
             None,
             f"GGUF blocks at every row count (dense weights would not fit {DENSE_MEMORY_SHARE:.0%} of the free memory)",
         )
-    cached = cache_file(layers, count, None, True).with_suffix(".rows.json")
+    cached = cache_file(layers, count, None, True, ["gguf-rows", ROWS, MARGIN, SAMPLE_BYTES])
+    saved = load_measurement(cached)
     try:
-        saved = json.loads(cached.read_text())
         choice = RowsChoice(
             saved["dense_rows"],
             {int(r): t for r, t in saved["blocks_ms"].items()},
             {int(r): t for r, t in saved["dense_ms"].items()},
         )
         return choice, f"{choice.why()} (measured at an earlier start, {cached})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         pass
     start = time.perf_counter()
     choice = measure_rows(layers, count, ops)
     log.info("GGUF blocks against dense weights measured in %.2f s", time.perf_counter() - start)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}")
-        partial.write_text(
-            json.dumps({"dense_rows": choice.dense_rows, "blocks_ms": choice.blocks_ms, "dense_ms": choice.dense_ms})
-        )
-        partial.replace(cached)
-    except OSError as exc:  # a read-only cache: measured again at the next start
-        log.warning("the measured crossing was not cached (%s)", exc)
+    save_measurement(
+        cached, {"dense_rows": choice.dense_rows, "blocks_ms": choice.blocks_ms, "dense_ms": choice.dense_ms}
+    )
     return choice, choice.why()

@@ -107,3 +107,6 @@ def test_a_measurement_is_kept_for_the_next_start(hf, monkeypatch, tmp_path) -> 
     assert "earlier start" not in why and "earlier start" in again
     cpu_dtype.measured_format(hf, quantize="int8")  # another question: measured anew
     assert len(calls) == 2
+    monkeypatch.setattr(cpu_dtype, "MANY_ROWS", (4, 16))  # another way of measuring: likewise
+    cpu_dtype.measured_format(hf)
+    assert len(calls) == 3
