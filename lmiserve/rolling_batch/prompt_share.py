@@ -25,8 +25,15 @@ from pathlib import Path
 
 import torch
 
-from .ops.cpu_dtype import Layer, cache_file, load_measurement, model_layers, save_measurement, time_layers
-from .ops.cpu_gguf_rows import sampled
+from .ops.cpu_dtype import (
+    Layer,
+    cache_file,
+    load_measurement,
+    model_layers,
+    sample_layers,
+    save_measurement,
+    time_layers,
+)
 from .scheduler import FULL_SHARE_SEQUENCES
 
 log = logging.getLogger("lmiserve.engine")
@@ -64,7 +71,7 @@ def measure_share(
 ) -> tuple[int, float, float]:  # type: ignore[no-untyped-def]
     """(the share, the linear layers' seconds at a decode step, at a chunk), over as many decoder
     layers as 64 MiB of bf16 weights hold."""
-    sample = sampled(layers, count)
+    sample = sample_layers(layers, count, as_dense=True)
     at = {
         rows: time_layers(ops, _as_run(sample, rows, dense_rows), dtype, rows)
         for rows in (FULL_SHARE_SEQUENCES, CHUNK_ROWS)

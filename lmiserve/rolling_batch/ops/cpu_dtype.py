@@ -155,10 +155,11 @@ def _bf16_bytes(layer: Layer) -> int:
     return layer.out_features * layer.in_features // BLOCK * BLOCK_BYTES[layer.kind]
 
 
-def _sample(layers: list[Layer], count: int) -> list[Layer]:
+def sample_layers(layers: list[Layer], count: int, as_dense: bool = False) -> list[Layer]:
     """As many copies of a decoder layer's linear layers as ``SAMPLE_BYTES`` of bf16 hold (at
-    least one, at most ``count``)."""
-    per_layer = sum(_bf16_bytes(x) for x in layers) or 1
+    least one, at most ``count``); ``as_dense``: counting block layers as their dense weights, so
+    that the blocks and the dense weights are timed over the same copies."""
+    per_layer = sum(2 * x.out_features * x.in_features if as_dense else _bf16_bytes(x) for x in layers) or 1
     copies = max(1, min(count, SAMPLE_BYTES // per_layer))
     return [x for _ in range(copies) for x in layers]
 
@@ -189,7 +190,7 @@ def time_layers(ops, layers: list[Layer], dtype: torch.dtype, rows: int) -> floa
 def model_time(ops, layers: list[Layer], count: int, head: Layer | None, dtype: torch.dtype) -> float:  # type: ignore[no-untyped-def]
     """The model's linear layers at one row and at each of ``MANY_ROWS``, each sampled over
     ``SAMPLE_BYTES`` and scaled to ``count`` decoder layers, plus the head."""
-    sampled = _sample(layers, count)
+    sampled = sample_layers(layers, count)
     scale = count * len(layers) / len(sampled)
     spent = sum(time_rows(ops, sampled, dtype, (ONE_ROW, *MANY_ROWS)).values()) * scale
     if head is not None:

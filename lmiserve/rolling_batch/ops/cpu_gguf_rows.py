@@ -33,6 +33,7 @@ from .cpu_dtype import (
     load_measurement,
     memory_available,
     model_layers,
+    sample_layers,
     save_measurement,
     time_rows,
 )
@@ -78,18 +79,10 @@ def crossing(blocks: dict[int, float], dense: dict[int, float]) -> int:
     return rows
 
 
-def sampled(layers: list[Layer], count: int) -> list[Layer]:
-    """As many decoder layers' linear layers as :data:`SAMPLE_BYTES` of their bf16 weights hold
-    (at least one, at most ``count``): the same set for the blocks and the dense weights."""
-    per_layer = sum(2 * x.out_features * x.in_features for x in layers) or 1
-    copies = max(1, min(count, SAMPLE_BYTES // per_layer))
-    return [x for _ in range(copies) for x in layers]
-
-
 def measure_rows(layers: list[Layer], count: int, ops) -> RowsChoice:  # type: ignore[no-untyped-def]
     """Time the layers from their blocks and dense at each of :data:`ROWS` (``ops``: a
     :class:`~.cpu.CpuOps` without dense weights of its own), scaled to ``count`` decoder layers."""
-    sample = sampled(layers, count)
+    sample = sample_layers(layers, count, as_dense=True)
     scale = count / (len(sample) / len(layers)) * 1e3
     blocks = {r: t * scale for r, t in time_rows(ops, sample, torch.bfloat16, ROWS).items()}
     dense = {r: t * scale for r, t in time_rows(ops, [x.dense() for x in sample], torch.bfloat16, ROWS).items()}
