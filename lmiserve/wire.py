@@ -252,6 +252,9 @@ class EngineStats(msgspec.Struct, kw_only=True):
     decode_step_prefill_tokens: int = 0
     """Prompt tokens a step that also decodes may take at the current load (0: no limit below the
     step's budget)."""
+    decode_curve: list[tuple[float, float]] = []
+    """(batch, seconds) of steps in which only sequences decode, by batch (the engine's
+    ``StepSpeeds.decode_curve``; empty: none measured)."""
 
 
 class EngineStep(Msg):

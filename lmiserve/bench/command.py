@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             row["api_cpu_us_per_token"] = round((after - cpu) / row["streamed_tokens"] * 1e6, 1)
             print(f"  the server's API process(es): {row['api_cpu_us_per_token']:.0f} us of CPU per streamed token",
                   file=sys.stderr, flush=True)  # fmt: skip
+        for sample in row.get("error_samples") or []:
+            print(f"  error: {sample[:300]}", file=sys.stderr, flush=True)
         if row["client_bound"]:
             print(
                 f"warning: at concurrency {c} a client process was busy {max(row['client_cpu_per_proc']):.0%} of "

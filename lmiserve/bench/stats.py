@@ -50,14 +50,16 @@ class RequestRecord:
 
 def level_report(concurrency: int, records: list[RequestRecord]) -> dict[str, object]:
     ok = [r for r in records if r.error is None]
+    samples = sorted({r.error for r in records if r.error})[:5]
     if not ok:
-        return {"concurrency": concurrency, "requests": len(records), "errors": len(records)}
+        return {"concurrency": concurrency, "requests": len(records), "errors": len(records), "error_samples": samples}
     window = max(r.end for r in ok) - min(r.start for r in ok)
     tokens = sum(r.tokens for r in ok)
     return {
         "concurrency": concurrency,
         "requests": len(records),
         "errors": len(records) - len(ok),
+        "error_samples": samples,
         "output_tokens": tokens,
         "seconds": window,
         "output_tokens_per_s": tokens / window,

@@ -63,6 +63,8 @@ class Engine:
         self._batch_size = 0
         self.faults = faults.FaultCounts()
         self.speeds = StepSpeeds()
+        for batch, seconds in loaded.decode_seed:
+            self.speeds.seed(batch, seconds)
         self._notices: list[wire.SeqDelta] = []
         """Deltas of sequences that ended while a step was scheduled (deadlines), for its output."""
         self.overlap = (
@@ -74,6 +76,7 @@ class Engine:
         this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
         self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
+        self.info["decode_step_ms"] = ", ".join(f"{b}: {t * 1e3:.1f}" for b, t in loaded.decode_seed) or "not timed"
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
@@ -341,5 +344,6 @@ class Engine:
             decode_step_seconds=self.speeds.decode_step_seconds,
             idle_prefill_tokens_per_s=self.speeds.idle_prefill_tokens_per_s,
             decode_step_prefill_tokens=self.scheduler.decode_step_prefill_budget(),
+            decode_curve=self.speeds.decode_curve(),
             **self.lora.stats(),
         )

@@ -26,6 +26,8 @@ class StepSpeeds:
         self.decode_step_seconds = 0.0
         """Seconds per step in which sequences decode, prompts computed beside them included: what
         each running sequence's next token takes under the current load (0: not measured yet)."""
+        self._curve: dict[int, tuple[float, float]] = {}
+        """Band (``decodes.bit_length()``) -> smoothed (batch, seconds) of decode-only steps."""
 
     def record(self, prefill_tokens: int, seconds: float, decodes: int = 0) -> None:
         """A step that ran ``prefill_tokens`` tokens of prompts and ``decodes`` decoding sequences
@@ -38,3 +40,17 @@ class StepSpeeds:
                 self.idle_prefill_tokens_per_s = _smooth(self.idle_prefill_tokens_per_s, prefill_tokens / seconds)
         if decodes or not prefill_tokens:
             self.decode_step_seconds = _smooth(self.decode_step_seconds, seconds)
+        if decodes and not prefill_tokens:
+            self.seed(decodes, seconds)
+
+    def seed(self, decodes: int, seconds: float) -> None:
+        """A step of ``decodes`` decoding sequences alone took ``seconds``: a point of the curve."""
+        if decodes <= 0 or seconds <= 0.0:
+            return
+        band = decodes.bit_length()
+        batch, previous = self._curve.get(band, (0.0, 0.0))
+        self._curve[band] = (_smooth(batch, float(decodes)), _smooth(previous, seconds))
+
+    def decode_curve(self) -> list[tuple[float, float]]:
+        """(mean batch, seconds) of each band measured, by batch."""
+        return [self._curve[band] for band in sorted(self._curve)]

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..devices import torch_dtype
 from . import graphs
+from .decode_seed import time_decode_steps
 from .engine_config import EngineConfig
 from .guided import GuidedDecoder
 from .kv_memory import GIB, kv_cache_blocks
@@ -43,6 +44,8 @@ class Loaded:
     num_blocks: int
     block_bytes: int
     ranks: WorkerRanks | None
+    decode_seed: tuple[tuple[int, float], ...] = ()
+    """Decode steps timed at start-up, (sequences, seconds): the engine's first decode curve."""
 
     def close(self) -> None:
         if self.ranks is not None:
@@ -120,7 +123,9 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
     runner.sampler = sampler = Sampler(config.device, runner.ops, guided)
     phases.done("sampler")
     runner.eos_token_ids = eos
-    return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks)
+    seed = time_decode_steps(runner, config.max_num_seqs) if ranks is None else ()
+    phases.done("decode steps timed")
+    return Loaded(spec, max_model_len, eos, runner, lora, guided, sampler, num_blocks, block_bytes, ranks, seed)
 
 
 def _attention_workspace(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> int:

@@ -38,8 +38,10 @@ idle engine, in the engine's decode-step chunks beside running sequences.
 
 A decode step takes longer the more sequences it runs: ``batch`` is the sequences running and
 queued ahead with this request's (at most ``max_rolling_batch_size``), and the step time the
-engine measured at its ``running`` batch is scaled in proportion (a bound from above: part of a
-step costs the same whatever the batch). That is what keeps an overloaded engine from admitting
+engine measured at its ``running`` batch is scaled along the engine's decode curve
+(:func:`.engine_load.step_scale`: how decode-only steps grew with the batch on this model and
+device; in proportion to the batch while the curve has fewer than two points, a bound from
+above). That is what keeps an overloaded engine from admitting
 more than it can finish in time: past that point each admission would stretch every step. A
 speed the engine has not measured yet (0) adds nothing.
 
@@ -72,7 +74,7 @@ import time
 from collections.abc import Container
 from dataclasses import dataclass
 
-from .engine_load import EngineLoad, prefill_seconds
+from .engine_load import EngineLoad, prefill_seconds, step_scale
 
 RESERVE = 0.15
 """The share of a deadline that admission keeps for what its prediction cannot see: steps that
@@ -200,7 +202,7 @@ class AdmissionControl:
         typical = self.typical_tokens
         expected = max_new_tokens if typical is None else min(max_new_tokens, typical)
         batch = min(self.batch_size, running + queued_seqs + max(1, width))
-        step_then = step * max(1.0, batch / running) if running else step
+        step_then = step * step_scale(load, batch, running)
         return Prediction(first_token_s=first, total_s=first + expected * step_then)
 
     def stretched(self, load: EngineLoad, width: int = 1, now: float | None = None) -> float | None:
@@ -212,8 +214,8 @@ class AdmissionControl:
             return None
         now = time.monotonic() if now is None else now
         batch = min(self.batch_size, running + queued)
-        step_now = step * max(1.0, batch / running)
-        step_then = step * max(1.0, min(self.batch_size, batch + max(1, width)) / running)
+        step_now = step * step_scale(load, batch, running)
+        step_then = step * step_scale(load, min(self.batch_size, batch + max(1, width)), running)
         victims = []
         for e in self._entries.values():
             if e.deadline is None:

@@ -10,6 +10,14 @@ way (half of one on average), then ``ceil`` of the tokens over that chunk steps 
 ``decode_step_seconds``, plus the prompt tokens' own time at the idle speed (a step that carries
 a prompt is that much longer than one that only decodes). An engine that reports none of this
 (older engines, other backends): the tokens over the prompt speed measured on every step.
+
+Step growth (:func:`step_scale`): how many times longer a decode step of ``batch`` sequences is
+than one of the ``running`` now, read off the engine's decode curve (steps of decodes alone,
+timed by batch): between two points of it the time runs on the straight line through them,
+past the last point on the line through the last two (a step's time is a fixed part, the
+weights read once, plus a part per sequence), and before the first it is the first's. With
+fewer than two points the step is taken to grow in proportion to the batch: a bound from
+above, the only one that one measurement gives.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ class EngineLoad:
     """Prompt tokens per second where nothing decodes (0: not measured; :attr:`prefill_tokens_per_s` then)."""
     decode_step_prefill_tokens: int = 0
     """Prompt tokens a step that also decodes takes at most now (0: not reported)."""
+    decode_curve: tuple[tuple[float, float], ...] = ()
+    """(batch, seconds) of decode-only steps, by batch (empty: not reported)."""
 
     @property
     def idle_speed(self) -> float:
@@ -50,6 +60,7 @@ class EngineLoad:
             decode_step_seconds=float(getattr(stats, "decode_step_seconds", 0.0) or 0.0),
             idle_prefill_tokens_per_s=float(getattr(stats, "idle_prefill_tokens_per_s", 0.0) or 0.0),
             decode_step_prefill_tokens=int(getattr(stats, "decode_step_prefill_tokens", 0) or 0),
+            decode_curve=tuple((float(b), float(t)) for b, t in getattr(stats, "decode_curve", None) or ()),
         )
 
 
@@ -65,3 +76,28 @@ def prefill_seconds(tokens: int | float, running: int, load: EngineLoad) -> floa
         return tokens / idle if idle else 0.0
     steps = max(1, math.ceil((tokens - chunk // TAIL_SHARE) / chunk))
     return step * (0.5 + steps) + (tokens / idle if idle else 0.0)
+
+
+def _curve_at(curve: tuple[tuple[float, float], ...], batch: float) -> float:
+    """Seconds of a decode step of ``batch`` sequences on ``curve`` (two points or more, their
+    batches increasing: each is the mean of its own band)."""
+    if batch <= curve[0][0]:
+        return curve[0][1]
+    pairs = list(zip(curve, curve[1:]))
+    for (b0, t0), (b1, t1) in pairs:
+        if batch <= b1:
+            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = pairs[-1]
+    return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)  # past the last point it never shrinks
+
+
+def step_scale(load: EngineLoad, batch: int, running: int) -> float:
+    """How many times longer a decode step of ``batch`` sequences is than one of ``running``
+    (at least 1: only a larger batch is weighed)."""
+    if running <= 0 or batch <= running:
+        return 1.0
+    curve = load.decode_curve
+    if len(curve) < 2:
+        return batch / running
+    now = _curve_at(curve, running)
+    return max(1.0, _curve_at(curve, batch) / now) if now > 0 else batch / running

@@ -19,6 +19,7 @@ def test_level_report_counts_tokens_over_the_measured_window():
     row = level_report(2, [a, b, bad])
     assert row["output_tokens"] == 5 and row["seconds"] == 4.0
     assert row["output_tokens_per_s"] == 1.25 and row["errors"] == 1
+    assert row["error_samples"] == ["HTTP 503"]
     assert row["ttft_s"]["p50"] == pytest.approx(0.35)
     assert row["itl_s"]["p50"] == 0.5
 

@@ -217,3 +217,20 @@ def test_the_stats_report_measured_prefill_and_decode_speeds(tiny_model_dirs):
     stats = engine.stats()
     assert stats.prefill_tokens_per_s > 0.0
     assert stats.decode_step_seconds > 0.0
+
+
+def test_the_engine_starts_with_a_decode_curve_timed_at_start_up(tiny_model_dirs):
+    """Two padding decode steps timed before the first request: one sequence and the larger
+    batch, so admission control knows from the first burst how a step grows."""
+    engine = make_engine(tiny_model_dirs["llama"])
+    curve = engine.stats().decode_curve
+    batches = [b for b, _ in curve]
+    assert batches == [1.0, float(min(engine.config.max_num_seqs, 32))]
+    assert all(t > 0.0 for _, t in curve)
+    assert "1: " in engine.info["decode_step_ms"]
+
+
+def test_interpreted_device_kernels_are_not_timed(tiny_model_dirs):
+    pytest.importorskip("triton")
+    engine = make_engine(tiny_model_dirs["llama"], ops="cuda", device="cpu")
+    assert engine.stats().decode_curve == [] and engine.info["decode_step_ms"] == "not timed"

@@ -78,6 +78,9 @@ def test_mixed_steps_replay_with_the_eager_tokens(monkeypatch, tiny_model_dirs, 
 def test_counters_count_graph_and_eager_steps(monkeypatch, tiny_model_dirs, tiny_tokenizer):
     engine, recorder = _engine(monkeypatch, tiny_model_dirs["llama"])
     assert (engine.stats().graph_steps, engine.stats().eager_steps) == (0, 0)  # the warm-up is not counted
+    # nor the decode steps timed at start-up (one sequence and all 4, two runs each)
+    assert sum(1 for kind, _ in recorder.log if kind == "replay") == 4
+    recorder.log.clear()
     steps = 0
     arrivals = _arrivals(tiny_tokenizer)
     for step in range(200):

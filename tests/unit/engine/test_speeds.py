@@ -32,3 +32,22 @@ def test_the_idle_prompt_speed_comes_from_steps_in_which_nothing_decodes():
     speeds.record(100, 0.1, decodes=8)
     assert speeds.idle_prefill_tokens_per_s == pytest.approx(4000.0)
     assert speeds.prefill_tokens_per_s == pytest.approx(1000.0 + 0.2 * (4000.0 - 1000.0) + 0.2 * (1000.0 - 1600.0))
+
+
+def test_decode_only_steps_draw_the_decode_curve_by_band_of_batch_sizes():
+    speeds = StepSpeeds()
+    speeds.record(0, 0.010, decodes=1)
+    speeds.record(0, 0.020, decodes=8)
+    speeds.record(0, 0.030, decodes=12)  # the same band as 8 (8..15): smoothed into its point
+    speeds.record(500, 0.5, decodes=32)  # prompts beside: not a point of the curve
+    (b1, t1), (b8, t8) = speeds.decode_curve()
+    assert (b1, t1) == (1.0, pytest.approx(0.010))
+    assert b8 == pytest.approx(8 + 0.2 * 4) and t8 == pytest.approx(0.020 + 0.2 * 0.010)
+
+
+def test_points_seeded_at_start_up_are_smoothed_into_by_real_steps():
+    speeds = StepSpeeds()
+    speeds.seed(32, 0.040)
+    speeds.record(0, 0.060, decodes=32)
+    assert speeds.decode_curve() == [(32.0, pytest.approx(0.044))]
+    assert speeds.decode_step_seconds == pytest.approx(0.060)  # seeds are not the current step
