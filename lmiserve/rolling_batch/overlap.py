@@ -232,5 +232,8 @@ class OverlappedSteps:
         for item in flight.batch.scheduled:
             if item.samples:
                 item.seq.ready_since = ended
-        self.engine.step_timed(flight.batch, ended - flight.started)
+        if keep:
+            # a step whose sequences had all ended is collected only with the next work, however
+            # long the engine then stood idle: that wait is no step's time
+            self.engine.step_timed(flight.batch, ended - flight.started)
         return deltas

@@ -13,8 +13,9 @@ a prompt is that much longer than one that only decodes). An engine that reports
 
 Step growth (:func:`step_scale`): how many times longer a decode step of ``batch`` sequences is
 than one of the ``running`` now, read off the engine's decode curve (steps of decodes alone,
-timed by batch): between two points of it the time runs on the straight line through them,
-past the last point on the line through the last two (a step's time is a fixed part, the
+timed by batch, each point's time raised to the largest before it): between two points of it
+the time runs on the straight line through them, past the last point on the line through the
+last two (a step's time is a fixed part, the
 weights read once, plus a part per sequence), and before the first it is the first's. With
 fewer than two points the step is taken to grow in proportion to the batch: a bound from
 above, the only one that one measurement gives.
@@ -78,7 +79,7 @@ def prefill_seconds(tokens: int | float, running: int, load: EngineLoad) -> floa
     return step * (0.5 + steps) + (tokens / idle if idle else 0.0)
 
 
-def _curve_at(curve: tuple[tuple[float, float], ...], batch: float) -> float:
+def _curve_at(curve: list[tuple[float, float]], batch: float) -> float:
     """Seconds of a decode step of ``batch`` sequences on ``curve`` (two points or more, their
     batches increasing: each is the mean of its own band)."""
     if batch <= curve[0][0]:
@@ -88,7 +89,7 @@ def _curve_at(curve: tuple[tuple[float, float], ...], batch: float) -> float:
         if batch <= b1:
             return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
     (b0, t0), (b1, t1) = pairs[-1]
-    return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)  # past the last point it never shrinks
+    return t1 + (t1 - t0) * (batch - b1) / (b1 - b0)
 
 
 def step_scale(load: EngineLoad, batch: int, running: int) -> float:
@@ -96,8 +97,13 @@ def step_scale(load: EngineLoad, batch: int, running: int) -> float:
     (at least 1: only a larger batch is weighed)."""
     if running <= 0 or batch <= running:
         return 1.0
-    curve = load.decode_curve
-    if len(curve) < 2:
+    if len(load.decode_curve) < 2:
         return batch / running
+    # a larger batch never takes less than a smaller one: a dip is noise (or a point measured
+    # under another load), and dividing by it would inflate every ratio above it
+    curve, top = [], 0.0
+    for b, t in load.decode_curve:
+        top = max(top, t)
+        curve.append((b, top))
     now = _curve_at(curve, running)
     return max(1.0, _curve_at(curve, batch) / now) if now > 0 else batch / running

@@ -37,6 +37,14 @@ def test_past_the_last_point_it_runs_on_the_last_two_points_line_and_never_shrin
     assert step_scale(shrinking, 256, 1) == 1.0
 
 
+def test_a_dip_in_the_curve_is_raised_to_the_points_before_it():
+    """A point below a smaller batch's (noise, or measured under another load) would make every
+    ratio over it too large."""
+    dip = EngineLoad(decode_curve=((1.0, 0.004), (8.0, 0.0001), (32.0, 0.006)))
+    assert step_scale(dip, 32, 8) == pytest.approx(1.5)
+    assert step_scale(dip, 8, 1) == 1.0
+
+
 def test_a_burst_after_a_quiet_spell_is_admitted_on_a_flat_curve():
     """One sequence running, 127 admitted and not started, the last steps measured 10 ms (prompts
     were computed beside the decodes): the 128th request of the burst, 128 tokens, 120 s."""

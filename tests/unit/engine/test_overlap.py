@@ -204,3 +204,23 @@ def test_the_setting_reaches_the_engine_config(tmp_path):
     (tmp_path / "serving.properties").write_text("option.async_scheduling=sometimes\n")
     with pytest.raises(ConfigError, match="allowed: auto, true, false"):
         load_settings(tmp_path, env={})
+
+
+def test_a_step_collected_after_an_idle_spell_is_not_timed(tiny_model_dirs, tiny_tokenizer):
+    """The step launched beside a sequence's last one finds it ended and is collected only with
+    the next request: the engine's idle time in between is not a decode step's."""
+    import time
+
+    engine = make_engine(tiny_model_dirs["llama"], async_scheduling="true")
+    prompt = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    engine.add_request("a", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    assert engine.overlap.pending is not None  # launched beside the last token, not collected
+    before = engine.stats().decode_step_seconds
+    time.sleep(0.5)
+    engine.add_request("b", prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    engine.step()
+    stats = engine.stats()  # b's first step is in flight: the only step collected is the stale one
+    assert stats.decode_step_seconds == before < 0.5
+    assert all(seconds < 0.5 for _, seconds in stats.decode_curve)
