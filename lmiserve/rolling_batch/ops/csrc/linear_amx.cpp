@@ -64,9 +64,22 @@ bool amx_usable() {
 
 void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
               std::vector<uint16_t>& padded) {
-  alignas(64) float sums[kTileRows * kCols];
+  // Each tile's sums are finished while the next tile's products run: a few of its rows after
+  // each block of products, so the vector units round (and for a gated weight, take the SwiGLU
+  // of) one tile while the tile unit multiplies the next. Two buffers of sums take turns.
+  alignas(64) float sums[2][kTileRows * kCols];
   const int64_t k = 2 * pairs, blocks = pairs / kTilePairs, b_stride = kCols * 2 * 2;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+  const float* done = nullptr;  // the previous tile's sums, rows [next_row, done_rows) still to finish
+  int64_t done_r0 = 0, done_rows = 0, next_row = 0;
+  auto finish_until = [&](int64_t until) {
+    for (; next_row < until; ++next_row) {
+      const float* row = done + next_row * kCols;
+      const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
+      finish_row(acc, out.y + (done_r0 + next_row) * out.ldy, out);
+    }
+  };
+  int turn = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows, turn ^= 1) {
     const int64_t n = std::min(kTileRows, rows - r0);
     const uint16_t* a = x + r0 * ldx;
     int64_t lda = ldx;
@@ -88,16 +101,19 @@ void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* grou
       _tile_dpbf16ps(0, 3, 4);
       _tile_dpbf16ps(1, 3, 5);
       _tile_dpbf16ps(2, 3, 6);
+      if (done != nullptr) finish_until((blk + 1) * done_rows / blocks);
     }
-    _tile_stored(0, sums, kCols * 4);
-    _tile_stored(1, sums + 16, kCols * 4);
-    _tile_stored(2, sums + 32, kCols * 4);
-    for (int64_t r = 0; r < n; ++r) {
-      const float* row = sums + r * kCols;
-      const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
-      finish_row(acc, out.y + (r0 + r) * out.ldy, out);
-    }
+    if (done != nullptr) finish_until(done_rows);
+    float* mine = sums[turn];
+    _tile_stored(0, mine, kCols * 4);
+    _tile_stored(1, mine + 16, kCols * 4);
+    _tile_stored(2, mine + 32, kCols * 4);
+    done = mine;
+    done_r0 = r0;
+    done_rows = n;
+    next_row = 0;
   }
+  if (done != nullptr) finish_until(done_rows);
 }
 
 bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* y, int64_t m, int64_t n,
