@@ -19,6 +19,22 @@ if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "" or not any(
 apply_torch_env()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report ends with the last lines of every test server running when it
+    failed or stopped during it: what the server said about a request that failed is there, not
+    only the client's side."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        from tests.server_process import ServerProcess
+
+        for server in ServerProcess.started:
+            if server.stopped_at is not None and server.stopped_at < call.start:
+                continue
+            report.sections.append((f"server log, port {server.port} (last lines)", server.log_tail()))
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     from tests.tiny_models import build_model

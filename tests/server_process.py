@@ -37,6 +37,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
+    started: list[ServerProcess] = []
+    """Every server started: a failing test's report ends with the logs of those running when it
+    failed or stopped while it ran (``stopped_at``)."""
+
     def __init__(self, model_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,6 +67,9 @@ class ServerProcess:
         ]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.stopped_at: float | None = None
+        """``time.time()`` when :meth:`stop` ran (None: running)."""
+        ServerProcess.started.append(self)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -94,7 +101,12 @@ class ServerProcess:
             next(lines)
             while_open()
 
+    def log_tail(self, lines: int = 80) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
     def stop(self) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.time()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
