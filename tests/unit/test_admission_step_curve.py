@@ -7,7 +7,7 @@ import pytest
 
 from lmiserve.serving.admission_control import PREDICTED_DELAY, AdmissionControl, EngineLoad
 from lmiserve.serving.engine_load import step_scale
-from lmiserve.wire import EngineStats
+from tests.unit.engine_stats import stats
 
 GPU_CURVE = ((1.0, 0.002), (32.0, 0.003))
 """A step of 32 sequences half as long again as one of a single sequence."""
@@ -69,16 +69,5 @@ def test_a_burst_after_a_quiet_spell_is_admitted_on_a_flat_curve():
 
 
 def test_the_load_carries_the_engines_curve():
-    stats = EngineStats(
-        running=1,
-        waiting=0,
-        kv_blocks_used=0,
-        kv_blocks_total=1,
-        prefix_cache_hit_tokens=0,
-        preemptions=0,
-        prompt_tokens=0,
-        generated_tokens=0,
-        step_seconds=0.0,
-        decode_curve=[(1.0, 0.002), (32.0, 0.003)],
-    )
-    assert EngineLoad.of(stats).decode_curve == GPU_CURVE
+    load = EngineLoad.of(stats(running=1, decode_curve=[(1.0, 0.002), (32.0, 0.003)]))
+    assert load.decode_curve == GPU_CURVE
