@@ -9,11 +9,14 @@ step of that size takes (its captured graph where one fits, eager otherwise) and
 on every row. Their context is one token, so attention costs next to nothing: real steps, as they
 run, take the points over (each band's point is smoothed over its steps). Device kernels run by
 Triton's interpreter on the host (the test suites' CPU stand-in for a GPU) are not timed: their
-times say nothing of a device, and a batch of 32 takes that interpreter seconds.
+times say nothing of a device, and a batch of 32 takes that interpreter seconds. A step that
+fails here is logged and leaves the curve to the real steps: admission then scales in proportion
+until they have run, and the engine starts all the same.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -24,6 +27,7 @@ from .warmup import padding_step
 SEED_BATCH = 32
 """The larger batch timed: past the small-batch tiles, cheap on every device."""
 RUNS = 2
+log = logging.getLogger("lmiserve.engine")
 
 
 def _synchronize(device: str) -> None:
@@ -33,11 +37,24 @@ def _synchronize(device: str) -> None:
         torch.npu.synchronize()  # type: ignore[attr-defined]  # torch_npu's namespace
 
 
-@torch.inference_mode()
 def time_decode_steps(runner: Any, max_num_seqs: int) -> tuple[tuple[int, float], ...]:
-    """(decoding sequences, seconds) of a decode step at one sequence and at the larger batch."""
+    """(decoding sequences, seconds) of a decode step at one sequence and at the larger batch;
+    none where they are not timed or a step failed."""
     if runner.ops.name == "cuda" and not runner.device.startswith("cuda"):
         return ()
+    try:
+        return _timed(runner, max_num_seqs)
+    except Exception as exc:  # noqa: BLE001 - a figure for admission, never a reason not to start
+        log.warning(
+            "decode steps not timed at start-up (%s: %s): admission learns from the first steps",
+            type(exc).__name__,
+            exc,
+        )
+        return ()
+
+
+@torch.inference_mode()
+def _timed(runner: Any, max_num_seqs: int) -> tuple[tuple[int, float], ...]:
     timed = []
     for batch in sorted({1, max(1, min(max_num_seqs, SEED_BATCH))}):
         arrays = padding_step(batch, 1, runner.block_size)

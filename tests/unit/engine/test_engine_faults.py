@@ -234,3 +234,15 @@ def test_interpreted_device_kernels_are_not_timed(tiny_model_dirs):
     pytest.importorskip("triton")
     engine = make_engine(tiny_model_dirs["llama"], ops="cuda", device="cpu")
     assert engine.stats().decode_curve == [] and engine.info["decode_step_ms"] == "not timed"
+
+
+def test_a_decode_step_that_fails_at_start_up_leaves_the_curve_empty(tiny_model_dirs, monkeypatch):
+    """The timing is a figure for admission control, never a reason for the engine not to start."""
+    from lmiserve.rolling_batch.model_runner import ModelRunner
+
+    def broken(self, arrays):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no padding steps here")
+
+    monkeypatch.setattr(ModelRunner, "run_eager", broken)
+    engine = make_engine(tiny_model_dirs["llama"])
+    assert engine.stats().decode_curve == [] and engine.info["decode_step_ms"] == "not timed"
