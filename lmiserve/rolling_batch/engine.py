@@ -76,7 +76,6 @@ class Engine:
         this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
         self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
-        self.info["decode_step_ms"] = ", ".join(f"{b}: {t * 1e3:.1f}" for b, t in loaded.decode_seed) or "not timed"
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------

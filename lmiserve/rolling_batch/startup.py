@@ -168,6 +168,7 @@ def describe(config: EngineConfig, loaded: Loaded, step_tokens: int, started: fl
         "deterministic": "on" if cfg.deterministic else "off",
         "decode_graphs": ",".join(map(str, runner.graphs.buckets)) if runner.graphs else "off",
         "mixed_graphs": _mixed(runner),
+        "decode_step_ms": ", ".join(f"{b}: {t * 1e3:.1f}" for b, t in loaded.decode_seed) or "not timed",
         **loaded.lora.info(),
     }
     if loaded.ranks is not None:

@@ -41,9 +41,9 @@ queued ahead with this request's (at most ``max_rolling_batch_size``), and the s
 engine measured at its ``running`` batch is scaled along the engine's decode curve
 (:func:`.engine_load.step_scale`: how decode-only steps grew with the batch on this model and
 device; in proportion to the batch while the curve has fewer than two points, a bound from
-above). That is what keeps an overloaded engine from admitting
-more than it can finish in time: past that point each admission would stretch every step. A
-speed the engine has not measured yet (0) adds nothing.
+above). That is what keeps an overloaded engine from admitting more than it can finish in time:
+past that point each admission would stretch every step. A speed the engine has not measured
+yet (0) adds nothing.
 
 A request that would end in time itself is refused still when the step it stretches would make a
 request already admitted miss its deadline, one that would have made it otherwise (its expected

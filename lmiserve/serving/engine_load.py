@@ -15,10 +15,9 @@ Step growth (:func:`step_scale`): how many times longer a decode step of ``batch
 than one of the ``running`` now, read off the engine's decode curve (steps of decodes alone,
 timed by batch, each point's time raised to the largest before it): between two points of it
 the time runs on the straight line through them, past the last point on the line through the
-last two (a step's time is a fixed part, the
-weights read once, plus a part per sequence), and before the first it is the first's. With
-fewer than two points the step is taken to grow in proportion to the batch: a bound from
-above, the only one that one measurement gives.
+last two (a step's time is a fixed part, the weights read once, plus a part per sequence), and
+before the first it is the first's. With fewer than two points the step is taken to grow in
+proportion to the batch: a bound from above, the only one that one measurement gives.
 """
 
 from __future__ import annotations
