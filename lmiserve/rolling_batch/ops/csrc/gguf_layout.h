@@ -53,6 +53,18 @@ bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, in
 
 inline float half_bits(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
+// Requests the cache lines of [p, p + bytes) (where the CPU has prefetch instructions).
+inline void prefetch_bytes(const uint8_t* p, int64_t bytes) {
+#if defined(__SSE2__)
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 // Where arranged value i (0-63) of a pair comes from among the pair's 64 inputs.
 inline int pair_source(int i) {
   const int h = i / 32, j = i % 32;

@@ -63,7 +63,7 @@ bool amx_usable() {
 }
 
 void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
-              std::vector<uint16_t>& padded) {
+              PaddedRows& padded) {
   // Each tile's sums are finished while the next tile's products run: a few of its rows after
   // each block of products, so the vector units round (and for a gated weight, take the SwiGLU
   // of) one tile while the tile unit multiplies the next. Two buffers of sums take turns.
@@ -83,10 +83,15 @@ void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* grou
     const int64_t n = std::min(kTileRows, rows - r0);
     const uint16_t* a = x + r0 * ldx;
     int64_t lda = ldx;
-    if (n < kTileRows) {  // the last rows, then zeros
-      padded.assign(kTileRows * k, 0);
-      for (int64_t r = 0; r < n; ++r) std::memcpy(padded.data() + r * k, a + r * ldx, k * sizeof(uint16_t));
-      a = padded.data();
+    if (n < kTileRows) {  // the last rows, then zeros (copied once for all the groups)
+      if (padded.source != a || padded.count != n || padded.k != k) {
+        padded.rows.assign(kTileRows * k, 0);
+        for (int64_t r = 0; r < n; ++r) std::memcpy(padded.rows.data() + r * k, a + r * ldx, k * sizeof(uint16_t));
+        padded.source = a;
+        padded.count = n;
+        padded.k = k;
+      }
+      a = padded.rows.data();
       lda = k;
     }
     _tile_zero(0);
@@ -126,7 +131,7 @@ bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, 
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     configure_tiles();
     alignas(64) float group_bias[kCols] = {};
-    std::vector<uint16_t> padded;
+    PaddedRows padded;
     for (int64_t m0 = 0; m0 < m; m0 += chunk) {
       const int64_t m1 = std::min(m, m0 + chunk);
       for (int64_t g = g0; g < g1; ++g) {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "aligned_vector.h"
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 
@@ -150,10 +152,16 @@ bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, 
 // One thread's share, its tiles configured (configure_tiles) and released (_tile_release) by
 // the caller: `rows` rows of x (ldx elements apart) times one group of a packed weight (`pairs`
 // pairs of k, a multiple of 16), each row finished as `out` says (out.y: row 0's first column of
-// the group, out.ldy apart). `padded`: scratch for a last partial tile of rows.
+// the group, out.ldy apart). `padded`: a last partial tile of rows copied out with zero rows
+// after them, kept for the next group of the same rows.
+struct PaddedRows {
+  lmiserve::aligned_vector<uint16_t> rows;
+  const uint16_t* source = nullptr;  // what `rows` holds: 16 rows of K from here, the first `count` real
+  int64_t count = 0, k = 0;
+};
 void configure_tiles();
 void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
-              std::vector<uint16_t>& padded);
+              PaddedRows& padded);
 #endif
 
 }  // namespace lmiserve_linear

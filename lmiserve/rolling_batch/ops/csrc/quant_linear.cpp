@@ -246,6 +246,8 @@ constexpr int kR = 4, kM = 4;
 constexpr int kR = 2, kM = 2;
 #endif
 
+constexpr int64_t kAheadGroups = 4;  // how far ahead a thread requests its groups' weight rows
+
 // R weight rows against mr (<= kM) arranged x rows: their sums into s[r * mr + m].
 template <int64_t KIND, int R, typename A>
 void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int64_t mr, float* s) {
@@ -280,6 +282,8 @@ void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t
     float s[kR * kM];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * kR, rows = std::min<int64_t>(kR, n - n0);
+      // the weight rows kAheadGroups groups on, this thread's: requested while these are used
+      if (g + kAheadGroups < g1) prefetch_bytes(w + (n0 + kAheadGroups * kR) * L.row_bytes, kR * L.row_bytes);
       for (int64_t m0 = 0; m0 < m; m0 += kM) {
         const int64_t mr = std::min<int64_t>(kM, m - m0);
         const A* xm = xa + m0 * lda;

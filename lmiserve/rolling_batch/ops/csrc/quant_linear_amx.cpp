@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned_vector.h"
 #include "gguf_layout.h"
 #include "linear_tile.h"
 
@@ -39,10 +40,17 @@ inline void store_bf16(uint16_t* dst, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-// Weight rows [n0, n0 + 16) dequantized into buf (16 x lda bf16), rows past n zero.
-void dequant_strip(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, uint16_t* buf) {
+// Weight rows [n0, n0 + 16) dequantized into buf (16 x lda bf16), rows past n zero. Each row
+// first requests the same row of the strip `ahead` strips on (when the caller takes it next):
+// a strip's rows are read in order, and without the requests each row's first lines are waited
+// for from memory before its dequantization can start.
+void dequant_strip(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, uint16_t* buf, int64_t ahead) {
   const int64_t lda = L.arranged();
+  const int64_t next = n0 + ahead * kStrip;
   for (int64_t r = 0; r < kStrip; ++r) {
+    if (ahead > 0 && next + r < n) {
+      prefetch_bytes(w + (next + r) * L.row_bytes, L.row_bytes);
+    }
     uint16_t* out = buf + r * lda;
     if (n0 + r >= n) {
       std::memset(out, 0, lda * sizeof(uint16_t));
@@ -104,11 +112,11 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
               uint16_t* y) {
   if (!lmiserve_linear::amx_usable()) return false;
   const int64_t lda = L.arranged(), ktiles = lda / kTileK, chunks = (m + 15) / 16, strips = (n + kStrip - 1) / kStrip;
-  std::vector<uint16_t> xa(m * lda);
+  lmiserve::aligned_vector<uint16_t> xa(m * lda);
   arrange_x(reinterpret_cast<const c10::BFloat16*>(x), m, L, reinterpret_cast<c10::BFloat16*>(xa.data()));
   // B tiles: [chunk][k tile][pair][row][2]: 16 rows' pairs of k (32-bit units) transposed
-  std::vector<uint16_t> bt(chunks * ktiles * kBElems);
-  const std::vector<uint16_t> zeros(lda, 0);
+  lmiserve::aligned_vector<uint16_t> bt(chunks * ktiles * kBElems);
+  const lmiserve::aligned_vector<uint16_t> zeros(lda, 0);
   for (int64_t c = 0; c < chunks; ++c) {
     const float* rows[16];
     for (int64_t mi = 0; mi < 16; ++mi) {
@@ -127,7 +135,7 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
     // tiles 0-3: sums (16 weight rows x 16 rows of x, fp32); 4-5: two strips' weights (16 rows
     // x 32 k); 6-7: two chunks of x (16 pairs of k x 16 rows x 2)
     lmiserve_linear::configure_tiles();
-    std::vector<uint16_t> strip(2 * kStrip * lda);
+    lmiserve::aligned_vector<uint16_t> strip(2 * kStrip * lda);
     uint16_t* const strip1 = strip.data() + kStrip * lda;
     alignas(64) float sums_tile[4][kStrip * 16];
     auto emit = [&](int64_t s, int64_t c, const float* tile) {  // sums of strip s, chunk c, to y
@@ -145,8 +153,9 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t s = 2 * u;
       const bool two = s + 1 < strips;
-      dequant_strip(w, L, s * kStrip, n, strip.data());
-      if (two) dequant_strip(w, L, (s + 1) * kStrip, n, strip1);
+      const int64_t ahead = u + 1 < u1 ? 2 : 0;  // the next pair of strips is this thread's
+      dequant_strip(w, L, s * kStrip, n, strip.data(), ahead);
+      if (two) dequant_strip(w, L, (s + 1) * kStrip, n, strip1, ahead);
       for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
         const bool pair = c0 + 1 < chunks;
         _tile_zero(0);
