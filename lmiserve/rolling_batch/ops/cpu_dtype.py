@@ -155,12 +155,14 @@ def _bf16_bytes(layer: Layer) -> int:
     return layer.out_features * layer.in_features // BLOCK * BLOCK_BYTES[layer.kind]
 
 
-def sample_layers(layers: list[Layer], count: int, as_dense: bool = False) -> list[Layer]:
-    """As many copies of a decoder layer's linear layers as ``SAMPLE_BYTES`` of bf16 hold (at
+def sample_layers(
+    layers: list[Layer], count: int, as_dense: bool = False, sample_bytes: int = SAMPLE_BYTES
+) -> list[Layer]:
+    """As many copies of a decoder layer's linear layers as ``sample_bytes`` of bf16 hold (at
     least one, at most ``count``); ``as_dense``: counting block layers as their dense weights, so
     that the blocks and the dense weights are timed over the same copies."""
     per_layer = sum(2 * x.out_features * x.in_features if as_dense else _bf16_bytes(x) for x in layers) or 1
-    copies = max(1, min(count, SAMPLE_BYTES // per_layer))
+    copies = max(1, min(count, sample_bytes // per_layer))
     return [x for _ in range(copies) for x in layers]
 
 

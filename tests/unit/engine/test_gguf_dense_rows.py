@@ -73,6 +73,34 @@ def test_a_real_measurement_times_both_at_every_row_count() -> None:
     assert "dense time / blocks time: 1 rows" in choice.why()
 
 
+def test_the_sample_outgrows_the_last_level_cache(tmp_path, monkeypatch) -> None:
+    for index, size in enumerate(["48K", "2048K", "491520K"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert cpu_gguf_rows.last_level_cache_bytes(tmp_path) == 480 << 20
+    assert [cpu_gguf_rows.cache_size_bytes(t) for t in ("32M", "1024", "2G", "?K", "")] == [
+        32 << 20,
+        1024,
+        2 << 30,
+        0,
+        0,
+    ]
+    # a small cache leaves the 64 MiB sample; a large one doubles past it, up to the whole model
+    monkeypatch.setattr(cpu_gguf_rows, "last_level_cache_bytes", lambda: 8 << 20)
+    assert cpu_gguf_rows.sample_bytes() == cpu_gguf_rows.SAMPLE_BYTES
+    monkeypatch.setattr(cpu_gguf_rows, "last_level_cache_bytes", lambda: 480 << 20)
+    assert cpu_gguf_rows.sample_bytes() == 960 << 20
+    sampled = []
+    monkeypatch.setattr(
+        cpu_gguf_rows,
+        "time_rows",
+        lambda ops, layers, dtype, rows: sampled.append(len(layers)) or dict.fromkeys(rows, 1.0),
+    )
+    layer = Layer("o_proj", 4096, 4096, "q4_1")  # 32 MiB dense: 2 copies fill 64 MiB, 30 of the 40 fill 960
+    cpu_gguf_rows.measure_rows([layer], 40, None)
+    assert sampled == [30, 30]
+
+
 @pytest.fixture(scope="module")
 def gguf_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("dense-rows")
