@@ -34,8 +34,9 @@ class DeviceDefaults:
         none="no such limit",
     )
     block_size: int = _default(
-        "Tokens per KV-cache block, a multiple of 16; on NPUs the granule in which their attention kernels "
-        "read the paged cache."
+        "Tokens per KV-cache block, a multiple of 16. On CPUs vLLM's for its CPU server: a decode step "
+        "reads each sequence's cache in longer runs (SmolLM2's attention at 32 streams: 9 ms a step against "
+        "15 with 16-token blocks); on NPUs the granule in which their attention kernels read the paged cache."
     )
 
 
@@ -44,7 +45,7 @@ DEVICE_DEFAULTS: dict[str, DeviceDefaults] = {
         max_rolling_batch_prefill_tokens=2048,
         max_decode_step_prefill_tokens=512,
         decode_step_prefill_tokens_per_sequence=4,
-        block_size=16,
+        block_size=128,
     ),
     "cuda": DeviceDefaults(
         max_rolling_batch_prefill_tokens=4096,

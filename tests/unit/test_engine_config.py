@@ -102,8 +102,8 @@ def test_empty_settings_take_the_device_defaults(tmp_path, monkeypatch, device, 
 
 
 def test_device_defaults():
-    """The table's values, as the engine has always used them."""
-    assert DEVICE_DEFAULTS["cpu"] == DeviceDefaults(2048, 512, 4, 16)
+    """The table's values (CPUs: vLLM's CPU server's block of 128 tokens)."""
+    assert DEVICE_DEFAULTS["cpu"] == DeviceDefaults(2048, 512, 4, 128)
     assert DEVICE_DEFAULTS["cuda"] == DeviceDefaults(4096, None, None, 16)
     assert DEVICE_DEFAULTS["npu"] == DeviceDefaults(4096, None, None, 128)
 

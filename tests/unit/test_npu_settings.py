@@ -55,8 +55,9 @@ def _config(tmp_path, text, monkeypatch, device="cpu"):
     return engine_config(str(tmp_path), engine_options(s.model, s.engine))
 
 
-def test_block_size_defaults_to_128_on_an_npu_and_16_elsewhere(tmp_path, monkeypatch):
-    assert _config(tmp_path, "option.dtype=fp32\n", monkeypatch).block_size == 16
+def test_block_size_defaults_to_128_on_an_npu_and_a_cpu(tmp_path, monkeypatch):
+    assert _config(tmp_path, "option.dtype=fp32\n", monkeypatch).block_size == 128
+    assert _config(tmp_path, "option.dtype=fp32\noption.block_size=16\n", monkeypatch).block_size == 16
     assert _config(tmp_path, "option.dtype=fp32\n", monkeypatch, device="npu:0").block_size == 128
     assert _config(tmp_path, "option.dtype=fp32\noption.cache_block_size=256\n", monkeypatch, "npu:0").block_size == 256
 
