@@ -11,8 +11,8 @@ layer shapes and timing this shares): the model's linear layers, from the blocks
 64 rows, over as many decoder layers as twice the CPU's last-level cache holds in bf16 (at least
 64 MiB, at most the whole model), so that the weights come from memory as in a step. (A sample that
 the cache holds times dense weights at its speed: on a Xeon whose 480 MiB L3 kept 64 MiB of them,
-dense weights measured twice as fast as the step then ran them.) Dense weights are kept from the fewest rows at which they are faster at that
-and every larger count measured; where the blocks win everywhere none are kept, and where dense
+dense weights measured twice as fast as the step then ran them.) Dense weights are kept from the
+fewest rows at which they are faster at that and every larger count measured; where the blocks win everywhere none are kept, and where dense
 weights win at one row too the blocks are not kept either (the weights are dequantized at load).
 Dense weights are a candidate only where they take under :data:`.cpu_dtype.DENSE_MEMORY_SHARE` of
 the memory available. Measured once per model shape and machine, then read from a cache.
@@ -20,7 +20,6 @@ the memory available. Measured once per model shape and machine, then read from 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_ceilings import last_level_cache_bytes
 from .cpu_dtype import (
     DENSE_MEMORY_SHARE,
     SAMPLE_BYTES,
@@ -82,38 +82,17 @@ def crossing(blocks: dict[int, float], dense: dict[int, float]) -> int:
     return rows
 
 
-CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
-
-
-def cache_size_bytes(text: str) -> int:
-    """A cache's size as Linux writes it (``491520K``, ``32M``, ``1024``); 0 when unreadable."""
-    text = text.strip().upper()
-    units = {"K": 10, "M": 20, "G": 30}
-    try:
-        return int(text[:-1]) << units[text[-1]] if text[-1:] in units else int(text)
-    except ValueError:
-        return 0
-
-
-def last_level_cache_bytes(caches: Path = CPU_CACHES) -> int:
-    """The largest CPU cache Linux reports (0 where it reports none)."""
-    sizes = []
-    for entry in caches.glob("index*/size"):
-        with contextlib.suppress(OSError):
-            sizes.append(cache_size_bytes(entry.read_text()))
-    return max(sizes, default=0)
-
-
 def sample_bytes() -> int:
     """How many bytes of dense weights the measurement runs through: twice the last-level cache,
     at least :data:`.cpu_dtype.SAMPLE_BYTES`."""
     return max(SAMPLE_BYTES, 2 * last_level_cache_bytes())
 
 
-def measure_rows(layers: list[Layer], count: int, ops) -> RowsChoice:  # type: ignore[no-untyped-def]
+def measure_rows(layers: list[Layer], count: int, ops, sample: int = SAMPLE_BYTES) -> RowsChoice:  # type: ignore[no-untyped-def]
     """Time the layers from their blocks and dense at each of :data:`ROWS` (``ops``: a
-    :class:`~.cpu.CpuOps` without dense weights of its own), scaled to ``count`` decoder layers."""
-    sample = sample_layers(layers, count, as_dense=True, sample_bytes=sample_bytes())
+    :class:`~.cpu.CpuOps` without dense weights of its own) over ``sample`` bytes of dense
+    weights' worth of them, scaled to ``count`` decoder layers."""
+    sample = sample_layers(layers, count, as_dense=True, sample_bytes=sample)
     scale = count / (len(sample) / len(layers)) * 1e3
     blocks = {r: t * scale for r, t in time_rows(ops, sample, torch.bfloat16, ROWS).items()}
     dense = {r: t * scale for r, t in time_rows(ops, [x.dense() for x in sample], torch.bfloat16, ROWS).items()}
@@ -149,7 +128,8 @@ def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
             None,
             f"GGUF blocks at every row count (dense weights would not fit {DENSE_MEMORY_SHARE:.0%} of the free memory)",
         )
-    cached = cache_file(layers, count, None, True, ["gguf-rows", ROWS, MARGIN, sample_bytes()])
+    sample = sample_bytes()
+    cached = cache_file(layers, count, None, True, ["gguf-rows", ROWS, MARGIN, sample])
     saved = load_measurement(cached)
     try:
         choice = RowsChoice(
@@ -161,7 +141,7 @@ def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     start = time.perf_counter()
-    choice = measure_rows(layers, count, ops)
+    choice = measure_rows(layers, count, ops, sample)
     log.info("GGUF blocks against dense weights measured in %.2f s", time.perf_counter() - start)
     save_measurement(
         cached, {"dense_rows": choice.dense_rows, "blocks_ms": choice.blocks_ms, "dense_ms": choice.dense_ms}

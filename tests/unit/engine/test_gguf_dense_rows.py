@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmiserve.model_store import GGUF_SOURCE
-from lmiserve.rolling_batch.ops import cpu_gguf_rows
+from lmiserve.rolling_batch.ops import cpu_ceilings, cpu_gguf_rows
 from lmiserve.rolling_batch.ops.cpu import CpuOps
 from lmiserve.rolling_batch.ops.cpu_dtype import Layer
 from lmiserve.rolling_batch.ops.cpu_gguf_rows import ROWS, RowsChoice, crossing, measure_rows
@@ -77,8 +77,8 @@ def test_the_sample_outgrows_the_last_level_cache(tmp_path, monkeypatch) -> None
     for index, size in enumerate(["48K", "2048K", "491520K"]):
         (tmp_path / f"index{index}").mkdir()
         (tmp_path / f"index{index}" / "size").write_text(size + "\n")
-    assert cpu_gguf_rows.last_level_cache_bytes(tmp_path) == 480 << 20
-    assert [cpu_gguf_rows.cache_size_bytes(t) for t in ("32M", "1024", "2G", "?K", "")] == [
+    assert cpu_ceilings.last_level_cache_bytes(tmp_path) == 480 << 20
+    assert [cpu_ceilings.cache_size_bytes(t) for t in ("32M", "1024", "2G", "?K", "")] == [
         32 << 20,
         1024,
         2 << 30,
@@ -97,8 +97,10 @@ def test_the_sample_outgrows_the_last_level_cache(tmp_path, monkeypatch) -> None
         lambda ops, layers, dtype, rows: sampled.append(len(layers)) or dict.fromkeys(rows, 1.0),
     )
     layer = Layer("o_proj", 4096, 4096, "q4_1")  # 32 MiB dense: 2 copies fill 64 MiB, 30 of the 40 fill 960
-    cpu_gguf_rows.measure_rows([layer], 40, None)
+    cpu_gguf_rows.measure_rows([layer], 40, None, cpu_gguf_rows.sample_bytes())
     assert sampled == [30, 30]
+    cpu_gguf_rows.measure_rows([layer], 40, None)  # the 64 MiB sample
+    assert sampled == [30, 30, 2, 2]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,8 @@ def test_the_crossing_is_measured_once_and_said(gguf_dir, monkeypatch, tmp_path)
     monkeypatch.setenv("LMISERVE_CACHE", str(tmp_path))
     calls = []
 
-    def fake(layers, count, ops):  # type: ignore[no-untyped-def]
+    def fake(layers, count, ops, sample):  # type: ignore[no-untyped-def]
+        assert sample == cpu_gguf_rows.sample_bytes()
         calls.append([x.kind for x in layers])
         return RowsChoice(8, dict.fromkeys(ROWS, 2.0), dict.fromkeys(ROWS, 1.0))
 
