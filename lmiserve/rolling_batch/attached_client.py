@@ -28,13 +28,15 @@ class AttachedEngineClient(SocketEngineClient):
         self._reader_task = asyncio.create_task(self._read(reader), name="attached-engine-reader")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        await self._receive(reader)
+        try:
+            await self._receive(reader)
+        finally:
+            self._close_connection()
         self._gone("the engine process exited while handling this request", restart=not self.stopping)
 
     async def stop(self, grace: float = 0) -> None:
         self.stopping = True
         self.alive = False
-        if self._writer is not None:
-            self._writer.close()
+        self._close_connection()
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)

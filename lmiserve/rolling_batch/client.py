@@ -195,6 +195,13 @@ class SocketEngineClient(EngineClient):
         self._reader_task: asyncio.Task[None] | None = None
         self.stopping = False
 
+    def _close_connection(self) -> None:
+        """Close our end of the engine's socket. A transport left to the garbage collector is
+        closed there, in whichever thread collects it, and uvloop then closes its descriptor
+        twice: the number may meanwhile belong to a connection just accepted."""
+        if self._writer is not None:
+            self._writer.close()
+
     def _send(self, msg: wire.Msg) -> None:
         if self._writer is None or self._writer.is_closing():
             raise WorkerDied("the engine is not running")
@@ -239,14 +246,15 @@ class ProcessEngineClient(SocketEngineClient):
         try:
             first = await asyncio.wait_for(wire.read(reader), timeout)
         except TimeoutError:
+            self._close_connection()
             self.process.kill()
             await self.process.wait()
             raise EngineStartError(f"the engine did not start within {timeout:.0f} s (model_loading_timeout)") from None
-        if isinstance(first, wire.EngineFailed):
-            await self.process.wait()
-            raise EngineStartError(first.error)
         if not isinstance(first, wire.EngineReady):
+            self._close_connection()
             code = await self.process.wait()
+            if isinstance(first, wire.EngineFailed):
+                raise EngineStartError(first.error)
             raise EngineStartError(f"the engine process exited while starting {exit_description(code)}")
         self.info = dict(first.info)
         self.alive = True
@@ -270,7 +278,10 @@ class ProcessEngineClient(SocketEngineClient):
                 return
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        await self._receive(reader)
+        try:
+            await self._receive(reader)
+        finally:
+            self._close_connection()
         code = await self.process.reap() if self.process is not None else None
         if not self.stopping and self._stall is None:
             log.error("the engine process (pid %s) exited %s", self.pid, exit_description(code))

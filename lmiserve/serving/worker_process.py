@@ -58,6 +58,7 @@ class WorkerProcess:
             first = await asyncio.wait_for(wire.read(self._reader), timeout)
         except TimeoutError:
             await self.kill()
+            await self._reap()
             raise WorkerStartError(f"the model did not load within {timeout:.0f} s (model_loading_timeout)") from None
         if isinstance(first, wire.WorkerFailed):
             await self._reap()

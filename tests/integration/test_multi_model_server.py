@@ -5,9 +5,11 @@ a budget that holds two tiny models, or SmolLM2 alone. Greedy outputs are checke
 transformers generate on the same weights.
 """
 
+import os
 import re
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -197,3 +199,29 @@ def test_concurrent_first_requests_load_once(client, server, references):
     assert answers == [references["qwen3"]] * 6
     assert metric(client, "lmiserve_model_loads_total", model="qwen3", outcome="loaded") == before + 1
     assert server.log().count("loading model qwen3 from") == int(before) + 1
+
+
+def unix_sockets(pid: int) -> int:
+    """How many Unix-domain sockets the process holds open."""
+    with open(f"/proc/{pid}/net/unix") as f:
+        inodes = {line.split()[6] for line in f.readlines()[1:]}
+    links = (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    return sum(link.startswith("socket:[") and link[8:-1] in inodes for link in links)
+
+
+def test_an_unloaded_model_leaves_no_connection_open(client, server, root, references):
+    """Each engine's connection closes with its model: a server that loads and unloads models for
+    days holds no more sockets than it started with (a connection left to the garbage collector
+    is closed twice, the second time perhaps a request's)."""
+    assert loaded(client) == ["qwen3"]
+    pid = server.proc.pid
+    before = unix_sockets(pid)
+    for _ in range(3):
+        assert client.post("/models", json={"model_name": "extra", "url": str(root / "llama")}).status_code == 200
+        r = client.post("/models/extra/invoke", json=BODY)
+        assert r.status_code == 200 and r.json()["generated_text"] == references["llama"]
+        assert client.delete("/models/extra").status_code == 200
+    deadline = time.monotonic() + 30
+    while unix_sockets(pid) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert unix_sockets(pid) == before
