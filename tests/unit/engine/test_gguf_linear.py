@@ -55,7 +55,7 @@ def test_bf16_rows_match_the_dequantized_weights(kind: str, m: int, tile_rows: i
     """Products in fp32 of bf16 x; within bf16 rounding of the exact product."""
     w = blocks(kind, 37, 96)
     x = torch.randn(m, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
-    bias = torch.randn(37)
+    bias = torch.randn(37, generator=torch.Generator().manual_seed(3))  # the same sums every run
     got = linear(x, w, bias, tile_rows)
     assert got.dtype == torch.bfloat16 and got.shape == (m, 37)
     want = F.linear(x.double(), w.dequantize(torch.float64), bias.double())
@@ -70,6 +70,23 @@ def test_a_row_does_not_depend_on_the_others(tile_rows: int, dtype: torch.dtype)
     whole = linear(x, w, None, tile_rows)
     for i in (0, 16, 34):
         assert torch.equal(linear(x[i : i + 1], w, None, tile_rows)[0], whole[i])
+
+
+@pytest.mark.parametrize("tile_rows", TILES)
+def test_the_product_does_not_depend_on_how_threads_share_it(tile_rows: int) -> None:
+    """More threads than cores: a thread the system stops has its strips finished by the others,
+    and every output is still the one a single thread computes."""
+    w = blocks("q4_1", 200, 576)
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(4)).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = linear(x, w, None, tile_rows)
+        torch.set_num_threads(max(4, 2 * threads))
+        for _ in range(20):
+            assert torch.equal(linear(x, w, None, tile_rows), alone)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_fp16_rows_leading_dimensions_and_wrong_shapes() -> None:

@@ -76,6 +76,26 @@ def test_cpu_linear_kernel_bf16_matches_fp64(rows, k, n, bias, kernel):
 
 
 @own_linear
+@pytest.mark.parametrize("rows,n", [(33, 960), (700, 97)])
+def test_the_product_does_not_depend_on_how_threads_share_it(rows, n, kernel):
+    """More threads than cores: a thread the system stops has its share finished by the others,
+    and every output is still the one a single thread computes."""
+    g = torch.Generator().manual_seed(n)
+    w = torch.randn(n, 576, generator=g).bfloat16()
+    x = torch.randn(rows, 576, generator=g).bfloat16()
+    lw = _own(kernel).prepare_linear(w, None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = _own(kernel).linear(x, lw)
+        torch.set_num_threads(max(4, 2 * threads))
+        for _ in range(20):
+            assert torch.equal(_own(kernel).linear(x, lw), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@own_linear
 @pytest.mark.parametrize("rows,k,units", [(1, 576, 1536), (9, 64, 50), (70, 2048, 100)])
 def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units, kernel):
     """A gate_up weight packed gated (24 units' gate and up columns a group): linear() still gives

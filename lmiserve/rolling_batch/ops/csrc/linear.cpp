@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "linear_tile.h"
+#include "task_queue.h"
 
 #ifndef LMISERVE_OPS_NS
 #define LMISERVE_OPS_NS lmiserve_cpu
@@ -177,25 +178,27 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
   const int64_t chunk = std::max<int64_t>(rows_per_tile, (kChunkBytes / (2 * k)) / rows_per_tile * rows_per_tile);
   const int64_t stretches = (pairs + kPairsPerStretch - 1) / kPairsPerStretch;
   const int64_t stretch = (pairs + stretches - 1) / stretches;
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+  // a unit: one group of columns against one chunk of rows, the chunks in turn
+  lmiserve::for_each_unit(groups * ((m + chunk - 1) / chunk), [&](auto take) {
     std::vector<float> part(stretches > 1 ? chunk * kCols : 0);
     std::vector<float> group_bias(kCols, 0.f);
-    for (int64_t m0 = 0; m0 < m; m0 += chunk) {
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      const int64_t g = u.unit % groups, m0 = u.unit / groups * chunk;
       const int64_t m1 = std::min(m, m0 + chunk), tiles = (m1 - m0 + rows_per_tile - 1) / rows_per_tile;
-      for (int64_t g = g0; g < g1; ++g) {
-        const uint16_t* b = packed + g * group_elems;
-        const int64_t cols = std::min(group_cols, units - g * group_cols);  // units = n when plain
-        if (bias) std::memcpy(group_bias.data(), bias + g * kCols, cols * sizeof(float));
-        const char* next = reinterpret_cast<const char*>(g + 1 < g1 ? b + group_elems : nullptr);
-        for (int64_t p0 = 0; p0 < pairs; p0 += stretch) {
-          const int64_t len = std::min(stretch, pairs - p0);
-          for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t r0 = m0 + t * rows_per_tile, rows = std::min(rows_per_tile, m1 - r0);
-            const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
-                              part.data() + t * rows_per_tile * kCols, p0 == 0, p0 + len >= pairs, output, units};
-            const bool ask = prefetch && next != nullptr && stretches == 1;
-            pick_tile(rows, ask)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
-          }
+      const uint16_t* b = packed + g * group_elems;
+      const int64_t cols = std::min(group_cols, units - g * group_cols);  // units = n when plain
+      if (bias) std::memcpy(group_bias.data(), bias + g * kCols, cols * sizeof(float));
+      // the next group, likely this thread's (the first again after a chunk's last)
+      const bool more = u.unit + 1 < u.end;
+      const char* next = reinterpret_cast<const char*>(more ? packed + (u.unit + 1) % groups * group_elems : nullptr);
+      for (int64_t p0 = 0; p0 < pairs; p0 += stretch) {
+        const int64_t len = std::min(stretch, pairs - p0);
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t r0 = m0 + t * rows_per_tile, rows = std::min(rows_per_tile, m1 - r0);
+          const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
+                            part.data() + t * rows_per_tile * kCols, p0 == 0, p0 + len >= pairs, output, units};
+          const bool ask = prefetch && next != nullptr && stretches == 1;
+          pick_tile(rows, ask)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
         }
       }
     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "linear_tile.h"
+#include "task_queue.h"
 
 #if defined(LMISERVE_AMX)
 #include <sys/syscall.h>
@@ -128,19 +129,18 @@ bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, 
   const int64_t group_cols = (output == kGateUp || output == kSwiglu) ? kUnits : kCols;
   const int64_t pairs = k / 2, groups = (units + group_cols - 1) / group_cols, group_elems = pairs * kCols * 2;
   const int64_t chunk = std::max<int64_t>(kTileRows, (kChunkBytes / (2 * k)) / kTileRows * kTileRows);
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+  // a unit: one group of columns against one chunk of rows, the chunks in turn
+  lmiserve::for_each_unit(groups * ((m + chunk - 1) / chunk), [&](auto take) {
     configure_tiles();
     alignas(64) float group_bias[kCols] = {};
     PaddedRows padded;
-    for (int64_t m0 = 0; m0 < m; m0 += chunk) {
-      const int64_t m1 = std::min(m, m0 + chunk);
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t cols = std::min(group_cols, units - g * group_cols);
-        if (bias) std::memcpy(group_bias, bias + g * kCols, cols * sizeof(float));
-        const TileOut out{y + m0 * n + g * group_cols, n, cols, bias ? group_bias : nullptr, nullptr, true, true,
-                          output, units};
-        amx_rows(x + m0 * k, k, m1 - m0, packed + g * group_elems, pairs, out, padded);
-      }
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      const int64_t g = u.unit % groups, m0 = u.unit / groups * chunk, m1 = std::min(m, m0 + chunk);
+      const int64_t cols = std::min(group_cols, units - g * group_cols);
+      if (bias) std::memcpy(group_bias, bias + g * kCols, cols * sizeof(float));
+      const TileOut out{y + m0 * n + g * group_cols, n, cols, bias ? group_bias : nullptr, nullptr, true, true,
+                        output, units};
+      amx_rows(x + m0 * k, k, m1 - m0, packed + g * group_elems, pairs, out, padded);
     }
     _tile_release();
   });

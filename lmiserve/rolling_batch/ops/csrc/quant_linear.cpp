@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gguf_layout.h"
+#include "task_queue.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -278,12 +279,12 @@ template <int64_t KIND, typename A, typename Y>
 void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
               const float* bias, Y* y) {
   const int64_t groups = (n + kR - 1) / kR, lda = L.arranged();
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+  lmiserve::for_each_unit(groups, [&](auto take) {
     float s[kR * kM];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n0 = g * kR, rows = std::min<int64_t>(kR, n - n0);
-      // the weight rows kAheadGroups groups on, this thread's: requested while these are used
-      if (g + kAheadGroups < g1) prefetch_bytes(w + (n0 + kAheadGroups * kR) * L.row_bytes, kR * L.row_bytes);
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      const int64_t g = u.unit, n0 = g * kR, rows = std::min<int64_t>(kR, n - n0);
+      // the weight rows kAheadGroups groups on, likely this thread's: requested while these are used
+      if (g + kAheadGroups < u.end) prefetch_bytes(w + (n0 + kAheadGroups * kR) * L.row_bytes, kR * L.row_bytes);
       for (int64_t m0 = 0; m0 < m; m0 += kM) {
         const int64_t mr = std::min<int64_t>(kM, m - m0);
         const A* xm = xa + m0 * lda;

@@ -1,11 +1,12 @@
 // GGUF-block linear layers on AMX tiles, for bf16 x of many rows: y^T = W x^T a strip at a time.
 //
-// Each thread takes strips of 16 weight rows, two at a time: a strip is dequantized whole into
-// bf16, in the arranged order of csrc/gguf_layout.h (the same bf16 weights as the vector kernel's),
-// 16 rows x K in L1, and is the A tile of every product; x, arranged the same way, is packed once a
-// call as B tiles (16 rows of x by 16 pairs of k, zeros past the last row). Four tiles of sums (two
-// strips by two chunks of 16 rows of x) stay in the tile registers over the whole K, so four tile
-// products are in flight, then go to y transposed, with the bias, rounded to bf16.
+// Each thread takes strips of 16 weight rows, two at a time (its share in order, then what is
+// left of another's: csrc/task_queue.h): a strip is dequantized whole into bf16, in the arranged
+// order of csrc/gguf_layout.h (the same bf16 weights as the vector kernel's), 16 rows x K in L1,
+// and is the A tile of every product; x, arranged the same way, is packed once a call as B tiles
+// (16 rows of x by 16 pairs of k, zeros past the last row). Four tiles of sums (two strips by two
+// chunks of 16 rows of x) stay in the tile registers over the whole K, so four tile products are
+// in flight, then go to y transposed, with the bias, rounded to bf16.
 //
 // A row of x is only ever a column of B: its sums do not depend on the other rows.
 
@@ -19,6 +20,7 @@
 #include "aligned_vector.h"
 #include "gguf_layout.h"
 #include "linear_tile.h"
+#include "task_queue.h"
 
 namespace lmiserve_gguf {
 
@@ -131,7 +133,7 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
     }
   }
   // two strips against two chunks of x at a time: four independent tiles of sums
-  at::parallel_for(0, (strips + 1) / 2, 1, [&](int64_t u0, int64_t u1) {
+  lmiserve::for_each_unit((strips + 1) / 2, [&](auto take) {
     // tiles 0-3: sums (16 weight rows x 16 rows of x, fp32); 4-5: two strips' weights (16 rows
     // x 32 k); 6-7: two chunks of x (16 pairs of k x 16 rows x 2)
     lmiserve_linear::configure_tiles();
@@ -150,10 +152,10 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
         _mm256_mask_storeu_epi16(y + (c * 16 + mi) * n + s * kStrip, keep,
                                  (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(t[mi], b)));
     };
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t s = 2 * u;
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      const int64_t s = 2 * u.unit;
       const bool two = s + 1 < strips;
-      const int64_t ahead = u + 1 < u1 ? 2 : 0;  // the next pair of strips is this thread's
+      const int64_t ahead = u.unit + 1 < u.end ? 2 : 0;  // the next pair of strips is likely this thread's
       dequant_strip(w, L, s * kStrip, n, strip.data(), ahead);
       if (two) dequant_strip(w, L, (s + 1) * kStrip, n, strip1, ahead);
       for (int64_t c0 = 0; c0 < chunks; c0 += 2) {

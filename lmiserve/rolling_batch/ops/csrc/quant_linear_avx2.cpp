@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gguf_layout.h"
+#include "task_queue.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
 #define LMISERVE_GGUF_AVX2 1
@@ -106,11 +107,11 @@ void multiply(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int
   // rows dequantized together: about 32 KiB of fp32 weights, whole register tiles
   const int64_t group = std::clamp<int64_t>(8192 / ld / kR, 1, 4) * kR;
   const int64_t groups = (n + group - 1) / group;
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+  lmiserve::for_each_unit(groups, [&](auto take) {
     std::vector<float> wb(group * ld);
     float s[kM * kR];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n0 = g * group, rows = std::min<int64_t>(group, n - n0);
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      const int64_t g = u.unit, n0 = g * group, rows = std::min<int64_t>(group, n - n0);
       for (int64_t r = 0; r < rows; ++r) dequantize_row<KIND>(w + (n0 + r) * L.row_bytes, L, wb.data() + r * ld);
       for (int64_t m0 = 0; m0 < m; m0 += kM) {
         const int64_t mr = std::min<int64_t>(kM, m - m0);
