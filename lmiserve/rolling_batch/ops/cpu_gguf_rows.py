@@ -8,12 +8,14 @@ arithmetic with each weight: turning blocks into weights then costs more than re
 lies depends on the CPU (its memory, its caches, its instructions) and the model's shapes, so it
 is measured at start-up, like the dtype of a CPU without bf16 arithmetic (:mod:`.cpu_dtype`, whose
 layer shapes and timing this shares): the model's linear layers, from the blocks and dense, at 1 to
-64 rows, over as many decoder layers as twice the CPU's last-level cache holds in bf16 (at least
-64 MiB, at most the whole model), so that the weights come from memory as in a step. (A sample that
-the cache holds times dense weights at its speed: on a Xeon whose 480 MiB L3 kept 64 MiB of them,
-dense weights measured twice as fast as the step then ran them.) Dense weights are kept from the
-fewest rows at which they are faster at that and every larger count measured; where the blocks win everywhere none are kept, and where dense
-weights win at one row too the blocks are not kept either (the weights are dequantized at load).
+256 rows (a prompt's chunk is hundreds: on a Xeon with AMX the blocks kept up with dense weights
+to 64 rows), over as many decoder layers as twice the CPU's last-level cache holds in bf16 (at
+least 64 MiB, at most the whole model), so that the weights come from memory as in a step. (A
+sample that the cache holds times dense weights at its speed: on a Xeon whose 480 MiB L3 kept 64
+MiB of them, dense weights measured twice as fast as the step then ran them.) Dense weights are
+kept from the fewest rows at which they are faster at that and every larger count measured; where
+the blocks win everywhere none are kept, and where dense weights win at one row too the blocks are
+not kept either (the weights are dequantized at load).
 Dense weights are a candidate only where they take under :data:`.cpu_dtype.DENSE_MEMORY_SHARE` of
 the memory available. Measured once per model shape and machine, then read from a cache.
 """
@@ -43,7 +45,7 @@ from .cpu_dtype import (
 
 log = logging.getLogger("lmiserve.engine")
 
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """The row counts measured."""
 MARGIN = 0.95
 """Dense weights are taken at a row count only where they take less than this share of the

@@ -25,11 +25,13 @@ def test_the_crossing_is_the_fewest_rows_from_which_dense_wins_at_every_count() 
     blocks_ms = dict.fromkeys(ROWS, 10.0)
     assert crossing(blocks_ms, dict.fromkeys(ROWS, 9.6)) == 0  # within the margin: the blocks
     assert crossing(blocks_ms, dict.fromkeys(ROWS, 5.0)) == 1
-    dense = {1: 12.0, 2: 10.0, 4: 8.0, 8: 7.0, 16: 12.0, 32: 7.0, 64: 7.0}
+    dense = {1: 12.0, 2: 10.0, 4: 8.0, 8: 7.0, 16: 12.0, 32: 7.0, 64: 7.0, 128: 7.0, 256: 7.0}
     assert crossing(blocks_ms, dense) == 32  # blocks win again at 16: dense only from 32
-    dense = {1: 12.0, 2: 9.0, 4: 8.0, 8: 7.0, 16: 7.0, 32: 7.0, 64: 7.0}
+    dense = {1: 12.0, 2: 9.0, 4: 8.0, 8: 7.0, 16: 7.0, 32: 7.0, 64: 7.0, 128: 7.0, 256: 7.0}
     assert crossing(blocks_ms, dense) == 2
-    assert crossing(blocks_ms, dense | {64: 11.0}) == 0
+    assert crossing(blocks_ms, dense | {256: 11.0}) == 0
+    # a tie up to 64 rows, dense faster past it (the blocks' AMX kernel on a Xeon): dense from 128
+    assert crossing(blocks_ms, dict.fromkeys(ROWS, 10.0) | {128: 8.0, 256: 7.0}) == 128
 
 
 @kernels
