@@ -169,18 +169,28 @@ def sample_layers(
 def time_rows(ops, layers: list[Layer], dtype: torch.dtype, rows: tuple[int, ...]) -> dict[int, float]:  # type: ignore[no-untyped-def]
     """Per row count of ``rows``, seconds per call of every layer of ``layers`` in turn: the
     median of ``REPEATS`` runs after one warm-up (the weights prepared once for all)."""
+    return time_alternating(ops, [layers], dtype, rows)[0]
+
+
+def time_alternating(ops, sets: list[list[Layer]], dtype: torch.dtype, rows: tuple[int, ...]) -> list[dict[int, float]]:  # type: ignore[no-untyped-def]
+    """:func:`time_rows` of several sets of layers, their runs taking turns at each row count:
+    a change in the machine's speed meanwhile (another process's work) falls on every set alike,
+    not on the one measured last."""
     generator = torch.Generator().manual_seed(0)
-    prepared = [(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers]
-    seconds = {}
+    prepared = [[(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers] for layers in sets]
+    seconds: list[dict[int, float]] = [{} for _ in sets]
     for m in rows:
-        inputs = {x.in_features: torch.randn(m, x.in_features, generator=generator).to(dtype) for x, _ in prepared}
-        runs = []
+        features = {x.in_features for layers in sets for x in layers}
+        inputs = {k: torch.randn(m, k, generator=generator).to(dtype) for k in sorted(features)}
+        runs: list[list[float]] = [[] for _ in sets]
         for _ in range(REPEATS + 1):
-            start = time.perf_counter()
-            for x, w in prepared:
-                ops.linear(inputs[x.in_features], w)
-            runs.append(time.perf_counter() - start)
-        seconds[m] = statistics.median(runs[1:])
+            for i, layers in enumerate(prepared):
+                start = time.perf_counter()
+                for x, w in layers:
+                    ops.linear(inputs[x.in_features], w)
+                runs[i].append(time.perf_counter() - start)
+        for i in range(len(sets)):
+            seconds[i][m] = statistics.median(runs[i][1:])
     return seconds
 
 

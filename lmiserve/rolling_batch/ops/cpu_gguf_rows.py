@@ -40,7 +40,7 @@ from .cpu_dtype import (
     model_layers,
     sample_layers,
     save_measurement,
-    time_rows,
+    time_alternating,
 )
 
 log = logging.getLogger("lmiserve.engine")
@@ -93,11 +93,11 @@ def sample_bytes() -> int:
 def measure_rows(layers: list[Layer], count: int, ops, sample: int = SAMPLE_BYTES) -> RowsChoice:  # type: ignore[no-untyped-def]
     """Time the layers from their blocks and dense at each of :data:`ROWS` (``ops``: a
     :class:`~.cpu.CpuOps` without dense weights of its own) over ``sample`` bytes of dense
-    weights' worth of them, scaled to ``count`` decoder layers."""
+    weights' worth of them, scaled to ``count`` decoder layers; the two take turns."""
     sample = sample_layers(layers, count, as_dense=True, sample_bytes=sample)
     scale = count / (len(sample) / len(layers)) * 1e3
-    blocks = {r: t * scale for r, t in time_rows(ops, sample, torch.bfloat16, ROWS).items()}
-    dense = {r: t * scale for r, t in time_rows(ops, [x.dense() for x in sample], torch.bfloat16, ROWS).items()}
+    timed = time_alternating(ops, [sample, [x.dense() for x in sample]], torch.bfloat16, ROWS)
+    blocks, dense = ({r: t * scale for r, t in times.items()} for times in timed)
     return RowsChoice(crossing(blocks, dense), blocks, dense)
 
 

@@ -110,3 +110,22 @@ def test_a_measurement_is_kept_for_the_next_start(hf, monkeypatch, tmp_path) -> 
     monkeypatch.setattr(cpu_dtype, "MANY_ROWS", (4, 16))  # another way of measuring: likewise
     cpu_dtype.measured_format(hf)
     assert len(calls) == 3
+
+
+def test_sets_of_layers_are_timed_in_turns() -> None:
+    """Each run of one set is followed by a run of the next, at every row count: a slower spell
+    of the machine falls on both, not on the set measured last."""
+    order = []
+
+    class Ops:
+        def prepare_linear(self, weight):  # type: ignore[no-untyped-def]
+            return weight.shape[0]
+
+        def linear(self, x, w):  # type: ignore[no-untyped-def]
+            order.append((x.shape[0], w))
+
+    first, second = [Layer("o_proj", 8, 64, "dense")], [Layer("o_proj", 16, 64, "dense")]
+    timed = cpu_dtype.time_alternating(Ops(), [first, second], torch.float32, (1, 3))
+    assert [set(t) for t in timed] == [{1, 3}, {1, 3}]
+    turns = cpu_dtype.REPEATS + 1
+    assert order == [(1, 8), (1, 16)] * turns + [(3, 8), (3, 16)] * turns

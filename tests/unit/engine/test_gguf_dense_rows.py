@@ -95,8 +95,8 @@ def test_the_sample_outgrows_the_last_level_cache(tmp_path, monkeypatch) -> None
     sampled = []
     monkeypatch.setattr(
         cpu_gguf_rows,
-        "time_rows",
-        lambda ops, layers, dtype, rows: sampled.append(len(layers)) or dict.fromkeys(rows, 1.0),
+        "time_alternating",
+        lambda ops, sets, dtype, rows: [sampled.append(len(x)) or dict.fromkeys(rows, 1.0) for x in sets],
     )
     layer = Layer("o_proj", 4096, 4096, "q4_1")  # 32 MiB dense: 2 copies fill 64 MiB, 30 of the 40 fill 960
     cpu_gguf_rows.measure_rows([layer], 40, None, cpu_gguf_rows.sample_bytes())
