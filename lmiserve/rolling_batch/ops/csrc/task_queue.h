@@ -57,26 +57,30 @@ void for_each_unit(int64_t count, const Run& run) {
   auto pack = [](int64_t front, int64_t back) { return (static_cast<uint64_t>(front) << 32) | static_cast<uint64_t>(back); };
   auto front = [](uint64_t s) { return static_cast<int64_t>(s >> 32); };
   auto back = [](uint64_t s) { return static_cast<int64_t>(s & 0xffffffffu); };
-  std::unique_ptr<std::atomic<uint64_t>[]> shares(new std::atomic<uint64_t>[threads]);
-  for (int64_t t = 0; t < threads; ++t) shares[t].store(pack(count * t / threads, count * (t + 1) / threads));
+  struct alignas(64) Share {  // a cache line each: one thread's taking does not slow another's
+    std::atomic<uint64_t> ends;
+  };
+  std::unique_ptr<Share[]> slots(new Share[threads]);
+  auto shares = [&](int64_t t) -> std::atomic<uint64_t>& { return slots[t].ends; };
+  for (int64_t t = 0; t < threads; ++t) shares(t).store(pack(count * t / threads, count * (t + 1) / threads));
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       auto take = [&]() -> Taken {
-        uint64_t s = shares[t].load(std::memory_order_relaxed);
+        uint64_t s = shares(t).load(std::memory_order_relaxed);
         while (front(s) < back(s)) {
-          if (shares[t].compare_exchange_weak(s, pack(front(s) + 1, back(s)), std::memory_order_relaxed))
+          if (shares(t).compare_exchange_weak(s, pack(front(s) + 1, back(s)), std::memory_order_relaxed))
             return {front(s), back(s)};
         }
         for (;;) {  // this share is done: the last unit of the share with the most left
           int64_t richest = -1, most = 0;
           for (int64_t u = 0; u < threads; ++u) {
-            const uint64_t v = shares[u].load(std::memory_order_relaxed);
+            const uint64_t v = shares(u).load(std::memory_order_relaxed);
             if (back(v) - front(v) > most) most = back(v) - front(v), richest = u;
           }
           if (richest < 0) return {-1, 0};
-          uint64_t v = shares[richest].load(std::memory_order_relaxed);
+          uint64_t v = shares(richest).load(std::memory_order_relaxed);
           if (front(v) < back(v) &&
-              shares[richest].compare_exchange_weak(v, pack(front(v), back(v) - 1), std::memory_order_relaxed))
+              shares(richest).compare_exchange_weak(v, pack(front(v), back(v) - 1), std::memory_order_relaxed))
             return {back(v) - 1, back(v)};
         }
       };
