@@ -179,9 +179,9 @@ def time_alternating(ops, sets: list[list[Layer]], dtype: torch.dtype, rows: tup
     generator = torch.Generator().manual_seed(0)
     prepared = [[(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers] for layers in sets]
     seconds: list[dict[int, float]] = [{} for _ in sets]
+    features = sorted({x.in_features for layers in sets for x in layers})
     for m in rows:
-        features = {x.in_features for layers in sets for x in layers}
-        inputs = {k: torch.randn(m, k, generator=generator).to(dtype) for k in sorted(features)}
+        inputs = {k: torch.randn(m, k, generator=generator).to(dtype) for k in features}
         runs: list[list[float]] = [[] for _ in sets]
         for _ in range(REPEATS + 1):
             for i, layers in enumerate(prepared):

@@ -13,6 +13,8 @@ from gguf.quants import quantize
 from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel, load_kernels
 from lmiserve.rolling_batch.quant.weights import BlockWeight
 
+from .thread_shares import assert_same_however_shared
+
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="the CPU kernels do not build here")
 
 KINDS = {"q4_0": (0, GT.Q4_0), "q4_1": (1, GT.Q4_1), "q8_0": (2, GT.Q8_0)}
@@ -78,15 +80,7 @@ def test_the_product_does_not_depend_on_how_threads_share_it(tile_rows: int) -> 
     and every output is still the one a single thread computes."""
     w = blocks("q4_1", 200, 576)
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(4)).bfloat16()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = linear(x, w, None, tile_rows)
-        torch.set_num_threads(max(4, 2 * threads))
-        for _ in range(20):
-            assert torch.equal(linear(x, w, None, tile_rows), alone)
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_however_shared(lambda: linear(x, w, None, tile_rows))
 
 
 def test_fp16_rows_leading_dimensions_and_wrong_shapes() -> None:

@@ -7,6 +7,8 @@ from lmiserve.rolling_batch.ops.cpu import CpuOps
 from lmiserve.rolling_batch.ops.cpu_kernels import amx_tiles, bf16_linear_kernel, can_pack
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 
+from .thread_shares import assert_same_however_shared
+
 
 @pytest.mark.parametrize("packing", ["onednn", "default"])
 def test_packed_bf16_linear_matches_plain(packing):
@@ -84,15 +86,7 @@ def test_the_product_does_not_depend_on_how_threads_share_it(rows, n, kernel):
     w = torch.randn(n, 576, generator=g).bfloat16()
     x = torch.randn(rows, 576, generator=g).bfloat16()
     lw = _own(kernel).prepare_linear(w, None)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = _own(kernel).linear(x, lw)
-        torch.set_num_threads(max(4, 2 * threads))
-        for _ in range(20):
-            assert torch.equal(_own(kernel).linear(x, lw), alone)
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_however_shared(lambda: _own(kernel).linear(x, lw))
 
 
 @own_linear

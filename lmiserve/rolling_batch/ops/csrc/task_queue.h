@@ -31,10 +31,6 @@ void for_each_task(int64_t count, const Run& run) {
   });
 }
 
-}  // namespace lmiserve
-
-namespace lmiserve {
-
 // A unit of work a thread has taken (-1: none left), and the end of the run of units it takes next
 // unless another thread takes them first (units unit + 1 .. end - 1; none for a unit taken from
 // another thread's share): the units whose memory it may request ahead.
