@@ -50,9 +50,15 @@ def expired(outs: Iterable[RequestOutput], seconds: float) -> LmiServeError:
 
 
 def output_error(out: RequestOutput) -> LmiServeError:
-    """The error an output ended with: a refused request is a validation error."""
+    """The error an output ended with: a refused request is a validation error; one the engine
+    shed from its queue at the request's deadline is the 503 of :func:`expired` (the engine's
+    clock can pass the deadline before this process's timer fires)."""
     message = out.error or "generation failed"
-    return ValidationFailed(message) if out.error_kind == "validation" else GenerationError(message)
+    if out.error_kind == "validation":
+        return ValidationFailed(message)
+    if out.error_kind == "deadline":
+        return Overloaded(f"{message}; retry later")
+    return GenerationError(message)
 
 
 def truncate(outs: list[RequestOutput]) -> None:

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from lmiserve.errors import BadRequest, Overloaded, PredictTimeout
 from lmiserve.generation.request import RequestOutput, SequenceOutput
 from lmiserve.server import deadline
-from lmiserve.serving.respond import expired
+from lmiserve.serving.respond import expired, output_error
 
 
 def request(value: str | None) -> Request:
@@ -37,3 +37,14 @@ def test_a_request_that_started_timed_out():
     out = RequestOutput(request_id="r", prompt="p", prompt_token_ids=[1], sequences=[seq])
     err = expired([out], 2.0)
     assert isinstance(err, PredictTimeout) and err.status == 504
+
+
+def test_a_request_the_engine_shed_at_its_deadline_is_a_503():
+    """The engine's scheduler may pass the deadline before the API process's timer: the same 503."""
+    out = RequestOutput(request_id="r", prompt="p", prompt_token_ids=[1], sequences=[SequenceOutput(index=0)])
+    out.error, out.error_kind = "the request's deadline passed before it was started", "deadline"
+    err = output_error(out)
+    assert isinstance(err, Overloaded) and err.status == 503 and err.headers["Retry-After"]
+    assert "deadline passed" in err.detail
+    out.error_kind = "oom"
+    assert output_error(out).status == 500
