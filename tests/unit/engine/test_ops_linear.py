@@ -54,7 +54,8 @@ def _own(kernel: str = "vector") -> CpuOps:
         (3, 64, 100, True),  # columns that end inside a 16-wide vector
         (8, 576, 48, False),  # one group: nothing ahead to request
         (33, 1536, 576, True),  # five tiles, the last of one row
-        (65, 2048, 200, False),  # past 64 rows: no requests ahead; K in two stretches of 512 pairs
+        (65, 2048, 200, False),  # vector: past 64 rows, nothing ahead, 2 stretches of K; tiles: 8 stretches
+        (190, 576, 150, True),  # a prompt; tiles: 2 stretches of K, the next asked ahead, the last tile partial
         (700, 576, 97, True),  # two chunks of rows
         (19, 40, 50, True),  # K not whole AMX tiles: the vector code runs it
     ],

@@ -152,16 +152,18 @@ bool multiply_amx(const uint16_t* x, const uint16_t* packed, const float* bias, 
 // One thread's share, its tiles configured (configure_tiles) and released (_tile_release) by
 // the caller: `rows` rows of x (ldx elements apart) times one group of a packed weight (`pairs`
 // pairs of k, a multiple of 16), each row finished as `out` says (out.y: row 0's first column of
-// the group, out.ldy apart). `padded`: a last partial tile of rows copied out with zero rows
-// after them, kept for the next group of the same rows.
-struct PaddedRows {
+// the group, out.ldy apart). `scratch`: the thread's buffers, kept from one call to the next.
+struct RowScratch {
+  // a last partial tile of rows copied out with zero rows after them, kept for the next group of
+  // the same rows: 16 rows of K from `source`, the first `count` real
   lmiserve::aligned_vector<uint16_t> rows;
-  const uint16_t* source = nullptr;  // what `rows` holds: 16 rows of K from here, the first `count` real
+  const uint16_t* source = nullptr;
   int64_t count = 0, k = 0;
+  lmiserve::aligned_vector<float> part;  // the rows' sums between stretches of k (rows x kCols)
 };
 void configure_tiles();
 void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* group, int64_t pairs, const TileOut& out,
-              PaddedRows& padded);
+              RowScratch& scratch);
 #endif
 
 }  // namespace lmiserve_linear

@@ -66,23 +66,23 @@ void lora_tiles_(at::Tensor y, const at::Tensor& x, const at::Tensor& a_packed, 
   const auto product = [&](int64_t groups, auto&& one) {
     at::parallel_for(0, count * groups, 1, [&](int64_t t0, int64_t t1) {
       configure_tiles();
-      PaddedRows padded;
+      RowScratch scratch;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t* run = rp + 3 * (t / groups);
-        if (run[2] > run[1]) one(run[0], run[1], run[2] - run[1], t % groups, padded);
+        if (run[2] > run[1]) one(run[0], run[1], run[2] - run[1], t % groups, scratch);
       }
       _tile_release();
     });
   };
-  product(groups_a, [&](int64_t slot, int64_t first, int64_t rows, int64_t g, PaddedRows& padded) {
+  product(groups_a, [&](int64_t slot, int64_t first, int64_t rows, int64_t g, RowScratch& scratch) {
     const TileOut to{us + first * wp + g * kCols, wp, std::min(kCols, width - g * kCols), nullptr, nullptr,
                      true, true, kPlain, 0};
-    if (to.cols > 0) amx_rows(xs + first * in, in, rows, as + (slot * groups_a + g) * a_group, in_pairs, to, padded);
+    if (to.cols > 0) amx_rows(xs + first * in, in, rows, as + (slot * groups_a + g) * a_group, in_pairs, to, scratch);
   });
-  product(groups_b, [&](int64_t slot, int64_t first, int64_t rows, int64_t g, PaddedRows& padded) {
+  product(groups_b, [&](int64_t slot, int64_t first, int64_t rows, int64_t g, RowScratch& scratch) {
     const TileOut to{ys + first * out + g * kCols, out, std::min(kCols, out - g * kCols), nullptr, nullptr,
                      true, true, kAdd, 0};
-    if (to.cols > 0) amx_rows(us + first * wp, wp, rows, bs + (slot * groups_b + g) * b_group, w_pairs, to, padded);
+    if (to.cols > 0) amx_rows(us + first * wp, wp, rows, bs + (slot * groups_b + g) * b_group, w_pairs, to, scratch);
   });
 #endif
 }
