@@ -8,9 +8,10 @@
   A row's result never depends on the other rows, which deterministic mode (``row_invariant``)
   relies on. A build without any of them (the portable class): oneDNN with weights reordered
   once into its blocked layout where it multiplies bf16, else ``F.linear``.
-- Decode attention reads keys and values straight from the paged cache in a small C++
-  kernel (``csrc/paged_attention.cpp``, compiled on first use and cached); prefill attention
-  gathers each sequence's keys and values once and uses torch's SDPA.
+- Attention in bf16 and fp16 reads keys and values straight from the paged cache in C++
+  kernels (compiled on first use and cached): decode in ``csrc/paged_attention.cpp``, prompts
+  in ``csrc/prefill_attention.cpp`` (on AMX tiles where the CPU has them,
+  ``csrc/prefill_attention_amx.cpp``). fp32 prompts use torch's SDPA.
 - Mixture-of-experts layers (fp32 or bf16) run in ``csrc/moe.cpp``: the rows routed to each
   expert multiplied as one grouped product, parallel over experts and tiles of columns.
 - Linear layers in GGUF blocks (Q4_0, Q4_1, Q8_0) run in ``csrc/quant_linear.cpp``, which
@@ -70,6 +71,7 @@ class CpuOps(ReferenceOps):
         self.row_invariant = row_invariant
         self.own_linear = bf16_linear_kernel()
         self.tiles = self.own_linear and amx_tiles()
+        """AMX tiles for bf16 linear layers and prompt attention."""
         self.gguf_tile_rows = (1 if row_invariant else GGUF_TILE_ROWS) if self.tiles else 0
         """Rows from which GGUF-block layers take the tiles (0: never); in deterministic mode all
         of them, so that no row's sums change with the batch."""
@@ -294,7 +296,7 @@ class CpuOps(ReferenceOps):
         block_tables, cu_q_lens, seq_lens = rows.block_tables, rows.cu_q_lens, rows.seq_lens
         if self.kernels and q.dtype in _HALF and q.stride(-1) == 1:
             return torch.ops.lmiserve_cpu.paged_attention_prefill(
-                q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window, softcap
+                q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window, softcap, self.tiles
             )
         if softcap > 0:
             return self._prefill_reference(q, k_cache, v_cache, rows, scale, window, softcap)

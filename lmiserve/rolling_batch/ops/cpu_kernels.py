@@ -32,6 +32,7 @@ _SOURCES = [
         "paged_attention.cpp",
         "prefill_attention.cpp",
         "prefill_attention_bf16.cpp",
+        "prefill_attention_amx.cpp",
         "kv_write.cpp",
         "sampling.cpp",
         "fused.cpp",

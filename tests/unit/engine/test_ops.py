@@ -145,6 +145,20 @@ def test_cpu_decode_kernel_bf16_matches_dense(lengths, heads, kv_heads, dim, blo
         assert torch.allclose(out[s : s + 1].double(), expected, atol=4e-3, rtol=8e-3), (s, n)
 
 
+@pytest.fixture(params=[False, True], ids=["vector", "tiles"])
+def tiles(request):
+    """Prompt attention in bf16 on the vector code, or on AMX tiles where the CPU has them."""
+    if request.param and not CpuOps().tiles:
+        pytest.skip("AMX tiles: not on this CPU")
+    return request.param
+
+
+def prefill_ops(tiles):
+    ops = CpuOps()
+    ops.tiles = tiles
+    return ops
+
+
 @pytest.mark.parametrize(
     "totals,chunks,heads,kv_heads,dim,block_size,window",
     [
@@ -152,16 +166,18 @@ def test_cpu_decode_kernel_bf16_matches_dense(lengths, heads, kv_heads, dim, blo
         ([70, 300], [70, 37], 7, 1, 64, 32, 0),  # 7 heads a KV head (remainders of 3), blocks of 32
         ([100, 64], [100, 64], 8, 2, 128, 16, 30),  # head_dim 128, a window inside a stretch
         ([20, 5], [3, 5], 2, 2, 64, 16, 0),  # one query head per KV head
+        ([300, 77], [250, 77], 4, 1, 64, 16, 100),  # tiles: a window across stretches of 32 keys
     ],
 )
-def test_cpu_prefill_kernel_bf16_matches_dense(totals, chunks, heads, kv_heads, dim, block_size, window):
-    """The bf16 prefill kernel (keys transposed into pairs of dimensions, scores by vdpbf16ps, an
-    online softmax per query) against dense attention in fp64 over the same bf16 values."""
+def test_cpu_prefill_kernel_bf16_matches_dense(totals, chunks, heads, kv_heads, dim, block_size, window, tiles):
+    """The bf16 prefill kernels (keys transposed into pairs of dimensions; scores by vdpbf16ps,
+    or on AMX tiles with the probabilities in two bf16 terms; an online softmax per query)
+    against dense attention in fp64 over the same bf16 values."""
     k_cache, v_cache, tables, dense = paged_blocks(totals, kv_heads, dim, block_size)
     cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(sum(chunks), heads, dim, generator=torch.Generator().manual_seed(2)).bfloat16()
     lens = torch.tensor(totals, dtype=torch.int32)
-    out = prefill(CpuOps(), q, k_cache, v_cache, tables, cu, lens, dim**-0.5, window)
+    out = prefill(prefill_ops(tiles), q, k_cache, v_cache, tables, cu, lens, dim**-0.5, window)
     for s, (total, n) in enumerate(zip(totals, chunks)):
         lo = int(cu[s])
         expected = dense_attention(q[lo : lo + n], *dense[s], causal_offset=total - n, window=window)

@@ -72,12 +72,16 @@ def test_gemma_norm_matches_transformers(dtype):
 
 @pytest.mark.parametrize("dim", [16, 64, 128])
 @pytest.mark.parametrize("window", [0, 8])
-def test_capped_attention_in_the_cpu_kernels_bf16(dim, window):
+@pytest.mark.parametrize("tiles", [False, True], ids=["vector", "tiles"])
+def test_capped_attention_in_the_cpu_kernels_bf16(dim, window, tiles):
     """bf16 through the C++ kernels (head_dim 64 and 128: the AVX-512 decode and the vdpbf16ps
-    prefill; 16: the portable loops), against the reference."""
+    prefill, or the prefill on AMX tiles; 16: the portable loops), against the reference."""
     ops = CpuOps()
     if not ops.kernels:
         pytest.skip("no C++ kernels here")
+    if tiles and not ops.tiles:
+        pytest.skip("AMX tiles: not on this CPU")
+    ops.tiles = tiles
     lengths, q_lens = [17, 40, 33, 70], [1, 1, 33, 20]
     k_cache, v_cache, tables, _ = paged(lengths, 2, dim, seed=5, dtype=torch.bfloat16)
     q = (torch.randn(sum(q_lens), 8, dim) * 2).bfloat16()

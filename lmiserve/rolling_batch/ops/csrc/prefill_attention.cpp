@@ -226,7 +226,8 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
 
 at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& block_tables, const at::Tensor& cu_q_lens,
-                                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
+                                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap,
+                                   bool tiles) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be (tokens, heads, head_dim), its last dimension contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous (blocks, block_size, kv_heads, head_dim)");
@@ -263,6 +264,10 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
   };
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   if (q.scalar_type() == at::kBFloat16) {
+    if (tiles && lmiserve::prefill_amx(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
+                                       k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
+                                       tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
+      return out;
     if (lmiserve::prefill_bf16(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
                                k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
                                tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
@@ -279,6 +284,6 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
 
 TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
   m.def("paged_attention_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor cu_q_lens, Tensor seq_lens, float scale, int window, float softcap=0.0) -> Tensor");
+        "Tensor cu_q_lens, Tensor seq_lens, float scale, int window, float softcap=0.0, bool tiles=False) -> Tensor");
   m.impl("paged_attention_prefill", c10::DispatchKey::CPU, &paged_attention_prefill);
 }

@@ -47,4 +47,10 @@ bool prefill_bf16(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat1
                   const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
                   const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape);
 
+// bf16 prompts on AMX tiles (prefill_attention_amx.cpp); false where this CPU build, the operating
+// system or these shapes do not allow it.
+bool prefill_amx(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
+                 const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
+                 const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape);
+
 }  // namespace lmiserve
