@@ -2,12 +2,15 @@
 priority, then waits for its :class:`~lmiserve.wire.InitEngine` as any engine process does.
 
 Started as ``python -m lmiserve.rolling_batch.standby_process --fd N --standby ARCHITECTURE``
-(:class:`.standby.Standby` does it). torch is imported on the main thread: the thread pool it
-starts then has the engine's normal priority (a thread inherits its creator's). The rest runs on
-a thread of its own with a lower priority (nice is per thread on Linux), so the engine being
-served keeps the CPU; the threads the engine later starts come from the main thread too. When
-the first message arrives before the imports are done, they go on at the engine's priority where
-the process may raise it again.
+(:class:`.standby.Standby` does it). Every import, torch's included, runs on a thread of its own
+with the lowest priority (nice is per thread on Linux), so the engine being served keeps the CPU:
+importing torch at the engine's priority took two cores' worth of time slices from it for
+seconds after each engine start (a 10-token prompt's first token in 60-190 ms instead of 18).
+torch starts its compute threads on first use, from the thread that uses it (a thread inherits
+its creator's priority): the engine's, started later from the main thread, which keeps the
+normal priority. The one thread an import starts, numpy's OpenBLAS server, does no engine work.
+When the first message arrives before the imports are done, they go on at the engine's priority
+where the process may raise it again.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import select
 import sys
 import threading
 
-IMPORT_NICENESS = 10
-"""How much lower than the engine's the priority of the standby's imports is."""
+IMPORT_NICENESS = 19
+"""How much lower than the engine's the priority of the standby's imports is (the lowest)."""
 
 _MODULES = (
+    "torch",
     "lmiserve.rolling_batch.engine_process",
     "lmiserve.rolling_batch.quant.gguf_weights",
     "gguf.quants",
@@ -78,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     become_child()
-    import torch  # noqa: F401 - here, at the main thread's priority (see above)
-
     priority = os.getpriority(os.PRIO_PROCESS, 0)
     thread, native_id = import_ahead(argv[argv.index("--standby") + 1])
     # the engine is wanted when the first message arrives (or the server went: the socket closed)
