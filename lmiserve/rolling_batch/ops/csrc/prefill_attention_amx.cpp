@@ -224,25 +224,6 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
   });
 }
 
-using Kernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
-                        const int32_t*, const int32_t*, const int32_t*, const std::vector<PrefillTask>&,
-                        const PrefillShape&);
-
-template <int DW>
-Kernel pick_group(int64_t group) {
-  switch (group) {
-    case 1: return &prefill_tasks<1, DW>;
-    case 2: return &prefill_tasks<2, DW>;
-    case 3: return &prefill_tasks<3, DW>;
-    case 4: return &prefill_tasks<4, DW>;
-    case 5: return &prefill_tasks<5, DW>;
-    case 6: return &prefill_tasks<6, DW>;
-    case 7: return &prefill_tasks<7, DW>;
-    case 8: return &prefill_tasks<8, DW>;
-    default: return nullptr;
-  }
-}
-
 }  // namespace
 #endif
 
@@ -252,9 +233,9 @@ bool prefill_amx(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16
 #if defined(LMISERVE_AMX)
   if (shape.block_size % 16 != 0 || shape.heads % shape.kv_heads != 0 || !lmiserve_linear::amx_usable()) return false;
   const int64_t group = shape.heads / shape.kv_heads;
-  Kernel kernel = nullptr;
-  if (shape.dim == 64) kernel = pick_group<2>(group);
-  if (shape.dim == 128) kernel = pick_group<4>(group);
+  PrefillKernel kernel = nullptr;
+  if (shape.dim == 64) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2>; });
+  if (shape.dim == 128) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4>; });
   if (kernel == nullptr) return false;
   kernel(out, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, tasks, shape);
   return true;

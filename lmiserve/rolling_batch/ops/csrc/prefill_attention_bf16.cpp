@@ -171,25 +171,6 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
   });
 }
 
-using Kernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
-                        const int32_t*, const int32_t*, const int32_t*, const std::vector<PrefillTask>&,
-                        const PrefillShape&);
-
-template <int DW, int QB>
-Kernel pick_group(int64_t group) {
-  switch (group) {
-    case 1: return &prefill_tasks<1, DW, QB>;
-    case 2: return &prefill_tasks<2, DW, QB>;
-    case 3: return &prefill_tasks<3, DW, QB>;
-    case 4: return &prefill_tasks<4, DW, QB>;
-    case 5: return &prefill_tasks<5, DW, QB>;
-    case 6: return &prefill_tasks<6, DW, QB>;
-    case 7: return &prefill_tasks<7, DW, QB>;
-    case 8: return &prefill_tasks<8, DW, QB>;
-    default: return nullptr;
-  }
-}
-
 }  // namespace
 #endif
 
@@ -199,9 +180,9 @@ bool prefill_bf16(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat1
 #if defined(__AVX512BF16__)
   if (shape.block_size % 16 != 0 || shape.heads % shape.kv_heads != 0) return false;
   const int64_t group = shape.heads / shape.kv_heads;
-  Kernel kernel = nullptr;
-  if (shape.dim == 64) kernel = pick_group<2, 4>(group);
-  if (shape.dim == 128) kernel = pick_group<4, 2>(group);
+  PrefillKernel kernel = nullptr;
+  if (shape.dim == 64) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2, 4>; });
+  if (shape.dim == 128) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4, 2>; });
   if (kernel == nullptr) return false;
   kernel(out, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, tasks, shape);
   return true;

@@ -6,6 +6,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace lmiserve {
@@ -40,6 +41,27 @@ struct PrefillShape {
   int64_t window;
   float softcap = 0.f;  // scores capped as tanh(s / softcap) * softcap; 0: not capped
 };
+
+// A prefill kernel over all the tasks of one call (prefill_attention_bf16.cpp, _amx.cpp).
+using PrefillKernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
+                               const int32_t*, const int32_t*, const int32_t*, const std::vector<PrefillTask>&,
+                               const PrefillShape&);
+
+// pick(std::integral_constant<int, G>) for G query heads per KV head, 1 to 8; nullptr past 8.
+template <typename Pick>
+PrefillKernel for_group(int64_t group, const Pick& pick) {
+  switch (group) {
+    case 1: return pick(std::integral_constant<int, 1>{});
+    case 2: return pick(std::integral_constant<int, 2>{});
+    case 3: return pick(std::integral_constant<int, 3>{});
+    case 4: return pick(std::integral_constant<int, 4>{});
+    case 5: return pick(std::integral_constant<int, 5>{});
+    case 6: return pick(std::integral_constant<int, 6>{});
+    case 7: return pick(std::integral_constant<int, 7>{});
+    case 8: return pick(std::integral_constant<int, 8>{});
+    default: return nullptr;
+  }
+}
 
 // bf16 prompts with vdpbf16ps (prefill_attention_bf16.cpp); false when this CPU build or these
 // shapes are not covered (the caller then runs the fp32 path).
