@@ -263,15 +263,15 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
            t.rows;
   };
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
-  if (q.scalar_type() == at::kBFloat16) {
-    if (tiles && lmiserve::prefill_amx(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
-                                       k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
-                                       tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
+  if (q.scalar_type() == at::kBFloat16 && block_size % 16 == 0) {
+    const int64_t group = heads / kv_heads;
+    lmiserve::PrefillKernel kernel = tiles ? lmiserve::amx_prefill_kernel(dim, group) : nullptr;
+    if (kernel == nullptr) kernel = lmiserve::bf16_prefill_kernel(dim, group);
+    if (kernel != nullptr) {
+      kernel(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
+             v_cache.data_ptr<c10::BFloat16>(), tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape);
       return out;
-    if (lmiserve::prefill_bf16(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
-                               k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
-                               tables.data_ptr<int32_t>(), cu_p, len_p, tasks, shape))
-      return out;
+    }
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_prefill", [&] {
     prefill<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),

@@ -227,23 +227,14 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
 }  // namespace
 #endif
 
-bool prefill_amx(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                 const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
-                 const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape) {
+PrefillKernel amx_prefill_kernel(int64_t dim, int64_t group) {
 #if defined(LMISERVE_AMX)
-  if (shape.block_size % 16 != 0 || shape.heads % shape.kv_heads != 0 || !lmiserve_linear::amx_usable()) return false;
-  const int64_t group = shape.heads / shape.kv_heads;
-  PrefillKernel kernel = nullptr;
-  if (shape.dim == 64) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2>; });
-  if (shape.dim == 128) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4>; });
-  if (kernel == nullptr) return false;
-  kernel(out, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, tasks, shape);
-  return true;
-#else
-  (void)out, (void)q, (void)k_cache, (void)v_cache, (void)block_tables, (void)cu_q_lens, (void)seq_lens, (void)tasks,
-      (void)shape;
-  return false;
+  if (!lmiserve_linear::amx_usable()) return nullptr;
+  if (dim == 64) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2>; });
+  if (dim == 128) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4>; });
 #endif
+  (void)dim, (void)group;
+  return nullptr;
 }
 
 }  // namespace lmiserve

@@ -174,23 +174,13 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
 }  // namespace
 #endif
 
-bool prefill_bf16(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                  const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
-                  const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape) {
+PrefillKernel bf16_prefill_kernel(int64_t dim, int64_t group) {
 #if defined(__AVX512BF16__)
-  if (shape.block_size % 16 != 0 || shape.heads % shape.kv_heads != 0) return false;
-  const int64_t group = shape.heads / shape.kv_heads;
-  PrefillKernel kernel = nullptr;
-  if (shape.dim == 64) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2, 4>; });
-  if (shape.dim == 128) kernel = for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4, 2>; });
-  if (kernel == nullptr) return false;
-  kernel(out, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, tasks, shape);
-  return true;
-#else
-  (void)out, (void)q, (void)k_cache, (void)v_cache, (void)block_tables, (void)cu_q_lens, (void)seq_lens, (void)tasks,
-      (void)shape;
-  return false;
+  if (dim == 64) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2, 4>; });
+  if (dim == 128) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4, 2>; });
 #endif
+  (void)dim, (void)group;
+  return nullptr;
 }
 
 }  // namespace lmiserve

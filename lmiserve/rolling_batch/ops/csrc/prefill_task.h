@@ -63,16 +63,11 @@ PrefillKernel for_group(int64_t group, const Pick& pick) {
   }
 }
 
-// bf16 prompts with vdpbf16ps (prefill_attention_bf16.cpp); false when this CPU build or these
-// shapes are not covered (the caller then runs the fp32 path).
-bool prefill_bf16(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                  const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
-                  const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape);
-
-// bf16 prompts on AMX tiles (prefill_attention_amx.cpp); false where this CPU build, the operating
-// system or these shapes do not allow it.
-bool prefill_amx(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                 const c10::BFloat16* v_cache, const int32_t* block_tables, const int32_t* cu_q_lens,
-                 const int32_t* seq_lens, const std::vector<PrefillTask>& tasks, const PrefillShape& shape);
+// The bf16 prompt kernel for head_dim `dim` and `group` query heads per KV head (caches in
+// blocks of a multiple of 16 tokens): with vdpbf16ps (prefill_attention_bf16.cpp), or on AMX tiles
+// where the operating system grants them (prefill_attention_amx.cpp); nullptr where this CPU
+// build does not cover those shapes (the caller then runs the fp32 path).
+PrefillKernel bf16_prefill_kernel(int64_t dim, int64_t group);
+PrefillKernel amx_prefill_kernel(int64_t dim, int64_t group);
 
 }  // namespace lmiserve
