@@ -27,11 +27,12 @@ def test_write_kv_uses_slot_formula_and_skips_minus_one(ops, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_rotate_and_store_rotates_queries_and_keys_and_stores_keys_and_values(dtype):
+@pytest.mark.parametrize("dim", [16, 48, 80, 128])
+def test_rotate_and_store_rotates_queries_and_keys_and_stores_keys_and_values(dtype, dim):
     """From the fused projection: the queries rotated out, the keys rotated and the values stored
     at their slots (slot -1: not stored); the CPU's one-pass kernel gives the bits of its own
-    split, rotary and write_kv ops."""
-    heads, kv_heads, dim, tokens = 6, 2, 16, 5
+    split, rotary and write_kv ops. Half a head of 48 or 80 ends in a part of a vector."""
+    heads, kv_heads, tokens = 6, 2, 5
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
     angles = torch.randn(tokens, dim // 2, generator=g)
@@ -141,6 +142,35 @@ def test_fused_half_precision_ops_match_reference(dtype):
 
     gu = torch.randn(3, 40).to(dtype)
     assert torch.allclose(cpu.swiglu(gu).float(), ref.swiglu(gu).float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (3, 40), (33, 72), (190, 576)])
+def test_bf16_norms_round_as_the_reference_in_every_lane(rows, dim):
+    """The CPU kernels' bf16 norms, in whole vectors and in a row's last part of one: the residual
+    sum is the reference's to the bit, and every output is the reference's or, where the two
+    roundings of x rstd fall on either side of a bf16 step (rstd summed in another order), one
+    step from it; the rstd agrees to fp32's rounding."""
+    ref, cpu = ReferenceOps(), CpuOps()
+    assert cpu.kernels
+    g = torch.Generator().manual_seed(rows * dim)
+    x = torch.randn(rows, dim, generator=g).bfloat16()
+    residual = torch.randn(rows, dim, generator=g).bfloat16()
+    w = (torch.rand(dim, generator=g) + 0.5).bfloat16()
+
+    def within_a_step(got: torch.Tensor, want: torch.Tensor) -> None:
+        step = want.float().abs() * 2**-7 + 1e-30
+        diff = (got.float() - want.float()).abs()
+        assert bool((diff <= 2 * step).all()), float((diff / step).max())
+        assert float((diff > 0).float().mean()) < 0.02  # nearly all to the bit
+
+    y, rstd = cpu.rms_norm(x, w, 1e-5)
+    y_ref, rstd_ref = ref.rms_norm(x, w, 1e-5)
+    within_a_step(y, y_ref)
+    assert torch.allclose(rstd, rstd_ref, rtol=2**-20)
+    y, h = cpu.add_rms_norm(x, residual.clone(), w, 1e-5)
+    y_ref, h_ref = ref.add_rms_norm(x, residual.clone(), w, 1e-5)
+    assert torch.equal(h, h_ref)
+    within_a_step(y, y_ref)
 
 
 def test_argmax_logsumexp_kernel():

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "bf16_lanes.h"
 #include "bf16_vec.h"
 #include "convert.h"
 #include "rotary.h"
@@ -49,6 +50,57 @@ void rms_rows(const T* x, const T* weight, T* y, float* rstd_out, int64_t rows, 
   });
 }
 
+#if defined(LMISERVE_BF16_LANES)
+// rms_rows for one bf16 row in vectors (the loops above stay scalar for 16-bit types). With
+// kAdd, the row normalized is residual <- round(x + residual), written back first; without,
+// x itself. Returns rstd.
+template <bool kAdd>
+float rms_row_bf16(const uint16_t* x, uint16_t* residual, const uint16_t* weight, uint16_t* y, int64_t dim, float eps) {
+  using L = lmiserve::Bf16Lanes;
+  const uint16_t* h = kAdd ? residual : x;
+  L::V sq = L::zero();
+  for (int64_t d = 0; d < dim; d += L::kWidth) {
+    L::V v = L::load(h + d, dim - d);
+    if constexpr (kAdd) {
+      v = L::round(L::add(L::load(x + d, dim - d), v));
+      L::store(residual + d, v, dim - d);
+    }
+    sq = L::fmadd(v, v, sq);
+  }
+  const float rstd = 1.f / std::sqrt(L::sum(sq) / static_cast<float>(dim) + eps);
+  const L::V scale = L::set1(rstd);
+  for (int64_t d = 0; d < dim; d += L::kWidth) {
+    const L::V v = L::round(L::mul(L::load(h + d, dim - d), scale));
+    L::store(y + d, L::mul(L::load(weight + d, dim - d), v), dim - d);
+  }
+  return rstd;
+}
+
+#endif
+
+// rms_rows (with kAdd, after residual <- round(x + residual), in the same pass) in vectors for
+// bf16; false for another type or where no vector form is built.
+template <bool kAdd, typename T>
+bool rms_rows_vec(const T* x, T* residual, const T* weight, T* y, float* rstd_out, int64_t rows, int64_t dim,
+                  float eps) {
+#if defined(LMISERVE_BF16_LANES)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const auto* xs = reinterpret_cast<const uint16_t*>(x);
+    auto* rs = reinterpret_cast<uint16_t*>(residual);
+    const auto* ws = reinterpret_cast<const uint16_t*>(weight);
+    auto* ys = reinterpret_cast<uint16_t*>(y);
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float rstd = rms_row_bf16<kAdd>(xs + r * dim, kAdd ? rs + r * dim : nullptr, ws, ys + r * dim, dim, eps);
+        if (rstd_out) rstd_out[r] = rstd;
+      }
+    });
+    return true;
+  }
+#endif
+  return false;
+}
+
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm needs contiguous inputs");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
@@ -57,6 +109,9 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
   rstd_shape.back() = 1;
   auto rstd = at::empty(rstd_shape, x.options().dtype(at::kFloat));
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+    if (rms_rows_vec<false, scalar_t>(x.data_ptr<scalar_t>(), nullptr, weight.data_ptr<scalar_t>(),
+                                      y.data_ptr<scalar_t>(), rstd.data_ptr<float>(), rows, dim, static_cast<float>(eps)))
+      return;
     rms_rows<scalar_t>(x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
                        rstd.data_ptr<float>(), rows, dim, static_cast<float>(eps));
   });
@@ -73,10 +128,15 @@ void add_in_place(T* res, const T* xs, int64_t n) {
 
 // residual <- round(x + residual) in place; returns rms_norm(residual).
 at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous(), "add_rms_norm needs contiguous inputs");
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(), "add_rms_norm needs contiguous inputs");
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() && weight.numel() == x.size(-1),
+              "add_rms_norm needs a residual like x and one weight per feature");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   auto y = at::empty_like(x);
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "add_rms_norm", [&] {
+    if (rms_rows_vec<true, scalar_t>(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                                     y.data_ptr<scalar_t>(), nullptr, rows, dim, static_cast<float>(eps)))
+      return;
     add_in_place<scalar_t>(residual.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rows * dim);
     rms_rows<scalar_t>(residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), nullptr,
                        rows, dim, static_cast<float>(eps));
