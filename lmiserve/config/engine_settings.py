@@ -39,7 +39,8 @@ class EngineSettings(Area):
     decode_step_prefill_tokens_per_sequence: int | None = optional_setting(
         "option.decode_step_prefill_tokens_per_sequence",
         "In an engine step that also decodes, most prompt tokens per sequence running or waiting, on top of "
-        "16 (in proportion fewer below 8 sequences; never more than "
+        "16 (in proportion fewer below 8 sequences, or below 16 with 16 as a floor only where the share "
+        "measured at start-up is half the one taken or less; never more than "
         "max_decode_step_prefill_tokens): a prompt holds a few streams up briefly in small chunks, while a "
         "full batch prefills its arriving prompts in larger chunks, in fewer steps. "
         f"Empty: {by_device('decode_step_prefill_tokens_per_sequence')}; on a CPU raised to the share at "

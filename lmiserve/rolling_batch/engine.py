@@ -53,6 +53,7 @@ class Engine:
             config.max_prefill_seqs,
             config.max_decode_step_prefill_tokens,
             config.decode_step_prefill_tokens_per_sequence,
+            config.measured_prompt_share,
         )
         self.scheduler = Scheduler(limits, self.blocks, self.lora.book)
         self.beams = BeamSearch(self.scheduler, self.blocks, self.eos_token_ids, self.max_model_len)

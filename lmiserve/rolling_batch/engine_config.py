@@ -52,6 +52,10 @@ class EngineConfig:
     """In a step that also decodes, most prompt tokens per sequence running or waiting (None: no such limit)."""
     quantize: str | None = _setting("option.quantize")
     """The weights' quantization as asked for (None: the checkpoint's own; :mod:`.quant.loading`)."""
+    measured_prompt_share: int = field(default=0, metadata={"setting": None})
+    """On a CPU: the per-sequence prompt share measured at start-up where it is below the one
+    taken (the device default), else 0; not a setting (:mod:`.prompt_share`, the scheduler's
+    ``SchedulerConfig.measured_share``)."""
     gguf_dense_rows: int = field(default=0, metadata={"setting": None})
     """On a CPU, in bf16: rows of a step from which a GGUF model's block layers run from their
     weights dequantized to bf16, kept beside the blocks (0: never); not a setting, measured at

@@ -56,9 +56,14 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
 
         share, share_why = measured_share(Path(model_path), dtype, rows, engine.quantize)
         if share is not None:
+            measured = share if share < default_share else 0  # dear prompt tokens: a longer ramp
             share = max(share, default_share)  # raised where prompt tokens are cheap, never lowered
-            config = dataclasses.replace(config, decode_step_prefill_tokens_per_sequence=share)
+            config = dataclasses.replace(
+                config, decode_step_prefill_tokens_per_sequence=share, measured_prompt_share=measured
+            )
             share_why = f"{share_why}; taken: {share} (never below the device default, {default_share})"
+            if measured:
+                share_why += ", ramped over proportionally more sequences"
         log.info("%s", share_why)
         why = f"{why}; {share_why}"
     return config, why

@@ -11,9 +11,9 @@ from lmiserve.rolling_batch import placement
 from lmiserve.rolling_batch.engine_config import EngineConfig, engine_options
 from lmiserve.rolling_batch.placement import engine_config
 
-NOT_SETTINGS = {"ops", "gguf_dense_rows"}
+NOT_SETTINGS = {"ops", "gguf_dense_rows", "measured_prompt_share"}
 """Fields no setting sets (the ops implementation follows the device, tests name one; the rows from
-which GGUF layers run dense are measured)."""
+which GGUF layers run dense and the prompt share below the default are measured)."""
 
 
 def test_every_field_names_a_declared_setting():

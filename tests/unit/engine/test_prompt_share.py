@@ -55,17 +55,17 @@ def test_the_measurement_is_kept_for_the_next_start(model_dir, monkeypatch, tmp_
 
 
 @pytest.mark.parametrize(
-    "measured, text, device, want",
+    "measured, text, device, want, kept",
     [
-        (8, "", "cpu", 8),  # cheap prompt tokens: the share is raised
-        (2, "", "cpu", 4),  # dear ones: the device default stays
-        (8, "option.decode_step_prefill_tokens_per_sequence=3\n", "cpu", 3),  # the setting: not measured
-        (8, "option.max_first_token_wait=2\n", "cpu", None),  # prompts whole beside decodes
-        (8, "", "cuda:0", None),  # a GPU: no share, nothing measured
+        (8, "", "cpu", 8, 0),  # cheap prompt tokens: the share is raised
+        (2, "", "cpu", 4, 2),  # dear ones: the device default stays, the measurement is kept for its ramp
+        (8, "option.decode_step_prefill_tokens_per_sequence=3\n", "cpu", 3, 0),  # the setting: not measured
+        (8, "option.max_first_token_wait=2\n", "cpu", None, 0),  # prompts whole beside decodes
+        (8, "", "cuda:0", None, 0),  # a GPU: no share, nothing measured
     ],
 )
 def test_placement_takes_the_measured_share_where_the_setting_is_empty(
-    model_dir, monkeypatch, tmp_path, measured, text, device, want
+    model_dir, monkeypatch, tmp_path, measured, text, device, want, kept
 ) -> None:
     from lmiserve.config.loader import load_settings
     from lmiserve.rolling_batch.engine_config import engine_options
@@ -81,5 +81,6 @@ def test_placement_takes_the_measured_share_where_the_setting_is_empty(
     s = load_settings(tmp_path, env={})
     config, why = placement.placed_config(str(model_dir), engine_options(s.model, s.engine))
     assert config.decode_step_prefill_tokens_per_sequence == want
+    assert config.measured_prompt_share == kept
     assert asked == ([model_dir] if not text and device == "cpu" else [])
     assert ("never below the device default" in why) == bool(asked)

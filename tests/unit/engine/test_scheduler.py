@@ -171,7 +171,7 @@ def test_a_step_that_decodes_takes_few_prompt_tokens_and_one_that_does_not_takes
     run(sched)
 
 
-def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> Scheduler:
+def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None, measured: int = 0) -> Scheduler:
     """A scheduler with a CPU's 2,048-token step budget, under a per-sequence prompt share."""
     return scheduler(
         BlockManager(512, BS),
@@ -180,6 +180,7 @@ def cpu_like(max_num_seqs: int, per_seq: int | None, cap: int | None = None) -> 
         max_model_len=512,
         max_decode_step_prefill_tokens=cap,
         decode_step_prefill_tokens_per_sequence=per_seq,
+        measured_share=measured,
     )
 
 
@@ -189,11 +190,12 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     max_decode_step_prefill_tokens; a rest of at most a quarter more is taken whole."""
     from lmiserve.rolling_batch.scheduler import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
-    def chunks_beside(decoding: int, per_seq: int, cap: int) -> list[int]:
-        sched = cpu_like(64, per_seq, cap)
+    def chunks_beside(decoding: int, per_seq: int, cap: int, measured: int = 0) -> list[int]:
+        sched = cpu_like(64, per_seq, cap, measured)
         for i in range(decoding):
             sched.add(request(f"d{i}", 4, max_new=100, first_token=1000 + 10 * i))
-        step(sched)  # all prefilled together (nothing decoded yet), now decoding
+        while sched.waiting or any(s.num_computed < s.num_prompt_tokens for s in sched.running):
+            step(sched)  # prefilled (in one step, or a few under a small share), now decoding
         sched.add(request("late", 300, max_new=2))
         chunks = []
         while sched.running[-1].request_id != "late" or sched.running[-1].num_computed < 300:
@@ -214,6 +216,17 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     assert chunks_beside(40, 6, 100) == [100, 100, 100]
     # capped at 110: a rest of 110 is taken whole, one of 120 (within a quarter of 110, past the cap) is not
     assert chunks_beside(40, 6, 110) == [110, 110, 80]
+    # a measured share under the one taken: a longer ramp, fewer tokens on top, none from half
+    assert cpu_like(64, 4, None, 4).share_ramp() == cpu_like(64, 4).share_ramp() == (8, 16)
+    assert cpu_like(64, 4, None, 3).share_ramp() == (11, 8)
+    assert cpu_like(64, 4, None, 2).share_ramp() == (16, 0)
+    assert cpu_like(64, 4, None, 1).share_ramp() == (16, 0)  # never past twice as many sequences
+    # 7 decoding + 1, measured 2 under 4: 4 x 8 x 8/16 = 16, the floor (without the measurement
+    # 16 + 8 x 4 = 48)
+    assert chunks_beside(7, 4, 512, measured=2) == [16] * 18 + [12]
+    assert chunks_beside(7, 4, 512) == [48] * 5 + [60]
+    # 31 decoding + 1: 32 x 4 = 128
+    assert chunks_beside(31, 4, 512, measured=2) == [128, 128, 44]
 
 
 def test_a_short_rest_of_a_prompt_is_not_left_for_another_step():
