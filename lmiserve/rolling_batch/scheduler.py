@@ -40,10 +40,11 @@ this share of them (a quarter) is taken whole, within the step's budget and
 token a whole further step (every stream waits for each step anyway) to spare this one a few
 tokens' time."""
 MIN_DECODE_STEP_PREFILL = 16
-"""Prompt tokens a step that decodes may take under the per-sequence limit before the
-per-sequence shares (one KV block): a prompt arriving beside one or two streams is not cut into
-many tiny chunks, and one beside 8 streams takes a step fewer (a 190-token prompt at a share of 7:
-72 tokens a step, 3 steps, against 4 of 56)."""
+"""Prompt tokens a step that decodes may take under the per-sequence limit on top of the
+per-sequence shares, and never fewer (one KV block): a prompt arriving beside one or two streams is
+not cut into many tiny chunks, and one beside 8 streams takes a step fewer (a 190-token prompt at a
+share of 7: 72 tokens a step, 3 steps, against 4 of 56). Fewer on top where prompt tokens cost more
+(:meth:`Scheduler.share_ramp`)."""
 FULL_SHARE_SEQUENCES = 8
 """From this many sequences on, each one running or waiting adds the whole per-sequence share of
 prompt tokens to a step; below it, a share scaled down in proportion. A decode step of a few
