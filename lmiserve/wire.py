@@ -309,6 +309,12 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def frame(msg: Msg) -> bytes:
+    """``msg`` as it goes on the wire: its length, then its encoding."""
+    payload = encode(msg)
+    return _HEADER.pack(len(payload)) + payload
+
+
 def send(sock: socket.socket, msg: Msg) -> None:
     payload = encode(msg)
     header = _HEADER.pack(len(payload))
@@ -335,9 +341,8 @@ def recv(sock: socket.socket) -> Message | None:
 
 
 def write(writer: asyncio.StreamWriter, msg: Msg) -> None:
-    payload = encode(msg)
-    writer.write(_HEADER.pack(len(payload)))
-    writer.write(payload)
+    # one write, so one send: the reader is woken once, with the whole message
+    writer.write(frame(msg))
 
 
 async def read(reader: asyncio.StreamReader) -> Message | None:

@@ -3,6 +3,7 @@ connection that owns the request, in order, once."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -164,6 +165,34 @@ def test_steps_that_wait_are_merged_in_order_with_the_latest_stats():
     assert merged.stats.generated_tokens == 99
     assert result == wire.AdapterResult(op_id=7)
     assert last.deltas[0].token_ids == [100]
+    outbox.close()
+    outbox.join(5)
+    api.close()
+    engine_end.close()
+
+
+def test_a_message_is_on_the_socket_when_put_returns_if_nothing_waits():
+    """The engine loop writes a step's deltas itself (no wait for the sender thread to be run)
+    where the socket takes them; what it cannot finish, the sender sends after, in order."""
+    api, engine_end = socket.socketpair()
+    for s in (api, engine_end):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    outbox = Outbox(engine_end)
+    steps = [wire.EngineStep(deltas=[wire.SeqDelta(request_id="a", token_ids=[i])]) for i in range(3)]
+    for i, step in enumerate(steps):
+        outbox.put(step)
+        assert outbox.written == i + 1
+        readable, _, _ = select.select([api], [], [], 0)
+        assert readable == [api]
+        assert wire.recv(api) == step
+    # larger than the socket takes: begun at once, finished by the sender, then what came after
+    big = wire.EngineStep(deltas=[wire.SeqDelta(request_id="b", token_ids=list(range(200_000)))])
+    outbox.put(big)
+    assert outbox.written == 4
+    outbox.put(steps[0])
+    assert wire.recv(api) == big
+    assert wire.recv(api) == steps[0]
     outbox.close()
     outbox.join(5)
     api.close()
