@@ -316,13 +316,7 @@ def frame(msg: Msg) -> bytes:
 
 
 def send(sock: socket.socket, msg: Msg) -> None:
-    payload = encode(msg)
-    header = _HEADER.pack(len(payload))
-    if len(payload) < 65536:
-        sock.sendall(header + payload)
-    else:  # avoid copying a large body just to prepend four bytes
-        sock.sendall(header)
-        sock.sendall(payload)
+    sock.sendall(frame(msg))
 
 
 def recv(sock: socket.socket) -> Message | None:
