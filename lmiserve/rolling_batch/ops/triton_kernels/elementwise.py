@@ -3,7 +3,9 @@ add), rotary embedding and SwiGLU, one program per token row.
 
 Each rounds where the plain torch version rounds (transformers' order): the normalised row
 is cast to the activation dtype before the weight multiplies it, the residual sum is rounded
-before it is normalised, each product of the rotation is rounded before the sum.
+before it is normalised, each product of the rotation is rounded before the sum. The rotation is compiled without
+floating-point contraction: the GPU compiler would otherwise see through the rounding of a
+product and fuse it with the sum after it into one multiply-add, rounded once.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def rotary_(
         _rotary_kernel[(tokens,)](
             q, k, cos, sin, heads, k.shape[1],
             HEAD_DIM=dim, Q_PAD=triton.next_power_of_2(heads), K_PAD=triton.next_power_of_2(k.shape[1]),
-            HALF_PAD=triton.next_power_of_2(dim // 2),
+            HALF_PAD=triton.next_power_of_2(dim // 2), enable_fp_fusion=False,
         )  # fmt: skip
     return q, k
 
