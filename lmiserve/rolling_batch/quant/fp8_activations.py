@@ -16,7 +16,10 @@ MIN_SCALE = 1e-12
 def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale)``: ``x`` ``(M, K)`` as e4m3 ``(M, K)`` and fp32 ``(M,)``, ``x ~ q * scale``."""
     xf = x.float()
-    scale = torch.clamp(xf.abs().amax(dim=-1) / FP8_MAX, min=MIN_SCALE)
+    amax = xf.abs().amax(dim=-1)
+    # divided by a tensor: torch on CUDA multiplies by the reciprocal of a Python number instead,
+    # which can miss the correctly rounded quotient by one bit
+    scale = torch.clamp(amax / torch.full_like(amax, FP8_MAX), min=MIN_SCALE)
     q = torch.clamp(xf / scale[:, None], -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
