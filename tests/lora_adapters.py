@@ -48,9 +48,10 @@ def peft_greedy(model_dir: Path, adapter: Path | None, prompt_ids: list[int], ma
     model), up to and including the first end-of-sequence token."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or torch.float32)
+    from tests.tiny_models import reference_model
+
+    model = reference_model(model_dir, dtype)
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter)
     model.eval()

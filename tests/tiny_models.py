@@ -47,6 +47,20 @@ def build_tokenizer(out: Path, vocab_size: int = 400):
     return fast
 
 
+def reference_model(model_dir: Path, dtype=None):
+    """transformers' model of ``model_dir`` (fp32 unless ``dtype``), in eval mode, as the tests'
+    reference. Models that cap their attention scores (Gemma 2) load with eager attention: some
+    transformers versions run them through SDPA, which drops the cap and changes the tokens."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    extra = {"attn_implementation": "eager"} if config.get("attn_logit_softcapping") else {}
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or torch.float32, **extra).eval()
+
+
 def build_model(out: Path, arch: str = "llama", seed: int = 0, **overrides):
     """A tiny random model directory (config, safetensors, tokenizer) of the given family."""
     import torch

@@ -89,9 +89,9 @@ _cache: dict = {}
 
 
 def _hf(model_dir):
-    from transformers import AutoModelForCausalLM
+    from tests.tiny_models import reference_model
 
     key = str(model_dir)
     if key not in _cache:
-        _cache[key] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        _cache[key] = reference_model(model_dir)
     return _cache[key]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from lmiserve import wire
 from lmiserve.wire import SamplingParams
 from tests.lora_adapters import build_adapter, peft_greedy
-from tests.tiny_models import MOE_ARCHS, build_model
+from tests.tiny_models import MOE_ARCHS, build_model, reference_model
 from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run
 
 FAMILIES = ("llama", "qwen2", "qwen3", *MOE_ARCHS, "phi3", "olmo2", "granite", "gemma2", "gemma3")
@@ -24,7 +23,7 @@ def test_greedy_logprobs_match_transformers(arch, tmp_path):
     _, _, deltas = run(make_engine(model_dir, max_num_batched_tokens=8), {0: [("a", PROMPT, params)]})
     ids = [t for d in deltas for t in d.token_ids]
     got = torch.tensor([lp for d in deltas for lp in d.logprobs])
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    hf = reference_model(model_dir)
     with torch.no_grad():
         logits = hf(torch.tensor([PROMPT + ids])).logits[0, len(PROMPT) - 1 : -1].float()
     assert ids == logits.argmax(-1).tolist()
