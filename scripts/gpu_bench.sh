@@ -9,7 +9,8 @@
 # sweep with LMI streaming and the baseline, then the sweep with OpenAI streaming; one table
 # of all of it is printed at the end (scripts/bench_table.py). Environment: PYTHON (default
 # python3), PORT (8090), WORK (a directory for the model and reports; default a new temporary
-# one), BENCH_ARGS (more `lmiserve bench` arguments), COLD_C (the first level, 128; empty: none).
+# one), BENCH_ARGS (more `lmiserve bench` arguments), COLD_C (the first level, 128; empty: none),
+# TOKENIZER (SmolLM2's tokenizer directory for the random shapes; default: the embedded model's).
 # The reports land in $WORK/cold, $WORK/lmi and $WORK/openai.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ mkdir -p "$WORK/serve"
 {
   echo "model_name=bench"
   if [ "$SHAPE" != default ]; then
-    "$PY" scripts/random_model.py "$SHAPE" "$WORK/model" --dtype bf16 >/dev/null
+    "$PY" scripts/random_model.py "$SHAPE" "$WORK/model" --dtype bf16 ${TOKENIZER:+--tokenizer "$TOKENIZER"} >/dev/null
     echo "option.model_id=$WORK/model"
   fi
   echo "option.rolling_batch=lmi"

@@ -2,6 +2,7 @@
 """Write a random-weight model of a named shape, with SmolLM2's tokenizer, for speed work.
 
     python scripts/random_model.py llama-1b /tmp/llama-1b [--dtype bf16] [--quantize fp8|awq|gptq]
+        [--tokenizer DIR]
 
 Random weights time exactly like trained ones as long as requests use ``ignore_eos`` (the
 outputs are noise). Shapes: ``smollm2`` (the embedded model's shape), ``llama-1b``
@@ -13,7 +14,8 @@ intermediate 1024, top 8), ``phi3-mini`` (Phi-3-mini's, as ``Phi3ForCausalLM`` w
 gate/up: hidden 3072, 32 layers, 32 heads, intermediate 8192, no rope scaling), ``gemma2-2b``
 (Gemma-2-2B's: hidden 2304, 26 layers alternating sliding-window and global attention, 8/4 heads
 of 256, intermediate 9216, score and logit caps). The vocabulary is SmolLM2's (49,152 tokens), so
-its tokenizer serves every shape.
+its tokenizer serves every shape. ``--tokenizer`` takes SmolLM2's tokenizer from a directory
+(one saved with ``save_pretrained``, about 3.5 MiB) where the embedded model is not installed.
 
 ``--quantize`` writes the decoder layers' projections quantized as the usual tools write them
 (:mod:`lmiserve.rolling_batch.quant.writers`): ``awq`` AutoAWQ GEMM, 4-bit with zero points;
@@ -53,7 +55,9 @@ SHAPES = {
 """Each shape's config fields; ``config`` names the transformers config class (LlamaConfig if absent)."""
 
 
-def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192) -> Path:
+def build(
+    shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: int = 8192, tokenizer_dir: Path | None = None
+) -> Path:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,7 +65,7 @@ def build(shape: str, out: Path, dtype: str = "bf16", max_position_embeddings: i
     from lmiserve.devices import torch_dtype
     from lmiserve.model_store import DEFAULT_MODEL_ID, resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or resolve_model(DEFAULT_MODEL_ID, Path.cwd()))
     fields = dict(SHAPES[shape])
     config_class = getattr(transformers, fields.pop("config", "LlamaConfig"))
     if config_class is transformers.Phi3Config:  # no LongRoPE: the original length is the whole
@@ -100,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--quantize", choices=["fp8", "awq", "gptq"], default=None)
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="SmolLM2's tokenizer (default: the embedded model's)"
+    )
     args = parser.parse_args(argv)
-    path = build(args.shape, args.out, args.dtype)
+    path = build(args.shape, args.out, args.dtype, tokenizer_dir=args.tokenizer)
     if args.quantize:
         group_size = quantize(path, args.quantize)
         print(f"quantized: {args.quantize}" + (f" g{group_size}" if args.quantize != "fp8" else ""), file=sys.stderr)
