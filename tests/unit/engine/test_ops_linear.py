@@ -91,11 +91,12 @@ def test_the_product_does_not_depend_on_how_threads_share_it(rows, n, kernel):
 
 
 @own_linear
-@pytest.mark.parametrize("rows,k,units", [(1, 576, 1536), (9, 64, 50), (70, 2048, 100)])
+@pytest.mark.parametrize("rows,k,units", [(1, 576, 1536), (9, 64, 50), (17, 576, 44), (70, 2048, 100)])
 def test_cpu_gated_gate_up_gives_the_plain_product_and_its_swiglu(rows, k, units, kernel):
     """A gate_up weight packed gated (24 units' gate and up columns a group): linear() still gives
     gate_up in its own column order, equal to the plain packing's, and gate_up_swiglu() gives the
-    SwiGLU kernel's answer on it, without gate_up written out; 50 units end inside a group."""
+    SwiGLU kernel's answer on it, without gate_up written out; 50 and 44 units end inside a group
+    (2 and 20 units in the last), and odd row counts leave a row without a partner."""
     g = torch.Generator().manual_seed(units)
     w = torch.randn(2 * units, k, generator=g).bfloat16()
     x = torch.randn(rows, k, generator=g).bfloat16()

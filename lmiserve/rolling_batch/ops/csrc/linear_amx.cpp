@@ -7,7 +7,7 @@
 // copied into a zeroed buffer first. Three tiles of 16 x 16 fp32 sums stay in the tile registers
 // over a stretch of K (every tile of rows takes a stretch before the next, which stays in the
 // first-level cache meanwhile), are kept in fp32 between stretches, then go through the same
-// finish as the vector kernel's.
+// finish as the vector kernel's (a gated weight's SwiGLU two rows at a time, to the same values).
 //
 // Each row's sums are formed from its own x row only, in the order of k, whatever the other
 // rows of the tile or the product: a row's result does not depend on the rest of the batch.
@@ -95,10 +95,24 @@ void amx_rows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* grou
   if (stretch < pairs && static_cast<int64_t>(scratch.part.size()) < held) scratch.part.resize(held);
   const float* done = nullptr;  // the previous tile's sums, rows [next_row, done_rows) still to finish
   int64_t done_r0 = 0, done_rows = 0, next_row = 0;
+  auto load_row = [&](int64_t r, __m512* acc) {
+    const float* row = done + r * kCols;
+    for (int j = 0; j < kPanels; ++j) acc[j] = _mm512_load_ps(row + 16 * j);
+  };
   auto finish_until = [&](int64_t until) {
+    if (out.output == kSwiglu) {  // rows in pairs; an odd one waits for its partner until the tile's last
+      for (; next_row + 1 < until; next_row += 2) {
+        __m512 a[kPanels], b[kPanels];
+        load_row(next_row, a);
+        load_row(next_row + 1, b);
+        uint16_t* y = out.y + (done_r0 + next_row) * out.ldy;
+        finish_swiglu_pair(a, b, y, y + out.ldy, out);
+      }
+      if (until < done_rows) return;
+    }
     for (; next_row < until; ++next_row) {
-      const float* row = done + next_row * kCols;
-      const __m512 acc[kPanels] = {_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32)};
+      __m512 acc[kPanels];
+      load_row(next_row, acc);
       finish_row(acc, out.y + (done_r0 + next_row) * out.ldy, out);
     }
   };

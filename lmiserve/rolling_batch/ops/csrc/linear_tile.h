@@ -113,6 +113,22 @@ inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
   }
 }
 
+// Two gated rows' SwiGLU (kSwiglu), each value as store_gated gives it: units 0-15 of each row as
+// there, and units 16-23 of both rows in one vector (row a's in lanes 0-7, b's in 8-15) instead of
+// one each with half of its lanes unused.
+inline void finish_swiglu_pair(const __m512* a, const __m512* b, uint16_t* ya, uint16_t* yb, const TileOut& out) {
+  const __m512i up_lo = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512 up_a = _mm512_permutex2var_ps(a[1], up_lo, a[2]), up_b = _mm512_permutex2var_ps(b[1], up_lo, b[2]);
+  store16(ya, lmiserve::swiglu16(lmiserve::round_bf16(a[0]), lmiserve::round_bf16(up_a)), out.cols);
+  store16(yb, lmiserve::swiglu16(lmiserve::round_bf16(b[0]), lmiserve::round_bf16(up_b)), out.cols);
+  if (out.cols <= 16) return;
+  const __m512 gate_hi = _mm512_shuffle_f32x4(a[1], b[1], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 up_hi = _mm512_shuffle_f32x4(a[2], b[2], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512 both = lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi));
+  store16(ya + 16, both, std::min<int64_t>(out.cols - 16, 8));
+  store16(yb + 16, _mm512_shuffle_f32x4(both, both, _MM_SHUFFLE(3, 2, 3, 2)), out.cols - 16);
+}
+
 // A row's kPanels vectors of fp32 sums, finished: bias added and rounded to bf16 (to nearest
 // even), or for a gated weight, gate and up (or their SwiGLU) in their places.
 inline void finish_row(const __m512* acc, uint16_t* y, const TileOut& out) {
