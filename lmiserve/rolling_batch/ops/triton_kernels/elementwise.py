@@ -3,9 +3,9 @@ add), rotary embedding and SwiGLU, one program per token row.
 
 Each rounds where the plain torch version rounds (transformers' order): the normalised row
 is cast to the activation dtype before the weight multiplies it, the residual sum is rounded
-before it is normalised, each product of the rotation is rounded before the sum. The rotation is compiled without
-floating-point contraction: the GPU compiler would otherwise see through the rounding of a
-product and fuse it with the sum after it into one multiply-add, rounded once.
+before it is normalised, each product of the rotation is rounded before the sum. The rotation
+is compiled without floating-point contraction: the GPU compiler would otherwise see through
+the rounding of a product and fuse it with the sum after it into one multiply-add, rounded once.
 """
 
 from __future__ import annotations
