@@ -97,19 +97,28 @@ inline __m512 load16(const uint16_t* y, int64_t n) {
 }
 
 // A gated tile's row: acc[0] = gate units 0-15, acc[1] = gate 16-23 then up 0-7, acc[2] = up 8-23.
-inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
-  const __m512 gate_lo = acc[0], gate_hi = acc[1];
-  const __m512 up_lo = _mm512_permutex2var_ps(
+// up_units_lo: its up units 0-15. high_half: lanes 8-15 of v in lanes 0-7 (and again in 8-15).
+inline __m512 up_units_lo(const __m512* acc) {
+  return _mm512_permutex2var_ps(
       acc[1], _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23), acc[2]);
-  const __m512 up_hi = _mm512_shuffle_f32x4(acc[2], acc[2], _MM_SHUFFLE(3, 2, 3, 2));
+}
+inline __m512 high_half(__m512 v) { return _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 2, 3, 2)); }
+
+// SwiGLU of gate and up as the product rounds them, then the activation's arithmetic.
+inline __m512 gated_swiglu(__m512 gate, __m512 up) {
+  return lmiserve::swiglu16(lmiserve::round_bf16(gate), lmiserve::round_bf16(up));
+}
+
+inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
+  const __m512 up_lo = up_units_lo(acc), up_hi = high_half(acc[2]);
   if (out.output == kGateUp) {
-    store16(y, gate_lo, out.cols);
-    store16(y + 16, gate_hi, out.cols - 16);
+    store16(y, acc[0], out.cols);
+    store16(y + 16, acc[1], out.cols - 16);
     store16(y + out.units, up_lo, out.cols);
     store16(y + out.units + 16, up_hi, out.cols - 16);
-  } else {  // gate and up as the product rounds them, then the activation's arithmetic
-    store16(y, lmiserve::swiglu16(lmiserve::round_bf16(gate_lo), lmiserve::round_bf16(up_lo)), out.cols);
-    store16(y + 16, lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi)), out.cols - 16);
+  } else {
+    store16(y, gated_swiglu(acc[0], up_lo), out.cols);
+    store16(y + 16, gated_swiglu(acc[1], up_hi), out.cols - 16);
   }
 }
 
@@ -117,16 +126,13 @@ inline void store_gated(const __m512* acc, uint16_t* y, const TileOut& out) {
 // there, and units 16-23 of both rows in one vector (row a's in lanes 0-7, b's in 8-15) instead of
 // one each with half of its lanes unused.
 inline void finish_swiglu_pair(const __m512* a, const __m512* b, uint16_t* ya, uint16_t* yb, const TileOut& out) {
-  const __m512i up_lo = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
-  const __m512 up_a = _mm512_permutex2var_ps(a[1], up_lo, a[2]), up_b = _mm512_permutex2var_ps(b[1], up_lo, b[2]);
-  store16(ya, lmiserve::swiglu16(lmiserve::round_bf16(a[0]), lmiserve::round_bf16(up_a)), out.cols);
-  store16(yb, lmiserve::swiglu16(lmiserve::round_bf16(b[0]), lmiserve::round_bf16(up_b)), out.cols);
+  store16(ya, gated_swiglu(a[0], up_units_lo(a)), out.cols);
+  store16(yb, gated_swiglu(b[0], up_units_lo(b)), out.cols);
   if (out.cols <= 16) return;
-  const __m512 gate_hi = _mm512_shuffle_f32x4(a[1], b[1], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512 up_hi = _mm512_shuffle_f32x4(a[2], b[2], _MM_SHUFFLE(3, 2, 3, 2));
-  const __m512 both = lmiserve::swiglu16(lmiserve::round_bf16(gate_hi), lmiserve::round_bf16(up_hi));
+  const __m512 both = gated_swiglu(_mm512_shuffle_f32x4(a[1], b[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(a[2], b[2], _MM_SHUFFLE(3, 2, 3, 2)));
   store16(ya + 16, both, std::min<int64_t>(out.cols - 16, 8));
-  store16(yb + 16, _mm512_shuffle_f32x4(both, both, _MM_SHUFFLE(3, 2, 3, 2)), out.cols - 16);
+  store16(yb + 16, high_half(both), out.cols - 16);
 }
 
 // A row's kPanels vectors of fp32 sums, finished: bias added and rounded to bf16 (to nearest
