@@ -4,9 +4,8 @@
 //
 // - bf16 x (CPUs with AVX512_BF16): Q4 weights d q + m rounded to bf16 (as the model's bf16 weights
 //   would be), looked up by their nibbles in a table of the 32 values a pair of blocks can take;
-//   Q8_0's quants themselves as bf16 operands (16 times the high four bits plus the low four), each
-//   block's sums scaled by its d. Sums in fp32, 32 products an instruction. From `tile_rows` rows
-//   on, on AMX tiles instead (csrc/quant_linear_amx.cpp).
+//   Q8_0's d q rounded to bf16 likewise, a block at a time. Sums in fp32, 32 products an
+//   instruction. From `tile_rows` rows on, on AMX tiles instead (csrc/quant_linear_amx.cpp).
 // - fp32 x: each weight dequantized exactly as the fp32 dequantization does (one rounding of
 //   d q + m) and multiplied in fp32, on AVX-512, on AVX2 (csrc/quant_linear_avx2.cpp: each weight
 //   row dequantized once a call), else plain C++.
@@ -85,21 +84,18 @@ at::Tensor pack_gguf(const at::Tensor& blocks, int64_t kind, int64_t k) {
 }
 
 #if defined(__AVX512BF16__)
-// Q8_0's quants as bf16 operands, q = 16 (q >> 4) + (q & 15): bf16 of (j & 15), and of 16 times
-// the four-bit two's complement (j & 15), for j < 32 (vpermw reads an index's low five bits only)
-inline __m512i nibble_table(bool high) {
-  alignas(64) uint16_t t[32];
-  for (int j = 0; j < 32; ++j) {
-    const int v = j & 15;
-    const float f = high ? 16.f * static_cast<float>(v < 8 ? v : v - 16) : static_cast<float>(v);
-    t[j] = c10::BFloat16(f).x;
-  }
-  return _mm512_load_si512(t);
+// A Q8_0 block's 32 weights d q, each rounded to bf16 (exact in fp32 first: an fp16 d times an
+// 8-bit q), in order: the bf16 weights the model's dequantized tensor holds, and the AMX path's.
+inline __m512bh q8_block_bf16(const uint8_t* quants, float scale) {
+  const __m512 d = _mm512_set1_ps(scale);
+  const __m128i* q = reinterpret_cast<const __m128i*>(quants);
+  const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+  const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
 template <int64_t KIND, int R, int MR>
 void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* xa, float* out) {
-  const __m512i lo_table = nibble_table(false), hi_table = nibble_table(true);
   const int64_t lda = L.arranged();
   __m512 acc[R][MR];
   for (int r = 0; r < R; ++r)
@@ -110,14 +106,8 @@ void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* x
       for (int m = 0; m < MR; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(xa + m * lda + b * kBlock);
       for (int r = 0; r < R; ++r) {
         const uint8_t* row = w + r * ldw;
-        const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32)));
-        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(q, lo_table);
-        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srai_epi16(q, 4), hi_table);
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(u16(row + L.quant_bytes + 2 * b)));
-        for (int m = 0; m < MR; ++m) {
-          const __m512 t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), lo, xv[m]), hi, xv[m]);
-          acc[r][m] = _mm512_fmadd_ps(t, d, acc[r][m]);
-        }
+        const __m512bh wv = q8_block_bf16(row + b * 32, _cvtsh_ss(u16(row + L.quant_bytes + 2 * b)));
+        for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
       }
     }
   } else {
