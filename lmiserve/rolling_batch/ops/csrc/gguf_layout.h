@@ -158,6 +158,17 @@ inline void q4_pair_bf16(const uint8_t* quants, __m512 d, __m512 m, __m512i& lo,
                                 table);
 }
 
+// A Q8_0 block's 32 weights d q, each rounded to bf16 (exact in fp32 first: an fp16 d times an
+// 8-bit q), in order: the bf16 weights the model's dequantized tensor holds, as the vector
+// kernel's operands and the AMX strips both take them.
+inline __m512bh q8_block_bf16(const uint8_t* quants, float scale) {
+  const __m512 d = _mm512_set1_ps(scale);
+  const __m128i* q = reinterpret_cast<const __m128i*>(quants);
+  const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+  const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
 // Row `row`'s pairs [p0, p1) as bf16 weights, handed to fn(p, lo, hi) in order.
 template <bool Q4_1, typename Fn>
 inline void q4_row_pairs(const uint8_t* row, const Layout& L, int64_t p0, int64_t p1, Fn&& fn) {

@@ -84,16 +84,6 @@ at::Tensor pack_gguf(const at::Tensor& blocks, int64_t kind, int64_t k) {
 }
 
 #if defined(__AVX512BF16__)
-// A Q8_0 block's 32 weights d q, each rounded to bf16 (exact in fp32 first: an fp16 d times an
-// 8-bit q), in order: the bf16 weights the model's dequantized tensor holds, and the AMX path's.
-inline __m512bh q8_block_bf16(const uint8_t* quants, float scale) {
-  const __m512 d = _mm512_set1_ps(scale);
-  const __m128i* q = reinterpret_cast<const __m128i*>(quants);
-  const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
-  const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
-  return _mm512_cvtne2ps_pbh(hi, lo);
-}
-
 template <int64_t KIND, int R, int MR>
 void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* xa, float* out) {
   const int64_t lda = L.arranged();

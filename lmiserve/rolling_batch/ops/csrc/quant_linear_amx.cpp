@@ -38,10 +38,6 @@ inline uint16_t u16(const uint8_t* p) {
   return h;
 }
 
-inline void store_bf16(uint16_t* dst, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
-}
-
 // Weight rows [n0, n0 + 16) dequantized into buf (16 x lda bf16), rows past n zero. Each row
 // first requests the same row of the strip `ahead` strips on (when the caller takes it next):
 // a strip's rows are read in order, and without the requests each row's first lines are waited
@@ -61,13 +57,8 @@ void dequant_strip(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, uin
     const uint8_t* row = w + (n0 + r) * L.row_bytes;
     const uint8_t* scales = row + L.quant_bytes;
     if (L.kind == kQ8_0) {
-      for (int64_t b = 0; b < L.blocks; ++b) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(u16(scales + 2 * b)));
-        for (int h = 0; h < 2; ++h) {
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 32 + 16 * h));
-          store_bf16(out + b * 32 + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
-        }
-      }
+      for (int64_t b = 0; b < L.blocks; ++b)
+        _mm512_storeu_si512(out + b * 32, (__m512i)q8_block_bf16(row + b * 32, _cvtsh_ss(u16(scales + 2 * b))));
       continue;
     }
     auto put = [&](int64_t p, __m512i lo, __m512i hi) {
