@@ -13,7 +13,10 @@ rank-16 adapters on every projection, ``option.max_loras=N``, requests spread ev
 ``isa-CLASS`` (the default server with ``LMISERVE_CPU_ISA=CLASS``: the kernels, torch and oneDNN
 held to an older CPU's instructions, e.g. ``isa-avx2``); ``vllm`` (the peer: vLLM-CPU tuned, by
 ``../shared/peers/serve_vllm_tuned.sh`` or ``--peers``, on the same weights in ``--dtype``; for the
-embedded model, the directory ``lmiserve serve`` converted its GGUF into).
+embedded model, the directory ``lmiserve serve`` converted its GGUF into); ``vllm-CLASS`` (the peer
+held to that class as a CPU of it would run it: torch, oneDNN and MKL by their variables, and vLLM's
+own choice of kernels, which it makes from ``torch.cpu``'s feature probes, by a ``sitecustomize``
+that makes those probes answer as that class).
 ``--shape``: ``default`` (the embedded SmolLM2) or a shape of ``scripts/random_model.py``
 (``llama-1b``, ``llama-8b``, ...; random weights). Load: streaming, 190-token prompts, 128 new
 tokens, ``ignore_eos``. A table of throughput, TTFT p99 and ITL p50 / p99 per level, throughput and
@@ -89,12 +92,43 @@ VLLM_PORT = 8002
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "auto": "bfloat16"}
 
 
+CLASS_PROBES = {"portable": (), "avx2": (), "avx512": ("avx512",)}
+CLASS_PROBES["avx512_bf16"] = ("avx512", "avx512_vnni", "avx512_bf16")
+"""The ``torch.cpu._is_X_supported`` probes that answer true on a CPU of each class below AMX."""
+TORCH_CPU_PROBES = ("avx512", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_fp16")
+
+
+def held_peer_env(cls: str, work: Path, pythonpath: str = "") -> dict[str, str]:
+    """The environment that holds the peer to CLASS on this CPU: the variables that hold torch,
+    oneDNN and MKL (as for lmiserve), and a ``sitecustomize`` on ``PYTHONPATH`` that makes
+    ``torch.cpu``'s feature probes answer as a CPU of CLASS, in every process the peer starts.
+    Nothing for this CPU's own class; CpuIsaError for a class it lacks."""
+    from lmiserve.cpu_isa import choose, cpu_info, torch_env
+
+    cpu = cpu_info()
+    choose(cls, cpu)
+    if cls == cpu.detected:
+        return {}
+    shim = work / f"held-{cls}"
+    shim.mkdir(parents=True, exist_ok=True)
+    lines = ["import torch.cpu", ""]
+    lines += [f"torch.cpu._is_{p}_supported = lambda: {p in CLASS_PROBES[cls]}" for p in TORCH_CPU_PROBES]
+    (shim / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    return {**torch_env(cls, cpu), "PYTHONPATH": os.pathsep.join(filter(None, [str(shim), pythonpath]))}
+
+
+def _is_peer(mode: str) -> bool:
+    return mode == "vllm" or mode.startswith("vllm-")
+
+
 def server_command(args: argparse.Namespace, work: Path, model: Path | None, mode: str) -> tuple[list[str], dict, str]:
     """How a mode's server starts: its command, environment, and the URL it answers on."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    if mode == "vllm":
+    if _is_peer(mode):
         weights = model or _converted_default_model()
         env["MODEL_DIR"] = str(weights)
+        if mode != "vllm":
+            env.update(held_peer_env(mode.removeprefix("vllm-"), work, env.get("PYTHONPATH", "")))
         script = Path(args.peers) / "serve_vllm_tuned.sh"
         return ["bash", str(script), VLLM_DTYPES[args.dtype]], env, f"http://127.0.0.1:{VLLM_PORT}"
     if mode.startswith("isa-"):
@@ -117,10 +151,10 @@ def run_mode(args: argparse.Namespace, work: Path, model: Path | None, mode: str
     with log.open("w") as out:
         server = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)
     try:
-        _wait_ready(url, server, log, ready_path="/v1/models" if mode == "vllm" else "/ping")
+        _wait_ready(url, server, log, ready_path="/v1/models" if _is_peer(mode) else "/ping")
         bench = [sys.executable, "-m", "lmiserve", "bench", "--url", url, "--api", args.api]
         bench += ["--concurrency", args.concurrency, "--out", str(work / mode)]
-        if mode == "vllm":
+        if _is_peer(mode):
             bench += ["--model", "smollm2", "--tokenizer", str(env["MODEL_DIR"])]
         if count := _adapter_count(mode):
             bench += ["--adapters", ",".join(f"adapter-{i + 1}" for i in range(count))]

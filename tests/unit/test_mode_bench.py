@@ -77,3 +77,31 @@ def test_an_isa_mode_forces_the_class_and_the_peer_serves_the_same_weights(tmp_p
     cmd, env, url = mode_bench.server_command(args, tmp_path, Path("/m"), "vllm")
     assert cmd == ["bash", "/peers/serve_vllm_tuned.sh", "bfloat16"] and env["MODEL_DIR"] == "/m"
     assert url == "http://127.0.0.1:8002"
+
+
+def test_a_held_peer_runs_with_torch_and_its_own_probes_at_the_class(tmp_path):
+    import subprocess
+    import sys
+
+    import pytest
+
+    from lmiserve.cpu_isa import cpu_info
+
+    cpu = cpu_info()
+    if "avx2" not in cpu.classes[: cpu.classes.index(cpu.detected)]:
+        pytest.skip("needs an x86 CPU above AVX2")
+    args = _args(device="cpu", port=8095, peers="/peers")
+    cmd, env, url = mode_bench.server_command(args, tmp_path, Path("/m"), "vllm-avx2")
+    assert cmd == ["bash", "/peers/serve_vllm_tuned.sh", "bfloat16"] and url == "http://127.0.0.1:8002"
+    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["MKL_ENABLE_INSTRUCTIONS"]) == (
+        "avx2",
+        "AVX2",
+        "AVX2",
+    )
+    probe = "import torch; print([f() for f in (torch.cpu._is_avx512_supported, torch.cpu._is_amx_tile_supported)])"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[False, False]"
+    native = mode_bench.held_peer_env(cpu.detected, tmp_path)
+    assert native == {}
+    with pytest.raises(Exception, match="not a CPU class"):
+        mode_bench.held_peer_env("avx9", tmp_path)
