@@ -183,7 +183,8 @@ def gguf_to_hf(gguf: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         log.info("converted %s in %.1f s", gguf.name, time.monotonic() - started)
-    _link_source(target, gguf)
+        _link_source(target, gguf)
+        _remove_orphans(target)
     return target
 
 
@@ -196,6 +197,19 @@ def _link_source(target: Path, gguf: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(gguf.resolve())
     os.replace(tmp, link)
+
+
+def _remove_orphans(target: Path) -> None:
+    """Remove the other conversions of a file of ``target``'s name whose source is gone (a package
+    uninstalled, a virtual environment or a checkout deleted): each install path has its own, and
+    nothing else would ever remove them. Those without a link to their source are left alone."""
+    stem = target.name.rpartition("-")[0]
+    for other in target.parent.iterdir():
+        link = other / GGUF_SOURCE
+        if other == target or other.name.rpartition("-")[0] != stem or not link.is_symlink() or link.exists():
+            continue
+        log.info("removing %s: its source %s is gone", other, os.readlink(link))
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def _convert(gguf: Path, out: Path) -> None:
