@@ -22,7 +22,7 @@
 #include "prefill_task.h"
 #include "task_queue.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -151,6 +151,65 @@ void attend_avx512(const Stretch& st, int64_t count, const float* qf, const floa
     }
   }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LMISERVE_PREFILL_AVX2 1
+// As update_avx512, on 8-lane vectors.
+template <int DV>
+inline void update_avx2(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf, float* acc,
+                        float* run_max, float* run_sum) {
+  constexpr int64_t dim = 8 * DV;
+  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum, st.softcap);
+  float* av = acc + qi * dim;
+  const __m256 c = _mm256_set1_ps(correction);
+  __m256 a[DV];
+  for (int l = 0; l < DV; ++l) a[l] = _mm256_mul_ps(_mm256_loadu_ps(av + 8 * l), c);
+  for (int64_t s = lo; s < hi; ++s) {
+    const __m256 p = _mm256_set1_ps(sc[s]);
+    const float* vs = vf + s * dim;
+    for (int l = 0; l < DV; ++l) a[l] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * l), a[l]);
+  }
+  for (int l = 0; l < DV; ++l) _mm256_storeu_ps(av + 8 * l, a[l]);
+}
+
+// As attend_avx512: four queries at a time, their 16 scores each in two vectors (eight
+// accumulators), one FMA per dimension and key, in the order of the dimensions.
+template <int DV>
+void attend_avx2(const Stretch& st, int64_t count, const float* qf, const float* kt, const float* vf, float* acc,
+                 float* run_max, float* run_sum) {
+  constexpr int64_t dim = 8 * DV;
+  alignas(32) float sc[4][kBlock];
+  const __m256 scale = _mm256_set1_ps(st.scale);
+  for (int64_t q0 = 0; q0 < count; q0 += 4) {  // qf has room past `count` up to a multiple of 4 (unused results)
+    const float* q = qf + q0 * dim;
+    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 kl = _mm256_loadu_ps(kt + d * kBlock), kh = _mm256_loadu_ps(kt + d * kBlock + 8);
+      const __m256 x0 = _mm256_broadcast_ss(q + d), x1 = _mm256_broadcast_ss(q + dim + d);
+      const __m256 x2 = _mm256_broadcast_ss(q + 2 * dim + d), x3 = _mm256_broadcast_ss(q + 3 * dim + d);
+      l0 = _mm256_fmadd_ps(x0, kl, l0);
+      h0 = _mm256_fmadd_ps(x0, kh, h0);
+      l1 = _mm256_fmadd_ps(x1, kl, l1);
+      h1 = _mm256_fmadd_ps(x1, kh, h1);
+      l2 = _mm256_fmadd_ps(x2, kl, l2);
+      h2 = _mm256_fmadd_ps(x2, kh, h2);
+      l3 = _mm256_fmadd_ps(x3, kl, l3);
+      h3 = _mm256_fmadd_ps(x3, kh, h3);
+    }
+    _mm256_store_ps(sc[0], _mm256_mul_ps(l0, scale));
+    _mm256_store_ps(sc[0] + 8, _mm256_mul_ps(h0, scale));
+    _mm256_store_ps(sc[1], _mm256_mul_ps(l1, scale));
+    _mm256_store_ps(sc[1] + 8, _mm256_mul_ps(h1, scale));
+    _mm256_store_ps(sc[2], _mm256_mul_ps(l2, scale));
+    _mm256_store_ps(sc[2] + 8, _mm256_mul_ps(h2, scale));
+    _mm256_store_ps(sc[3], _mm256_mul_ps(l3, scale));
+    _mm256_store_ps(sc[3] + 8, _mm256_mul_ps(h3, scale));
+    for (int j = 0; j < 4 && q0 + j < count; ++j) {
+      int64_t lo, hi;
+      st.bounds((q0 + j) / st.group, lo, hi);
+      if (hi > lo) update_avx2<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
+    }
+  }
+}
 #endif
 
 template <typename scalar_t>
@@ -206,6 +265,12 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
         if (dim == 64 || dim == 128) {
           (dim == 64 ? attend_avx512<4> : attend_avx512<8>)(stretch, count, qf.data(), kt.data(), vf.data(),
                                                             acc.data(), run_max.data(), run_sum.data());
+          continue;
+        }
+#elif defined(LMISERVE_PREFILL_AVX2)
+        if (dim == 64 || dim == 128) {
+          (dim == 64 ? attend_avx2<8> : attend_avx2<16>)(stretch, count, qf.data(), kt.data(), vf.data(), acc.data(),
+                                                         run_max.data(), run_sum.data());
           continue;
         }
 #endif
