@@ -1,6 +1,7 @@
 // One vector of bf16 values widened to fp32, with the few operations the element-wise kernels
-// (norms, rotary) need, so each kernel is written once for AVX-512 (16 lanes) and AVX2 (8 lanes).
-// Loads and stores take a length, so a row's last partial vector needs no scalar tail.
+// (norms, rotary, prompt attention's sums) need, so each kernel is written once for AVX-512 (16
+// lanes) and AVX2 (8 lanes). bf16 loads and stores take a length, so a row's last partial vector
+// needs no scalar tail; fp32 ones (load_f32, store_f32) are of whole vectors.
 
 #pragma once
 
@@ -28,6 +29,8 @@ struct Bf16Lanes {
 #endif
   }
   static V round(V v) { return round_bf16(v); }
+  static V load_f32(const float* p) { return _mm512_loadu_ps(p); }
+  static void store_f32(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
@@ -48,6 +51,8 @@ struct Bf16Lanes {
   static V load(const uint16_t* p, int64_t n) { return load_bf16x8(p, n); }
   static void store(uint16_t* p, V v, int64_t n) { store_bf16x8(p, v, n); }
   static V round(V v) { return round_bf16x8(v); }
+  static V load_f32(const float* p) { return _mm256_loadu_ps(p); }
+  static void store_f32(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }

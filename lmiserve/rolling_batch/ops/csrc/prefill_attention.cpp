@@ -18,6 +18,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bf16_lanes.h"
 #include "convert.h"
 #include "prefill_task.h"
 #include "task_queue.h"
@@ -103,25 +104,28 @@ inline void attend(const Stretch& st, int64_t rows, const float* qf, const float
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(LMISERVE_BF16_LANES)
 // The softmax update of query qi as in `update`, with its DV vectors of sums in registers.
 template <int DV>
-inline void update_avx512(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf,
-                          float* acc, float* run_max, float* run_sum) {
-  constexpr int64_t dim = 16 * DV;
+inline void update_lanes(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf,
+                         float* acc, float* run_max, float* run_sum) {
+  using L = lmiserve::Bf16Lanes;
+  constexpr int64_t dim = L::kWidth * DV;
   const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum, st.softcap);
   float* av = acc + qi * dim;
-  const __m512 c = _mm512_set1_ps(correction);
-  __m512 a[DV];
-  for (int l = 0; l < DV; ++l) a[l] = _mm512_mul_ps(_mm512_loadu_ps(av + 16 * l), c);
+  const L::V c = L::set1(correction);
+  L::V a[DV];
+  for (int l = 0; l < DV; ++l) a[l] = L::mul(L::load_f32(av + L::kWidth * l), c);
   for (int64_t s = lo; s < hi; ++s) {
-    const __m512 p = _mm512_set1_ps(sc[s]);
+    const L::V p = L::set1(sc[s]);
     const float* vs = vf + s * dim;
-    for (int l = 0; l < DV; ++l) a[l] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vs + 16 * l), a[l]);
+    for (int l = 0; l < DV; ++l) a[l] = L::fmadd(p, L::load_f32(vs + L::kWidth * l), a[l]);
   }
-  for (int l = 0; l < DV; ++l) _mm512_storeu_ps(av + 16 * l, a[l]);
+  for (int l = 0; l < DV; ++l) L::store_f32(av + L::kWidth * l, a[l]);
 }
+#endif
 
+#if defined(__AVX512F__) && defined(LMISERVE_BF16_LANES)
 // Four queries at a time: four independent chains of fused multiply-adds build their 16
 // scores each from the transposed keys (one vector of keys per dimension, shared by the four).
 template <int DV>
@@ -147,30 +151,12 @@ void attend_avx512(const Stretch& st, int64_t count, const float* qf, const floa
     for (int j = 0; j < 4 && q0 + j < count; ++j) {
       int64_t lo, hi;
       st.bounds((q0 + j) / st.group, lo, hi);
-      if (hi > lo) update_avx512<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
+      if (hi > lo) update_lanes<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
     }
   }
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(LMISERVE_BF16_LANES)
 #define LMISERVE_PREFILL_AVX2 1
-// As update_avx512, on 8-lane vectors.
-template <int DV>
-inline void update_avx2(const Stretch& st, int64_t qi, float* sc, int64_t lo, int64_t hi, const float* vf, float* acc,
-                        float* run_max, float* run_sum) {
-  constexpr int64_t dim = 8 * DV;
-  const float correction = softmax_step(qi, sc, lo, hi, run_max, run_sum, st.softcap);
-  float* av = acc + qi * dim;
-  const __m256 c = _mm256_set1_ps(correction);
-  __m256 a[DV];
-  for (int l = 0; l < DV; ++l) a[l] = _mm256_mul_ps(_mm256_loadu_ps(av + 8 * l), c);
-  for (int64_t s = lo; s < hi; ++s) {
-    const __m256 p = _mm256_set1_ps(sc[s]);
-    const float* vs = vf + s * dim;
-    for (int l = 0; l < DV; ++l) a[l] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * l), a[l]);
-  }
-  for (int l = 0; l < DV; ++l) _mm256_storeu_ps(av + 8 * l, a[l]);
-}
-
 // As attend_avx512: four queries at a time, their 16 scores each in two vectors (eight
 // accumulators), one FMA per dimension and key, in the order of the dimensions.
 template <int DV>
@@ -206,7 +192,7 @@ void attend_avx2(const Stretch& st, int64_t count, const float* qf, const float*
     for (int j = 0; j < 4 && q0 + j < count; ++j) {
       int64_t lo, hi;
       st.bounds((q0 + j) / st.group, lo, hi);
-      if (hi > lo) update_avx2<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
+      if (hi > lo) update_lanes<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
     }
   }
 }
@@ -261,7 +247,7 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
           }
         }
         const Stretch stretch{t0, width, pos0, sh.window, sh.scale, dim, group, sh.softcap};
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(LMISERVE_BF16_LANES)
         if (dim == 64 || dim == 128) {
           (dim == 64 ? attend_avx512<4> : attend_avx512<8>)(stretch, count, qf.data(), kt.data(), vf.data(),
                                                             acc.data(), run_max.data(), run_sum.data());
