@@ -2,7 +2,13 @@
 
 import argparse
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from lmiserve.cpu_isa import CpuIsaError, cpu_info
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mode_bench.py"
 spec = importlib.util.spec_from_file_location("mode_bench", SCRIPT)
@@ -80,13 +86,6 @@ def test_an_isa_mode_forces_the_class_and_the_peer_serves_the_same_weights(tmp_p
 
 
 def test_a_held_peer_runs_with_torch_and_its_own_probes_at_the_class(tmp_path):
-    import subprocess
-    import sys
-
-    import pytest
-
-    from lmiserve.cpu_isa import cpu_info
-
     cpu = cpu_info()
     if "avx2" not in cpu.classes[: cpu.classes.index(cpu.detected)]:
         pytest.skip("needs an x86 CPU above AVX2")
@@ -103,5 +102,5 @@ def test_a_held_peer_runs_with_torch_and_its_own_probes_at_the_class(tmp_path):
     assert out.stdout.strip() == "[False, False]"
     native = mode_bench.held_peer_env(cpu.detected, tmp_path)
     assert native == {}
-    with pytest.raises(Exception, match="not a CPU class"):
+    with pytest.raises(CpuIsaError, match="not a CPU class"):
         mode_bench.held_peer_env("avx9", tmp_path)
