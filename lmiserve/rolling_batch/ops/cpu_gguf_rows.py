@@ -4,7 +4,7 @@ dense bf16 weights kept beside the blocks (:attr:`.cpu.CpuOps.dense_rows`).
 A decode step of a few streams reads every weight once and does little arithmetic with it: the
 blocks, a quarter of bf16's bytes or less, win it. A prompt chunk or a full batch does many rows'
 arithmetic with each weight: turning blocks into weights then costs more than reading bf16 ones
-(on AMX tiles the blocks are dequantized a strip at a time for every product). Where the crossing
+(on AMX tiles the blocks are dequantized anew, 64 values of k at a time, for every product). Where the crossing
 lies depends on the CPU (its memory, its caches, its instructions) and the model's shapes, so it
 is measured at start-up, like the dtype of a CPU without bf16 arithmetic (:mod:`.cpu_dtype`, whose
 layer shapes and timing this shares): the model's linear layers, from the blocks and dense, at 1 to

@@ -66,15 +66,18 @@ def test_bf16_rows_match_the_dequantized_weights(kind: str, m: int, tile_rows: i
 
 @pytest.mark.skipif(not bf16_linear_kernel(), reason="bf16 rows run through fp32 without AVX512_BF16")
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("m", [1, 4, 7, 40])
+@pytest.mark.parametrize("m", [1, 4, 7, 20, 40])
+@pytest.mark.parametrize("k", [96, 352])
 @pytest.mark.parametrize("tile_rows", TILES)
-def test_bf16_rows_multiply_the_weights_rounded_to_bf16(kind: str, m: int, tile_rows: int) -> None:
+def test_bf16_rows_multiply_the_weights_rounded_to_bf16(kind: str, m: int, k: int, tile_rows: int) -> None:
     """Each x row is the sum of two unit rows, so each output is two weights added, once rounded:
     exactly that sum of the weights as the model's bf16 tensor holds them (a Q8_0 block's sums
-    scaled by d afterwards would round d (q1 + q2) instead, which differs for some pairs)."""
-    w = blocks(kind, 37, 96, seed=5)
-    pairs = torch.randint(0, 96, (m, 2), generator=torch.Generator().manual_seed(6))
-    x = torch.zeros(m, 96, dtype=torch.bfloat16)
+    scaled by d afterwards would round d (q1 + q2) instead, which differs for some pairs). On the
+    tiles, 352 inputs are more steps of dequantized weights than the two that a call of one or
+    two chunks of x keeps in turn, and 40 rows are three chunks, which keep every step."""
+    w = blocks(kind, 37, k, seed=5)
+    pairs = torch.randint(0, k, (m, 2), generator=torch.Generator().manual_seed(6))
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
     x[torch.arange(m), pairs[:, 0]] = 1
     x[torch.arange(m), pairs[:, 1]] += 1
     wb = w.dequantize(torch.bfloat16).double()

@@ -1,12 +1,15 @@
 // GGUF-block linear layers on AMX tiles, for bf16 x of many rows: y^T = W x^T a strip at a time.
 //
 // Each thread takes strips of 16 weight rows, two at a time (its share in order, then what is
-// left of another's: csrc/task_queue.h): a strip is dequantized whole into bf16, in the arranged
-// order of csrc/gguf_layout.h (the same bf16 weights as the vector kernel's), 16 rows x K in L1,
-// and is the A tile of every product; x, arranged the same way, is packed once a call as B tiles
-// (16 rows of x by 16 pairs of k, zeros past the last row). Four tiles of sums (two strips by two
-// chunks of 16 rows of x) stay in the tile registers over the whole K, so four tile products are
-// in flight, then go to y transposed, with the bias, rounded to bf16.
+// left of another's: csrc/task_queue.h), and they are the A tiles of every product. Their
+// weights are dequantized into bf16 (the same bf16 weights as the vector kernel's, in the
+// arranged order of csrc/gguf_layout.h) a step of 64 values of k at a time, each step just
+// before the tile products that take it, so that the vector work of one step overlaps the tile
+// products of the step before; with one or two chunks of x two steps' buffers take turns (8 KB,
+// in L1), with more every step is kept for the later chunks. x, arranged the same way, is packed
+// once a call as B tiles (16 rows of x by 16 pairs of k, zeros past the last row). Four tiles of
+// sums (two strips by two chunks of 16 rows of x) stay in the tile registers over the whole K,
+// so four tile products are in flight, then go to y transposed, with the bias, rounded to bf16.
 //
 // A row of x is only ever a column of B: its sums do not depend on the other rows.
 
@@ -31,6 +34,8 @@ namespace {
 constexpr int64_t kStrip = 16;      // weight rows a strip (an A tile's rows)
 constexpr int64_t kTileK = 32;      // arranged k a tile
 constexpr int64_t kBElems = 512;    // bf16 values of one B tile: 16 pairs x 16 rows x 2
+constexpr int64_t kStepVals = 64;   // arranged k dequantized at a time: two k tiles
+constexpr int64_t kStepRows = 2 * kStrip;  // weight rows a step dequantizes: a unit's two strips
 
 inline uint16_t u16(const uint8_t* p) {
   uint16_t h;
@@ -38,37 +43,44 @@ inline uint16_t u16(const uint8_t* p) {
   return h;
 }
 
-// Weight rows [n0, n0 + 16) dequantized into buf (16 x lda bf16), rows past n zero. Each row
-// first requests the same row of the strip `ahead` strips on (when the caller takes it next):
-// a strip's rows are read in order, and without the requests each row's first lines are waited
-// for from memory before its dequantization can start.
-void dequant_strip(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, uint16_t* buf, int64_t ahead) {
-  const int64_t lda = L.arranged();
-  const int64_t next = n0 + ahead * kStrip;
-  for (int64_t r = 0; r < kStrip; ++r) {
-    if (ahead > 0 && next + r < n) {
-      prefetch_bytes(w + (next + r) * L.row_bytes, L.row_bytes);
+// One step of a unit's weights: rows [n0, n0 + rows) (rows <= 32; those past n zero), arranged
+// values [64 p, 64 p + 64) (a Q4 pair, or two Q8 blocks), into out (row r at 64 r). Q4 rows take
+// their scales and minimums from sc, which holds each row's sixteen of pairs 8 g to 8 g + 7 and
+// is filled at the first pair of each group.
+struct StepScales {
+  __m512 d[32], m[32];
+};
+
+void dequant_step(const uint8_t* w, const Layout& L, int64_t n0, int64_t n, int64_t rows, int64_t p, uint16_t* out,
+                  StepScales& sc) {
+  const int64_t live = std::min(rows, n - n0);
+  for (int64_t r = live; r < rows; ++r) std::memset(out + r * kStepVals, 0, kStepVals * sizeof(uint16_t));
+  if (L.kind == kQ8_0) {
+    for (int64_t r = 0; r < live; ++r) {
+      const uint8_t* row = w + (n0 + r) * L.row_bytes;
+      const uint8_t* scales = row + L.quant_bytes;
+      for (int64_t b = 2 * p; b < std::min(2 * p + 2, L.blocks); ++b)
+        _mm512_storeu_si512(out + r * kStepVals + (b - 2 * p) * 32,
+                            (__m512i)q8_block_bf16(row + b * 32, _cvtsh_ss(u16(scales + 2 * b))));
     }
-    uint16_t* out = buf + r * lda;
-    if (n0 + r >= n) {
-      std::memset(out, 0, lda * sizeof(uint16_t));
-      continue;
+    return;
+  }
+  const bool q4_1 = L.kind == kQ4_1;
+  const int64_t g = p / 8, i = p % 8;
+  if (i == 0) {
+    for (int64_t r = 0; r < live; ++r) {
+      const uint8_t* d = w + (n0 + r) * L.row_bytes + L.quant_bytes;
+      sc.d[r] = scales16(d, g, L.scales);
+      sc.m[r] = q4_1 ? scales16(d + 2 * L.scales, g, L.scales) : _mm512_setzero_ps();
     }
-    const uint8_t* row = w + (n0 + r) * L.row_bytes;
-    const uint8_t* scales = row + L.quant_bytes;
-    if (L.kind == kQ8_0) {
-      for (int64_t b = 0; b < L.blocks; ++b)
-        _mm512_storeu_si512(out + b * 32, (__m512i)q8_block_bf16(row + b * 32, _cvtsh_ss(u16(scales + 2 * b))));
-      continue;
-    }
-    auto put = [&](int64_t p, __m512i lo, __m512i hi) {
-      _mm512_storeu_si512(out + p * 64, lo);
-      _mm512_storeu_si512(out + p * 64 + 32, hi);
-    };
-    if (L.kind == kQ4_1)
-      q4_row_pairs<true>(row, L, 0, L.pairs, put);
-    else
-      q4_row_pairs<false>(row, L, 0, L.pairs, put);
+  }
+  for (int64_t r = 0; r < live; ++r) {
+    const __m512 dp = pair_scales(sc.d[r], i);
+    const __m512 mp = q4_1 ? pair_scales(sc.m[r], i) : _mm512_mul_ps(dp, _mm512_set1_ps(-8.f));
+    __m512i lo, hi;
+    q4_pair_bf16(w + (n0 + r) * L.row_bytes + p * 32, dp, mp, lo, hi);
+    _mm512_storeu_si512(out + r * kStepVals, lo);
+    _mm512_storeu_si512(out + r * kStepVals + 32, hi);
   }
 }
 
@@ -124,12 +136,14 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
     }
   }
   // two strips against two chunks of x at a time: four independent tiles of sums
+  const int64_t steps = (ktiles + 1) / 2;
+  const bool keep_all = chunks > 2;  // later pairs of chunks take the same strips: keep every step
   lmiserve::for_each_unit((strips + 1) / 2, [&](auto take) {
     // tiles 0-3: sums (16 weight rows x 16 rows of x, fp32); 4-5: two strips' weights (16 rows
     // x 32 k); 6-7: two chunks of x (16 pairs of k x 16 rows x 2)
     lmiserve_linear::configure_tiles();
-    lmiserve::aligned_vector<uint16_t> strip(2 * kStrip * lda);
-    uint16_t* const strip1 = strip.data() + kStrip * lda;
+    lmiserve::aligned_vector<uint16_t> buf((keep_all ? steps : 2) * kStepRows * kStepVals);
+    StepScales sc;
     alignas(64) float sums_tile[4][kStrip * 16];
     auto emit = [&](int64_t s, int64_t c, const float* tile) {  // sums of strip s, chunk c, to y
       const int64_t cols = std::min<int64_t>(kStrip, n - s * kStrip);
@@ -146,28 +160,40 @@ bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, i
     for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
       const int64_t s = 2 * u.unit;
       const bool two = s + 1 < strips;
-      const int64_t ahead = u.unit + 1 < u.end ? 2 : 0;  // the next pair of strips is likely this thread's
-      dequant_strip(w, L, s * kStrip, n, strip.data(), ahead);
-      if (two) dequant_strip(w, L, (s + 1) * kStrip, n, strip1, ahead);
+      const int64_t rows = two ? kStepRows : kStrip;
+      // the next pair of strips is likely this thread's: its rows are requested a share a step
+      // (without the requests each row's first lines are waited for from memory)
+      const int64_t next = u.unit + 1 < u.end ? (s + 2) * kStrip : n;
       for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
         const bool pair = c0 + 1 < chunks;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (int64_t t = 0; t < ktiles; ++t) {
-          const uint16_t* b = bt.data() + (c0 * ktiles + t) * kBElems;
-          _tile_loadd(4, strip.data() + t * kTileK, lda * 2);
-          _tile_loadd(6, b, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          if (pair) {
-            _tile_loadd(7, b + ktiles * kBElems, 64);
-            _tile_dpbf16ps(1, 4, 7);
+        for (int64_t st = 0; st < steps; ++st) {
+          uint16_t* const slot = buf.data() + (keep_all ? st : st % 2) * kStepRows * kStepVals;
+          if (c0 == 0) {
+            // a step's weights are dequantized just before the tile products that take them:
+            // this vector work overlaps the tile products of the step before
+            dequant_step(w, L, s * kStrip, n, rows, st, slot, sc);
+            for (int64_t r = next + st * kStepRows / steps; r < std::min(n, next + (st + 1) * kStepRows / steps); ++r)
+              prefetch_bytes(w + r * L.row_bytes, L.row_bytes);
           }
-          if (two) {
-            _tile_loadd(5, strip1 + t * kTileK, lda * 2);
-            _tile_dpbf16ps(2, 5, 6);
-            if (pair) _tile_dpbf16ps(3, 5, 7);
+          for (int64_t t = 2 * st; t < std::min(2 * st + 2, ktiles); ++t) {
+            const uint16_t* b = bt.data() + (c0 * ktiles + t) * kBElems;
+            const uint16_t* a = slot + (t - 2 * st) * kTileK;
+            _tile_loadd(4, a, kStepVals * 2);
+            _tile_loadd(6, b, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (pair) {
+              _tile_loadd(7, b + ktiles * kBElems, 64);
+              _tile_dpbf16ps(1, 4, 7);
+            }
+            if (two) {
+              _tile_loadd(5, a + kStrip * kStepVals, kStepVals * 2);
+              _tile_dpbf16ps(2, 5, 6);
+              if (pair) _tile_dpbf16ps(3, 5, 7);
+            }
           }
         }
         _tile_stored(0, sums_tile[0], 64);
