@@ -1,5 +1,7 @@
 """The engine's bf16 greedy tokens on the embedded SmolLM2 against transformers' generate in
-bf16: equal, except where transformers' top two logits are a near-tie at the first difference."""
+bf16: equal, except where transformers' top two logits are a near-tie at the first difference and
+our token's logit there is within the same margin of the top one (one of the near-tie, which may
+hold more than two tokens: on an AVX512_BF16 Xeon without AMX, five tokens tied at 37.0)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,11 @@ def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[
         if first is None:
             assert ours == want
             continue
-        top2 = out.logits[first][0].float().topk(2)
+        logits = out.logits[first][0].float()
+        top2 = logits.topk(2)
         gap = float(top2.values[0] - top2.values[1])
-        assert ours[first] in top2.indices.tolist(), (texts[i], first)
         assert gap <= bf16_margin(float(top2.values[0])), (texts[i], first, gap)
+        # our token is one of the near-tie: its logit within the margin of the top one (with a tie
+        # of three or more, topk's two indices are any two of them)
+        behind = float(top2.values[0] - logits[ours[first]])
+        assert behind <= bf16_margin(float(top2.values[0])), (texts[i], first, behind)
