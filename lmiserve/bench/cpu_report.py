@@ -108,6 +108,7 @@ def machine(engine: Engine, why: str) -> dict[str, Any]:
         info["linear_bf16_supported"] = bool(ops.linear_bf16_supported())
         if hasattr(ops, "linear_bf16_isa"):
             info["linear_bf16_isa"] = str(ops.linear_bf16_isa())
+            info["linear_fma_rows"] = int(ops.linear_bf16_fma_rows())
         info["amx_tiles"] = amx_tiles()
     model = engine.runner.model
     counts = Counter(w.packing or "dense" for w in linears(model.layers) + linears([model.lm_head]))
@@ -234,7 +235,11 @@ def render(r: dict[str, Any]) -> str:
     if m["kernels"]:
         paths = f"quant_linear {m['quant_linear_isa']}, linear_bf16 supported {m['linear_bf16_supported']}"
         if "linear_bf16_isa" in m:
-            paths += f" ({m['linear_bf16_isa']})"
+            paths += f" ({m['linear_bf16_isa']}"
+            if m["linear_bf16_isa"] == "avx512_bf16":
+                rows = m.get("linear_fma_rows", 0)
+                paths += f"; FMA tiles from {rows} rows" if rows else "; vdpbf16ps only"
+            paths += ")"
         out.append(f"kernels: {paths}, AMX tiles {'in use' if m['amx_tiles'] else 'not in use'}")
     else:
         out.append("kernels: not built (the reference ops run)")

@@ -4,7 +4,9 @@
   CPU has them (``csrc/linear_amx.cpp``), else vector code that keeps the next columns' weights
   arriving while it multiplies, which a decode step (few rows, every weight read from memory)
   needs most: bf16 pairs multiplied by ``vdpbf16ps`` with AVX512_BF16 (``csrc/linear.cpp``), the
-  weights widened to fp32 in registers for FMAs on AVX-512F and AVX2 (``csrc/linear_fma.cpp``).
+  weights widened to fp32 in registers for FMAs on AVX-512F and AVX2 (``csrc/linear_fma.cpp``),
+  and on AVX512_BF16 CPUs whose ``vdpbf16ps`` is slower than those FMAs, from the number of rows
+  :mod:`.cpu_linear_tiles` measures (the same bits either way).
   A row's result never depends on the other rows, which deterministic mode (``row_invariant``)
   relies on. A build without any of them (the portable class): oneDNN with weights reordered
   once into its blocked layout where it multiplies bf16, else ``F.linear``.
@@ -37,6 +39,7 @@ from .cpu_kernels import (
     load_kernels,
     pack_lora_for_tiles,
 )
+from .cpu_linear_tiles import choose as choose_linear_tiles
 from .metadata import DecodeRows, PagedAttentionInputs, PromptRows
 from .reference import LinearWeight, ReferenceOps, quantized_linear
 
@@ -70,6 +73,8 @@ class CpuOps(ReferenceOps):
         self.native_formats = ("gguf",) if self.kernels else ()
         self.row_invariant = row_invariant
         self.own_linear = bf16_linear_kernel()
+        self.linear_tiles = choose_linear_tiles(row_invariant) if self.own_linear else None
+        """Where an AVX512_BF16 build runs its FMA tiles (:mod:`.cpu_linear_tiles`)."""
         self.tiles = self.own_linear and amx_tiles()
         """AMX tiles for bf16 linear layers and prompt attention."""
         self.gguf_tile_rows = (1 if row_invariant else GGUF_TILE_ROWS) if self.tiles else 0

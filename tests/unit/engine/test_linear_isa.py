@@ -1,8 +1,9 @@
 """The packed bf16 linear kernel built for CPUs without AVX512_BF16: AVX2 + FMA only, and AVX-512F
 without BF16, each in a build of its own (its ops under a namespace of their own), against the
 same bf16 weights. (The kernels are compiled for the CPU they run on; these builds run the other
-classes' code here.) Both paths sum each row's products in the order of k, one FMA each, so they
-equal, bit for bit, fp32 sums formed in that order and rounded once to bf16."""
+classes' code here.) Both paths sum each row's products over the pairs of k in order, the odd k's
+first, one FMA each (vdpbf16ps's order), so they equal, bit for bit, fp32 sums formed in that
+order and rounded once to bf16."""
 
 from __future__ import annotations
 
@@ -55,12 +56,14 @@ def ops(request):  # type: ignore[no-untyped-def]
 
 
 def in_order(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ bias) for bf16 x and W: fp32 sums over k in order (each product of two bf16 values
-    is exact in fp32, so one rounding a step, as an FMA makes), the bias added, rounded to bf16."""
+    """x W^T (+ bias) for bf16 x and W: fp32 sums over the pairs of k in order, the odd k's product
+    before the even one's (each product of two bf16 values is exact in fp32, so one rounding a
+    step, as an FMA makes), the bias added, rounded to bf16."""
     xf, wf = x.float(), w.float()
     acc = torch.zeros(x.shape[0], w.shape[0])
-    for i in range(x.shape[1]):
-        acc += xf[:, i : i + 1] * wf[:, i]
+    for p in range(0, x.shape[1], 2):
+        for i in (p + 1, p):
+            acc += xf[:, i : i + 1] * wf[:, i]
     if bias is not None:
         acc += bias.float()
     return acc.bfloat16()
@@ -132,6 +135,13 @@ def test_a_row_does_not_depend_on_the_batch(ops, k: int) -> None:  # type: ignor
     for r in range(17):
         assert torch.equal(ops.linear_bf16(x[r : r + 1], plain, bias, 200, PLAIN), y[r : r + 1])
         assert torch.equal(ops.linear_bf16(x[r : r + 1], gated, None, 100, SWIGLU), act[r : r + 1])
+
+
+def test_an_fma_only_build_runs_its_fma_tiles_for_every_row_count(ops) -> None:  # type: ignore[no-untyped-def]
+    assert ops.linear_bf16_fma_rows() == 1
+    ops.set_linear_bf16_fma_rows(1)
+    with pytest.raises(RuntimeError, match="one kind of tiles"):
+        ops.set_linear_bf16_fma_rows(0)
 
 
 def test_native_build_names_its_path() -> None:

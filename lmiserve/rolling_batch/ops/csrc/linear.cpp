@@ -28,6 +28,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -130,11 +131,21 @@ TileFn pick(int64_t rows) {
   }
 }
 
+std::atomic<int64_t> g_fma_from_rows{0};
+
 }  // namespace
 
 int64_t tile_rows() { return kRows; }
 
-TileFn pick_tile(int64_t rows, bool prefetch) { return prefetch ? pick<true>(rows) : pick<false>(rows); }
+int64_t fma_from_rows() { return g_fma_from_rows.load(std::memory_order_relaxed); }
+
+void set_fma_from_rows(int64_t rows) { g_fma_from_rows.store(rows, std::memory_order_relaxed); }
+
+TileFn pick_tile(int64_t rows, bool prefetch, int64_t m) {
+  const int64_t from = fma_from_rows();
+  if (from > 0 && m >= from) return pick_fma_tile(rows, prefetch);
+  return prefetch ? pick<true>(rows) : pick<false>(rows);
+}
 
 }  // namespace lmiserve_linear
 #endif
@@ -148,6 +159,28 @@ bool linear_bf16_supported() {
   return true;
 #else
   return false;
+#endif
+}
+
+// From how many rows of x a product runs on the FMA tiles (csrc/linear_fma.cpp) instead of
+// vdpbf16ps: 0 never, 1 always (the FMA-only builds, which have nothing else).
+int64_t linear_bf16_fma_rows() {
+#if defined(LMISERVE_LINEAR_VECTOR)
+  return fma_from_rows();
+#else
+  return 0;
+#endif
+}
+
+// Sets that for an AVX512_BF16 build: the two give the same bits where the CPU's vdpbf16ps is
+// the two FMAs Intel documents, so only the speed changes (the caller measures both).
+void set_linear_bf16_fma_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "rows is 0 (never) or more");
+#if defined(LMISERVE_LINEAR_AVX512BF16)
+  TORCH_CHECK(fma_tile_rows() == tile_rows(), "the FMA tiles have as many rows as the vdpbf16ps ones");
+  set_fma_from_rows(rows);
+#else
+  TORCH_CHECK(rows == linear_bf16_fma_rows(), "this build has one kind of tiles: it takes ", linear_bf16_fma_rows());
 #endif
 }
 
@@ -198,7 +231,7 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
           const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
                             part.data() + t * rows_per_tile * kCols, p0 == 0, p0 + len >= pairs, output, units};
           const bool ask = prefetch && next != nullptr && stretches == 1;
-          pick_tile(rows, ask)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
+          pick_tile(rows, ask, m)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
         }
       }
     }
@@ -273,6 +306,10 @@ LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
   m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
   m.def("linear_bf16_isa() -> str");
   m.impl("linear_bf16_isa", c10::DispatchKey::CatchAll, &linear_bf16_isa);
+  m.def("linear_bf16_fma_rows() -> int");
+  m.impl("linear_bf16_fma_rows", c10::DispatchKey::CatchAll, &linear_bf16_fma_rows);
+  m.def("set_linear_bf16_fma_rows(int rows) -> ()");
+  m.impl("set_linear_bf16_fma_rows", c10::DispatchKey::CatchAll, &set_linear_bf16_fma_rows);
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0, bool tiles=False) -> Tensor");
   m.def("linear_amx_usable() -> bool");
   m.impl("linear_amx_usable", c10::DispatchKey::CatchAll, &amx_usable);

@@ -65,11 +65,16 @@ constexpr int64_t kLinesPerPair = kCols * 2 * 2 / 64;  // a pair of k of a group
 
 // A tile: `rows` rows of x (ldx elements apart) times `pairs` pairs of k of a group, finished as
 // `out` says. The vector code has tiles of up to tile_rows() rows; pick_tile gives the one for
-// `rows` rows, requesting the next group's lines ahead or not.
+// `rows` rows of a product of `m`, requesting the next group's lines ahead or not. The FMA tiles
+// (csrc/linear_fma.cpp) are the same for their rows; an AVX512_BF16 build has both and takes the
+// FMA ones for products of fma_from_rows() rows or more (0: never).
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
 #if defined(LMISERVE_LINEAR_VECTOR)
 int64_t tile_rows();
-TileFn pick_tile(int64_t rows, bool prefetch);
+TileFn pick_tile(int64_t rows, bool prefetch, int64_t m);
+int64_t fma_tile_rows();
+TileFn pick_fma_tile(int64_t rows, bool prefetch);
+int64_t fma_from_rows();
 #endif
 
 #if defined(__AVX512F__)
