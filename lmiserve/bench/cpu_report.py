@@ -182,19 +182,27 @@ def decode_level(engine: Engine, c: int, prompt_tokens: int, steps: int, rng: ra
 
 
 def prefill(engine: Engine, prompt_tokens: int, rng: random.Random, tries: int = 3) -> dict[str, Any]:
-    """One prompt alone: its first step's time (median of ``tries`` after a warm-up), and the
-    prompt tokens that step ran (the whole prompt unless the step budget chunks it)."""
-    runs = []
-    for i in range(tries + 1):
+    """One prompt alone: its first step's time (median of ``tries`` after a warm-up), the prompt
+    tokens that step ran (the whole prompt unless the step budget chunks it), and each op's share
+    of ``tries`` more such steps, profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def first_step(i: int) -> tuple[float, int]:
         rid = f"prefill-{i}-{rng.randrange(10**9)}"
         engine.add_request(rid, _prompts(1, prompt_tokens, engine.spec.vocab_size, rng)[0], SamplingParams())
         before = engine.prompt_tokens
         start = time.perf_counter()
         engine.step()
-        runs.append((time.perf_counter() - start, engine.prompt_tokens - before))
+        took = (time.perf_counter() - start, engine.prompt_tokens - before)
         _drain(engine, [rid])
+        return took
+
+    runs = [first_step(i) for i in range(tries + 1)]
     seconds, tokens = statistics.median(runs[1:])
-    return {"seconds": seconds, "tokens": tokens}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled = [first_step(tries + 1 + i)[0] for i in range(tries)]
+    lines, other = op_shares(prof.key_averages(), sum(profiled) * 1e6)
+    return {"seconds": seconds, "tokens": tokens, "ops": lines, "other": other}
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -255,19 +263,26 @@ def render(r: dict[str, Any]) -> str:
             f"{row['profiled_step_s'] * 1e3:.2f}), {row['tokens_per_s']:.1f} tok/s, weights read at "
             f"{row['read_bytes_per_s'] / 1e9:.1f} GB/s = {row['read_ceiling_share']:.0%} of the ceiling"
         )
-        for line in row["ops"][:TOP]:
-            out.append(f"  {line['share']:6.1%}  {line['op']} ({line['calls']} calls)")
-        if len(row["ops"]) > TOP:
-            rest = row["ops"][TOP:]
-            out.append(f"  {sum(x['share'] for x in rest):6.1%}  {len(rest)} more kernels and matrix products")
-        o = row["other"]
-        out.append(f"  {o['share']:6.1%}  {OTHER}: torch ops {o['torch_ops']:.1%}, Python {o['python']:.1%}")
+        out += _op_lines(row)
     p = r["prefill"]
     out.append(
         f"\nprefill of {p['tokens']} tokens: {p['seconds'] * 1e3:.1f} ms, {p['flops'] / 1e9:.1f} GFLOP/s "
         f"= {p['ceiling_share']:.0%} of the {m['dtype']} matrix-product ceiling (linear layers only)"
     )
+    if "ops" in p:
+        out += _op_lines(p)
     return "\n".join(out)
+
+
+def _op_lines(row: dict[str, Any]) -> list[str]:
+    """A step's ops, the largest shares first, then the rest, torch's other ops and Python."""
+    out = [f"  {line['share']:6.1%}  {line['op']} ({line['calls']} calls)" for line in row["ops"][:TOP]]
+    if len(row["ops"]) > TOP:
+        rest = row["ops"][TOP:]
+        out.append(f"  {sum(x['share'] for x in rest):6.1%}  {len(rest)} more kernels and matrix products")
+    o = row["other"]
+    out.append(f"  {o['share']:6.1%}  {OTHER}: torch ops {o['torch_ops']:.1%}, Python {o['python']:.1%}")
+    return out
 
 
 def run(args: Any) -> int:

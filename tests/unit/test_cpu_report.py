@@ -73,10 +73,16 @@ def test_every_level_has_a_step_time_and_shares_that_add_up(engine_and_report):
     machine = report["machine"]
     assert machine["dtype"] in DTYPES and machine["dtype_why"]
     assert machine["isa_class"] and machine["torch_threads"] >= 1
-    assert report["prefill"]["tokens"] == PROMPT and report["prefill"]["seconds"] > 0
-    assert report["prefill"]["ceiling_share"] > 0
+    prefill = report["prefill"]
+    assert prefill["tokens"] == PROMPT and prefill["seconds"] > 0
+    assert prefill["ceiling_share"] > 0
+    named = sum(line["share"] for line in prefill["ops"])
+    assert prefill["ops"] and all(line["share"] >= 0 for line in prefill["ops"]) and named <= 1.0 + 1e-9
+    assert prefill["other"]["share"] == pytest.approx(max(0.0, 1.0 - named))
     text = render(report)
     assert OTHER in text and "prefill of 16 tokens" in text
+    after_prefill = text.split("prefill of 16 tokens")[1]
+    assert prefill["ops"][0]["op"] in after_prefill and OTHER in after_prefill
 
 
 def test_the_bytes_a_step_reads_are_the_checkpoints_less_the_embeddings(engine_and_report, tiny_llama_dir):
