@@ -51,18 +51,21 @@ def test_fma_tiles_equal_fp32_sums_in_pair_order(fma_rows, m: int, k: int, n: in
 
 
 @both
-def test_fma_tiles_read_denormal_x_as_zero(fma_rows) -> None:  # type: ignore[no-untyped-def]
-    """As vdpbf16ps does: a row of x below bf16's smallest normal multiplies to zeros."""
+@pytest.mark.parametrize("m", [2, 17], ids=["x-widened-per-tile", "x-widened-once"])
+def test_fma_tiles_read_denormal_x_as_zero(fma_rows, m: int) -> None:  # type: ignore[no-untyped-def]
+    """As vdpbf16ps does: a row of x below bf16's smallest normal multiplies to zeros (a product
+    of more than one tile and group widens x once for all of them, a smaller one in each tile)."""
     ops = torch.ops.lmiserve_cpu
     fma_rows(1)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 96, generator=g).bfloat16() * 1e30
-    x = torch.randn(2, 96, generator=g).bfloat16()
+    x = torch.randn(m, 96, generator=g).bfloat16()
     x[1] = (torch.randn(96, generator=g) * 1e-39).bfloat16()
     assert x[1].abs().max() < torch.finfo(torch.bfloat16).tiny and x[1].abs().max() > 0
     y = ops.linear_bf16(x, ops.pack_linear_bf16(w), None, 64, PLAIN)
     assert torch.equal(y[1], torch.zeros(64, dtype=torch.bfloat16))
-    assert torch.equal(y[0], in_order(x[:1], w)[0])
+    normal = torch.arange(m) != 1
+    assert torch.equal(y[normal], in_order(x[normal], w))
 
 
 @both

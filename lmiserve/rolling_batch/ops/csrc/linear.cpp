@@ -211,6 +211,18 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
   const int64_t chunk = std::max<int64_t>(rows_per_tile, (kChunkBytes / (2 * k)) / rows_per_tile * rows_per_tile);
   const int64_t stretches = (pairs + kPairsPerStretch - 1) / kPairsPerStretch;
   const int64_t stretch = (pairs + stretches - 1) / stretches;
+  // on the FMA tiles with more than one group and tile, x is widened to fp32 once for them all
+  // (a tile on bf16 x widens its rows again for every group)
+  const bool widened = m >= fma_from_rows() && fma_from_rows() > 0 && groups > 1 && m > rows_per_tile;
+  static thread_local std::vector<float> wide;
+  if (widened) {
+    if (static_cast<int64_t>(wide.size()) < m * k) wide.resize(m * k);
+    float* w = wide.data();
+    at::parallel_for(0, m, std::max<int64_t>(1, 16384 / k), [&](int64_t r0, int64_t r1) {
+      widen_x(x + r0 * k, w + r0 * k, (r1 - r0) * k);
+    });
+  }
+  const float* xw = wide.data();
   // a unit: one group of columns against one chunk of rows, the chunks in turn
   lmiserve::for_each_unit(groups * ((m + chunk - 1) / chunk), [&](auto take) {
     std::vector<float> part(stretches > 1 ? chunk * kCols : 0);
@@ -231,7 +243,10 @@ void multiply(const uint16_t* x, const uint16_t* packed, const float* bias, uint
           const TileOut out{y + r0 * n + g * group_cols, n, cols, bias ? group_bias.data() : nullptr,
                             part.data() + t * rows_per_tile * kCols, p0 == 0, p0 + len >= pairs, output, units};
           const bool ask = prefetch && next != nullptr && stretches == 1;
-          pick_tile(rows, ask, m)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
+          if (widened)
+            pick_fma_f32_tile(rows, ask)(xw + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
+          else
+            pick_tile(rows, ask, m)(x + r0 * k + 2 * p0, k, b + p0 * kCols * 2, len, out, Ahead{next, t, tiles});
         }
       }
     }

@@ -9,13 +9,15 @@
 // A pair of k of 16 columns (AVX-512F) or 8 (AVX2) is one load: each 32-bit lane holds a column's
 // even k in its low half and its odd k in its high half, so the even values are the lanes shifted
 // left by 16 and the odd ones the lanes with the low half cleared, two vectors of fp32, each
-// multiplied by its broadcast x value (x widened to fp32 once per tile). Each row's sums run over
-// the pairs of k in order, the odd k's product first, one FMA a product, with x's denormals read
-// as zero: vdpbf16ps's arithmetic, which Intel documents as those two FMAs (rounding to nearest
-// even), except that vdpbf16ps also reads the weights' denormals as zero and flushes sums that
-// fall below fp32's smallest normal, which these keep (a weight or a running sum below 1.2e-38).
-// A row's result does not depend on the rest of the batch. Tiles: 8 rows x 48 columns (24 accumulators of 32) on AVX-512F; 2 rows
-// x 48 columns (12 of AVX2's 16 registers) on AVX2. Rounded to bf16 by integer arithmetic.
+// multiplied by its broadcast x value. x is widened to fp32 once a product (once a tile for a
+// product of one tile or one group of columns). Each row's sums run over the pairs of k in order,
+// the odd k's product first, one FMA a product, with x's denormals read as zero: vdpbf16ps's
+// arithmetic, which Intel documents as those two FMAs (rounding to nearest even), except that
+// vdpbf16ps also reads the weights' denormals as zero and flushes sums that fall below fp32's
+// smallest normal, which these keep (a weight or a running sum below 1.2e-38). A row's result
+// does not depend on the rest of the batch. Tiles: 8 rows x 48 columns (24 accumulators of 32) on
+// AVX-512F; 2 rows x 48 columns (12 of AVX2's 16 registers) on AVX2. Rounded to bf16 by integer
+// arithmetic.
 
 #include <algorithm>
 #include <cstdint>
@@ -27,16 +29,15 @@
 
 namespace lmiserve_linear {
 
-namespace {
-
-// n bf16 values of x as fp32, denormals read as zero (of their sign), as vdpbf16ps reads them
-inline void widen_row(const uint16_t* x, float* out, int64_t n) {
+void widen_x(const uint16_t* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
     if ((bits & 0x7F800000u) == 0) bits &= 0x80000000u;
     std::memcpy(out + i, &bits, sizeof(float));
   }
 }
+
+namespace {
 
 // This tile's share of the next group's lines, kLinesPerPair * pairs / tiles of them, spread evenly
 // over its pairs: `owed` counts up by the share each pair and a line goes out per `tiles`.
@@ -56,14 +57,15 @@ struct Requests {
 constexpr int kMaxRows = 8;
 constexpr int kVecs = 3;  // 16-column vectors per group
 
+// x already widened (rows ldxf floats apart, from the tile's first pair)
 template <int MR, bool PREFETCH>
-void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+void tile_f32(const float* xs, int64_t ldxf, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
   __m512 acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < kVecs; ++j)
       acc[r][j] = out.first ? _mm512_setzero_ps() : _mm512_loadu_ps(out.part + r * kCols + 16 * j);
-  alignas(64) float xf[MR][2 * kPairsPerStretch];
-  for (int r = 0; r < MR; ++r) widen_row(x + r * ldx, xf[r], 2 * pairs);
+  const float* xf[MR];
+  for (int r = 0; r < MR; ++r) xf[r] = xs + r * ldxf;
   Requests ask(ahead, pairs, PREFETCH);
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < pairs; ++p) {
@@ -141,18 +143,17 @@ inline void finish_row(const __m256* acc, uint16_t* y, const TileOut& out) {
     if constexpr (MR == 2) C = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 2 * p), even, C);        \
   }
 
+// x already widened (rows ldxf floats apart, from the tile's first pair)
 template <int MR, bool PREFETCH>
-void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+void tile_f32(const float* xs, int64_t ldxf, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
   static_assert(MR == 1 || MR == 2, "AVX2 tiles are of 1 or 2 rows");
   auto start = [&](int r, int j) {
     return out.first || r >= MR ? _mm256_setzero_ps() : _mm256_loadu_ps(out.part + r * kCols + 8 * j);
   };
   __m256 a0 = start(0, 0), a1 = start(0, 1), a2 = start(0, 2), a3 = start(0, 3), a4 = start(0, 4), a5 = start(0, 5);
   __m256 c0 = start(1, 0), c1 = start(1, 1), c2 = start(1, 2), c3 = start(1, 3), c4 = start(1, 4), c5 = start(1, 5);
-  alignas(32) float xf[MR][2 * kPairsPerStretch];
-  for (int r = 0; r < MR; ++r) widen_row(x + r * ldx, xf[r], 2 * pairs);
-  const float* x0 = xf[0];
-  const float* x1 = xf[MR - 1];
+  const float* x0 = xs;
+  const float* x1 = xs + (MR - 1) * ldxf;
   Requests ask(ahead, pairs, PREFETCH);
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < pairs; ++p) {
@@ -179,6 +180,14 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
 
 #endif
 
+// A tile on bf16 x: its rows widened into a buffer of its own first.
+template <int MR, bool PREFETCH>
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, const TileOut& out, const Ahead& ahead) {
+  alignas(64) float xf[MR][2 * kPairsPerStretch];
+  for (int r = 0; r < MR; ++r) widen_x(x + r * ldx, xf[r], 2 * pairs);
+  tile_f32<MR, PREFETCH>(xf[0], 2 * kPairsPerStretch, b, pairs, out, ahead);
+}
+
 template <bool PREFETCH, int MR = kMaxRows>
 TileFn pick(int64_t rows) {
   if constexpr (MR > 1) {
@@ -187,11 +196,23 @@ TileFn pick(int64_t rows) {
   return &tile<MR, PREFETCH>;
 }
 
+template <bool PREFETCH, int MR = kMaxRows>
+FloatTileFn pick_f32(int64_t rows) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return pick_f32<PREFETCH, MR - 1>(rows);
+  }
+  return &tile_f32<MR, PREFETCH>;
+}
+
 }  // namespace
 
 int64_t fma_tile_rows() { return kMaxRows; }
 
 TileFn pick_fma_tile(int64_t rows, bool prefetch) { return prefetch ? pick<true>(rows) : pick<false>(rows); }
+
+FloatTileFn pick_fma_f32_tile(int64_t rows, bool prefetch) {
+  return prefetch ? pick_f32<true>(rows) : pick_f32<false>(rows);
+}
 
 #if !defined(LMISERVE_LINEAR_AVX512BF16)
 // FMA-only builds: these are the kernel's tiles

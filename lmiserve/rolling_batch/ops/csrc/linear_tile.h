@@ -75,6 +75,12 @@ TileFn pick_tile(int64_t rows, bool prefetch, int64_t m);
 int64_t fma_tile_rows();
 TileFn pick_fma_tile(int64_t rows, bool prefetch);
 int64_t fma_from_rows();
+// The FMA tiles on x already widened to fp32 (rows ldxf floats apart), for a product that widens
+// all of x once instead of once per group; widen_x widens n values as they do (denormals read as
+// zero, of their sign, as vdpbf16ps reads them).
+using FloatTileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, const TileOut&, const Ahead&);
+FloatTileFn pick_fma_f32_tile(int64_t rows, bool prefetch);
+void widen_x(const uint16_t* x, float* out, int64_t n);
 #endif
 
 #if defined(__AVX512F__)
