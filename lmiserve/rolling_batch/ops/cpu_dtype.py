@@ -254,8 +254,8 @@ def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
 
 
 def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool, method: object = None) -> Path:
-    """Where a measurement of these layers on this CPU, class, thread count, torch and kernel
-    sources is kept: a restarted engine (after a crash, or the next start) reuses it. ``method``:
+    """Where a measurement of these layers on this CPU, class, thread count, torch, kernel
+    sources and bf16 linear tiles (:mod:`.cpu_linear_tiles`) is kept: a restarted engine (after a crash, or the next start) reuses it. ``method``:
     what was measured and how (JSON-able), so that a changed measurement is not answered from the
     cache of another."""
     import hashlib
@@ -263,6 +263,7 @@ def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowe
     from ...cpu_isa import cpu_info, cpu_model_name, isa_class
     from ...model_store import cache_root
     from .cpu_kernels import sources_digest
+    from .cpu_linear_tiles import default_rows
 
     key = json.dumps(
         [
@@ -276,6 +277,7 @@ def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowe
             torch.get_num_threads(),
             torch.__version__,
             sources_digest(),
+            default_rows(),
             method,
         ]
     )

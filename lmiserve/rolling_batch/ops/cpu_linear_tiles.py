@@ -151,15 +151,26 @@ def decide(forced: str | None = None, whole: bool = False) -> TileChoice:
 
 
 @functools.cache
-def choose(whole: bool = False) -> TileChoice | None:
-    """Decide once a process (and mode) and set it in the kernels; None where the build has only
-    one kind of tiles."""
-    if not has_both():
-        return None
+def _decided(whole: bool) -> TileChoice:
     choice = decide(os.environ.get(ENV), whole)
-    _ops().set_linear_bf16_fma_rows(choice.fma_rows)
     where = (
         f"FMAs on widened weights from {choice.fma_rows} rows" if choice.fma_rows else "vdpbf16ps for every row count"
     )
     log.info("bf16 linear tiles: %s, %s", where, choice.why)
     return choice
+
+
+def choose(whole: bool = False) -> TileChoice | None:
+    """Decide once a process and mode, and set it in the kernels (again at every call: the ops
+    made last, the engine's, have their mode's); None where the build has only one kind of tiles."""
+    if not has_both():
+        return None
+    choice = _decided(whole)
+    _ops().set_linear_bf16_fma_rows(choice.fma_rows)
+    return choice
+
+
+def default_rows() -> int | None:
+    """The default mode's FMA row count (None: one kind of tiles in this build): the mode of the
+    ops that measure the kernels at start-up, so a part of those measurements' keys."""
+    return _decided(False).fma_rows if has_both() else None

@@ -129,3 +129,34 @@ def test_decide_takes_the_variable_and_deterministic_mode_takes_all_or_none() ->
 def test_the_setter_refuses_a_negative_count() -> None:
     with pytest.raises(RuntimeError, match="0 \\(never\\) or more"):
         torch.ops.lmiserve_cpu.set_linear_bf16_fma_rows(-1)
+
+
+@both
+def test_choose_sets_its_mode_again_at_every_call(fma_rows) -> None:  # type: ignore[no-untyped-def]
+    """Ops made for a measurement (the default mode) and then the engine's (deterministic mode):
+    the kernels run the mode of the ops made last."""
+    ops = torch.ops.lmiserve_cpu
+    for whole in (False, True, False):
+        fma_rows(5)
+        choice = tiles.choose(whole)
+        assert choice is not None and ops.linear_bf16_fma_rows() == choice.fma_rows
+
+
+@both
+def test_a_measurement_kept_for_one_tile_setting_is_not_read_for_another(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The start-up measurements' keys hold the default mode's FMA row count."""
+    from lmiserve.rolling_batch.ops.cpu_dtype import Layer, cache_file
+
+    layers = [Layer("o_proj", 64, 64)]
+    keys = {}
+    try:
+        for rows in ("0", "4", "0"):
+            monkeypatch.setenv(tiles.ENV, rows)
+            tiles._decided.cache_clear()
+            keys.setdefault(rows, set()).add(cache_file(layers, 2, None, True, ["rows"]))
+    finally:
+        tiles._decided.cache_clear()
+    if not tiles.same_bits():
+        assert keys["0"] == keys["4"]
+        return
+    assert len(keys["0"]) == 1 and keys["0"] != keys["4"]
