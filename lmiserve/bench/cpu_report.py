@@ -5,7 +5,7 @@ the machine (CPU, threads, the instruction-set class, the kernels' paths, the dt
 ceilings (:mod:`~lmiserve.rolling_batch.ops.cpu_ceilings`), and for each concurrency ``c`` the
 decode steps of ``c`` random prompts: step time, tokens/s, each op's share of a step (torch's
 profiler, self CPU time) and the weight bytes a step reads against the memory ceiling; last, a
-prompt's prefill against the matrix-product ceiling.
+prompt's prefill against the matrix-product ceiling, and its ops' shares.
 """
 
 from __future__ import annotations
@@ -227,6 +227,8 @@ def cpu_report(engine: Engine, why: str, levels: list[int], prompt_tokens: int, 
     pre["linear_elements"] = elements
     pre["flops"] = 2 * elements * pre["tokens"] / pre["seconds"]
     ceiling = ceilings.flops.get(engine.config.dtype, ceilings.flops["fp32"])
+    if engine.config.dtype == "bf16":  # bf16 weights widened for FMAs run at fp32's rate
+        ceiling = max(ceiling, ceilings.flops["fp32"])
     pre["ceiling_share"] = pre["flops"] / ceiling
     report["prefill"] = pre
     report["machine"]["load_average_end"] = os.getloadavg()[0]  # other processes' share of the CPU
@@ -267,7 +269,8 @@ def render(r: dict[str, Any]) -> str:
     p = r["prefill"]
     out.append(
         f"\nprefill of {p['tokens']} tokens: {p['seconds'] * 1e3:.1f} ms, {p['flops'] / 1e9:.1f} GFLOP/s "
-        f"= {p['ceiling_share']:.0%} of the {m['dtype']} matrix-product ceiling (linear layers only)"
+        f"= {p['ceiling_share']:.0%} of the matrix-product ceiling (linear layers only; for bf16 the higher "
+        "of bf16's and fp32's: bf16 weights can be widened for fp32 FMAs)"
     )
     if "ops" in p:
         out += _op_lines(p)
