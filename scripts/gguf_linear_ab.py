@@ -34,7 +34,8 @@ def build_other(rev: str, out: Path) -> None:
     """The C++ kernels of ``rev``, their op library renamed ``lmiserve_ab``, built and loaded."""
     from torch.utils.cpp_extension import load
 
-    from lmiserve.cpu_isa import compile_flags, isa_class
+    from lmiserve.cpu_isa import isa_class
+    from lmiserve.rolling_batch.ops.cpu_kernels import kernel_cflags
 
     archive = out / "csrc.tar"
     with archive.open("wb") as f:
@@ -50,19 +51,17 @@ def build_other(rev: str, out: Path) -> None:
     load(
         name=f"lmiserve_ab_{commit}_{isa_class()}",
         sources=sorted(str(p) for p in src.glob("*.cpp")),
-        extra_cflags=["-O3", "-fopenmp", "-ffast-math", *compile_flags(isa_class())],
+        extra_cflags=kernel_cflags(isa_class()),
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
     )
 
 
-def q4_1_blocks(n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """n rows of random Q4_1 blocks (scale 0.01, minimum -0.05, random quants), as GGUF stores them."""
-    blocks = np.zeros((n, k // 32, 20), np.uint8)
-    blocks[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    blocks[:, :, 2:4] = np.frombuffer(np.float16(-0.05).tobytes(), np.uint8)
-    blocks[:, :, 4:] = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-    return torch.from_numpy(blocks.reshape(n, -1))
+def q4_1_blocks(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """n rows of random Q4_1 blocks (scale 0.01, random quants), as GGUF stores them."""
+    from lmiserve.rolling_batch.ops.cpu_dtype import Layer, random_weight
+
+    return random_weight(Layer("linear", n, k, "q4_1"), torch.bfloat16, generator).blocks
 
 
 def main() -> int:
@@ -83,9 +82,9 @@ def main() -> int:
         raise SystemExit("this checkout's CPU kernels do not build here")
     with tempfile.TemporaryDirectory() as tmp:
         build_other(args.rev, Path(tmp))
-    rng = np.random.default_rng(0)
+    generator = torch.Generator().manual_seed(0)
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
-    blocks = [[(q4_1_blocks(n, k, rng), k) for n, k in shapes] for _ in range(args.layers)]
+    blocks = [[(q4_1_blocks(n, k, generator), k) for n, k in shapes] for _ in range(args.layers)]
     packs = {
         name: [[pack(b, Q4_1, k) for b, k in layer] for layer in blocks]
         for name, pack in (("this", torch.ops.lmiserve_cpu.pack_gguf), ("other", torch.ops.lmiserve_ab.pack_gguf))

@@ -134,7 +134,9 @@ def _gguf_kinds(source: Path, layers: list[Layer], head: Layer | None) -> tuple[
     return layers, head
 
 
-def _weight(layer: Layer, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor | BlockWeight:
+def random_weight(layer: Layer, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor | BlockWeight:
+    """A weight of the layer's shape and kind for timing: a constant dense one, or GGUF blocks of
+    random quants (their values do not change the time)."""
     if layer.kind == "dense":  # the values do not change the time (no subnormals): a constant
         return torch.full((layer.out_features, layer.in_features), 0.02, dtype=dtype)
     # blocks of random quants under a small valid fp16 scale (and zero minimum for Q4_1)
@@ -177,7 +179,7 @@ def time_alternating(ops, sets: list[list[Layer]], dtype: torch.dtype, rows: tup
     a change in the machine's speed meanwhile (another process's work) falls on every set alike,
     not on the one measured last."""
     generator = torch.Generator().manual_seed(0)
-    prepared = [[(x, ops.prepare_linear(_weight(x, dtype, generator))) for x in layers] for layers in sets]
+    prepared = [[(x, ops.prepare_linear(random_weight(x, dtype, generator))) for x in layers] for layers in sets]
     seconds: list[dict[int, float]] = [{} for _ in sets]
     features = sorted({x.in_features for layers in sets for x in layers})
     for m in rows:

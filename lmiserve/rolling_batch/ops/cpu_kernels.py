@@ -77,6 +77,11 @@ def sources_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()
 
 
+def kernel_cflags(cls: str) -> list[str]:
+    """The C++ kernels' compile flags for a CPU class."""
+    return ["-O3", "-fopenmp", "-ffast-math", *compile_flags(cls)]
+
+
 @functools.cache
 def load_kernels() -> bool:
     """Compile (first time only) and load the C++ kernels; False if that is not possible."""
@@ -92,7 +97,7 @@ def load_kernels() -> bool:
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-        flags = ["-O3", "-fopenmp", "-ffast-math", *compile_flags(cls)]
+        flags = kernel_cflags(cls)
         log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
         # the name carries a hash of every source and header, of the flags and of where the
         # sources are, so an edit, or a switch between two CPU classes, always rebuilds, and two
