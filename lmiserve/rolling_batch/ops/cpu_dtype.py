@@ -257,9 +257,9 @@ def _dense_bytes(layers: list[Layer], count: int, head: Layer | None) -> int:
 
 def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowed: bool, method: object = None) -> Path:
     """Where a measurement of these layers on this CPU, class, thread count, torch, kernel
-    sources and bf16 linear tiles (:mod:`.cpu_linear_tiles`) is kept: a restarted engine (after a crash, or the next start) reuses it. ``method``:
-    what was measured and how (JSON-able), so that a changed measurement is not answered from the
-    cache of another."""
+    sources and bf16 linear tiles (:mod:`.cpu_linear_tiles`) is kept: a restarted engine (after a
+    crash, or the next start) reuses it. ``method``: what was measured and how (JSON-able), so
+    that a changed measurement is not answered from the cache of another."""
     import hashlib
 
     from ...cpu_isa import cpu_info, cpu_model_name, isa_class

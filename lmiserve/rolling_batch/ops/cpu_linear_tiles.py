@@ -7,8 +7,8 @@ inputs read as zero, denormal results flushed and rounding to nearest even. The 
 that (x's denormals read as zero too), so where the CPU's instruction is what the document says,
 the two give the same bits and only their speed differs; the one exception is a weight below
 bf16's smallest normal (1.2e-38) or a running sum below fp32's, which the FMA tiles keep and
-``vdpbf16ps`` reads or flushes as zero (setting the CPU's own flush mode around each tile cost a
-third of the FMA tiles' speed). It differs a lot: on a 2-core Xeon seen here ``vdpbf16ps``
+``vdpbf16ps`` reads or flushes as zero (setting the CPU's own flush mode around each tile cost
+more than a quarter of the FMA tiles' speed). It differs a lot: on a 2-core Xeon seen here ``vdpbf16ps``
 issued at a quarter of the FMAs' rate (1.35 against 5.5 G instructions a second), and the FMA
 tiles multiplied 32 rows and more at 260-280 GFLOP/s against 170; elsewhere (AMD's Zen 4) the
 instruction runs at full rate.
