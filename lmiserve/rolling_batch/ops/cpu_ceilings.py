@@ -58,7 +58,8 @@ class Ceilings:
         return f"memory reads {self.read_bytes_per_s / 1e9:.1f} GB/s; matrix products {flops}"
 
 
-def _best(fn, tries: int = TRIES) -> float:  # type: ignore[no-untyped-def]
+def fastest(fn, tries: int = TRIES) -> float:  # type: ignore[no-untyped-def]
+    """The fastest of ``tries`` calls of ``fn``, in seconds, after one call to warm up."""
     fn()  # warm-up: first touch of the pages, oneDNN's kernel generation
     best = float("inf")
     for _ in range(tries):
@@ -70,14 +71,14 @@ def _best(fn, tries: int = TRIES) -> float:  # type: ignore[no-untyped-def]
 
 def read_bandwidth(nbytes: int = READ_BYTES) -> float:
     data = torch.ones(nbytes // 4, dtype=torch.float32)
-    return nbytes / _best(lambda: data.sum())
+    return nbytes / fastest(lambda: data.sum())
 
 
 def matmul_flops(dtype: torch.dtype, shape: tuple[int, int, int] = GEMM) -> float:
     m, k, n = shape
     a = torch.full((m, k), 0.5, dtype=dtype)
     b = torch.full((k, n), 0.25, dtype=dtype)
-    return 2 * m * k * n / _best(lambda: torch.mm(a, b))
+    return 2 * m * k * n / fastest(lambda: torch.mm(a, b))
 
 
 def measure() -> Ceilings:

@@ -27,11 +27,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from .cpu_ceilings import fastest
 from .cpu_kernels import bf16_linear_kernel
 
 log = logging.getLogger("lmiserve.ops")
@@ -90,15 +90,6 @@ def same_bits() -> bool:
         _ops().set_linear_bf16_fma_rows(before)
 
 
-def _best(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def measure(rows: tuple[int, ...] = ROWS, repeats: int = REPEATS) -> dict[int, float]:
     """Per row count, the FMA tiles' time over ``vdpbf16ps``'s (fastest of ``repeats``, the two
     taking turns), on :data:`WEIGHT`."""
@@ -113,8 +104,7 @@ def measure(rows: tuple[int, ...] = ROWS, repeats: int = REPEATS) -> dict[int, f
             times = {0: float("inf"), 1: float("inf")}
             for _ in range(2):
                 for fma in (0, 1):
-                    _product(x, packed, n, fma)  # warm
-                    times[fma] = min(times[fma], _best(lambda f=fma, xs=x: _product(xs, packed, n, f), repeats))
+                    times[fma] = min(times[fma], fastest(lambda f=fma, xs=x: _product(xs, packed, n, f), repeats))
             ratios[m] = times[1] / times[0]
     finally:
         _ops().set_linear_bf16_fma_rows(before)
