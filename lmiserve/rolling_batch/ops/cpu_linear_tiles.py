@@ -73,7 +73,7 @@ def _product(x: torch.Tensor, packed: torch.Tensor, n: int, fma_rows: int) -> to
 def same_bits() -> bool:
     """Whether the FMA tiles give the bits of ``vdpbf16ps`` here: 19 rows (two tiles and a partial
     one) of random values, zeros and denormals by 100 columns, over 1,600 inputs (two stretches),
-    values from 1e-6 to 1e4 apart so that many sums round."""
+    inputs scaled from 1e-3 to 1e2, so that products span 1e-6 to 1e4 and many sums round."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(19, 1600, generator=g) * torch.logspace(-3, 2, 1600)[torch.randperm(1600, generator=g)]
     w = torch.randn(100, 1600, generator=g) * torch.logspace(-3, 2, 1600)[torch.randperm(1600, generator=g)]
