@@ -1,7 +1,7 @@
 """What an engine setting left empty means on each kind of device: one table.
 
 The engine resolves its settings from it (:func:`lmiserve.rolling_batch.engine_config.engine_config`),
-the settings' descriptions say it (:func:`by_device`) and :mod:`.docs` renders the README's table of
+the settings' descriptions say it (:func:`by_device`) and :mod:`.docs` renders the table of
 device defaults from it.
 """
 
@@ -71,7 +71,7 @@ def device_defaults(device: str) -> DeviceDefaults:
 
 
 def in_words(defaults: DeviceDefaults, name: str) -> str:
-    """The default of setting ``name`` on one kind of device, as the README says it."""
+    """The default of setting ``name`` on one kind of device, as ``docs/configuration.md`` says it."""
     value = getattr(defaults, name)
     return DeviceDefaults.__dataclass_fields__[name].metadata["none"] if value is None else str(value)
 

@@ -1,6 +1,8 @@
-"""The README's configuration tables, generated from the setting declarations and the device defaults.
+"""The configuration tables of ``docs/configuration.md``, generated from the setting declarations
+and the device defaults.
 
-``python -m lmiserve.config.docs --update README.md`` rewrites them between their marker comments.
+``python -m lmiserve.config.docs --update`` (run from the repository root; or ``--update FILE``)
+rewrites them between their marker comments; without ``--update`` it prints the settings table.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from .device_defaults import DEVICE_DEFAULTS, DEVICE_NAMES, DeviceDefaults, in_w
 from .fields import describe_allowed
 from .loader import SPECS, SPECS_BY_FIELD
 
+DOC = "docs/configuration.md"
 START = "<!-- config-table:start -->"
 END = "<!-- config-table:end -->"
 ALIAS_START = "<!-- env-aliases:start -->"
@@ -84,8 +87,8 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    if len(sys.argv) == 3 and sys.argv[1] == "--update":
-        path = Path(sys.argv[2])
+    if len(sys.argv) in (2, 3) and sys.argv[1] == "--update":
+        path = Path(sys.argv[2] if len(sys.argv) == 3 else DOC)
         path.write_text(update(path.read_text()))
     else:
         print(markdown_table())

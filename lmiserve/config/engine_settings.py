@@ -138,7 +138,7 @@ class EngineSettings(Area):
         "option.deterministic",
         "Batch-invariant mode: a request's greedy tokens (and seeded samples) do not depend on the other "
         "requests in the batch, on how its prompt was chunked or on prefix-cache hits. Costs throughput; "
-        "see the README's Deterministic mode.",
+        "see docs/deterministic.md.",
     )
     quantize: Literal["none", "awq", "gptq", "fp8", "int8"] | None = optional_setting(
         "option.quantize",
@@ -146,8 +146,8 @@ class EngineSettings(Area):
         "FP8 or compressed-tensors; a GGUF file's Q4_0, Q4_1 and Q8_0 blocks), else the dtype's. awq or gptq: "
         "the checkpoint must be in that format. fp8: bf16/fp16 weights quantized to e4m3 at load, per output "
         "channel (GPUs of compute capability 8.9 or later). int8: weights quantized at load to int8 in blocks of "
-        "32 with one scale each (CPUs). none: every weight dequantized at load to option.dtype. The README's "
-        "Quantized weights table says what runs where.",
+        "32 with one scale each (CPUs). none: every weight dequantized at load to option.dtype. The table in "
+        "docs/quantization.md says what runs where.",
         allowed="none, awq, gptq, fp8, int8",
     )
     enforce_eager: bool = setting(

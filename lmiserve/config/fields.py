@@ -1,7 +1,7 @@
 """One declaration per setting: its ``serving.properties`` key, environment names and CLI flag.
 
 A setting is a pydantic field whose ``json_schema_extra`` carries its metadata. Everything
-else (the environment mapping, ``config show``, the README table, error messages) is
+else (the environment mapping, ``config show``, the table in ``docs/configuration.md``, error messages) is
 derived from these declarations.
 """
 

@@ -2,7 +2,7 @@
 (:mod:`.server_settings`), the model's (here) and the engine's (:mod:`.engine_settings`).
 
 Each field is declared once with :func:`~.fields.setting`; keys, environment variables, CLI flags,
-``config show`` and the README's configuration table all come from these declarations.
+``config show`` and the configuration table of ``docs/configuration.md`` all come from these declarations.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class ModelSettings(Area):
         "NPU through torch_npu's fused kernels), vllm (an installed vLLM) or disable (dynamic batching through "
         "transformers generate); auto picks our engine for the architectures it supports (Llama, Mistral, "
         "Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Phi-3/Phi-4, OLMo 2, Granite, Gemma 2, Gemma 3 text; "
-        "the README's Architectures table), on an NPU when one is present, an installed vLLM for the others, "
+        "the Architectures table of docs/engine.md), on an NPU when one is present, an installed vLLM for the others, "
         "else transformers generate (with a warning).",
         allowed="auto, lmi, npu, vllm, disable",
     )

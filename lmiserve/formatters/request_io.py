@@ -3,7 +3,7 @@
 A custom output formatter is called once per update of a request with a
 :class:`TextGenerationOutput`; a custom input formatter returns a :class:`TextInput` (or a
 dict with the same keys). The names follow DJL's ``djl_python.request_io`` so that formatter
-code written for LMI runs unchanged; the fields are documented in the README.
+code written for LMI runs unchanged; the fields are documented in docs/handlers.md.
 """
 
 from __future__ import annotations
