@@ -1,5 +1,5 @@
 """The generated tables of docs/configuration.md (the settings, the device defaults, the environment
-aliases) are current."""
+aliases) are current, and live there rather than in the README."""
 
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from lmiserve.config.docs import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / DOC
+README = ROOT / "README.md"
 FIX = "run: python -m lmiserve.config.docs --update docs/configuration.md"
 
 
@@ -38,3 +39,8 @@ def test_device_defaults_are_current():
     fragment = _between(CONFIGURATION.read_text(), DEVICE_START, DEVICE_END)
     assert fragment == device_defaults_table(), FIX
 
+
+def test_the_readme_links_to_the_tables_rather_than_holding_them():
+    text = README.read_text()
+    assert not any(marker in text for marker in (START, DEVICE_START, ALIAS_START))
+    assert "docs/configuration.md" in text
