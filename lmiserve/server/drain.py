@@ -39,11 +39,15 @@ class Drain:
         self.draining = False
         self.in_flight = 0
         self.since: float | None = None
+        self.in_flight_at_begin = 0
+        """The requests in flight when draining began (the signal's moment, not the later one at
+        which the server's loop gets to its shutdown)."""
 
     def begin(self) -> None:
         if not self.draining:
             self.draining = True
             self.since = time.monotonic()
+            self.in_flight_at_begin = self.in_flight
 
 
 class DrainMiddleware(HttpMiddleware):
@@ -109,11 +113,11 @@ class DrainingServer(uvicorn.Server):
             self.api_processes.begin_drain()
         started = self.drain.since or time.monotonic()
         why = f"{self.stop_signal} received" if self.stop_signal else "stopping"
-        if self.drain.in_flight:
+        if self.drain.in_flight_at_begin:
             log.info(
                 "%s: draining %d request(s) in flight for up to %s s; new requests get 503",
                 why,
-                self.drain.in_flight,
+                self.drain.in_flight_at_begin,
                 self.drain_timeout,
             )
         elif self.stop_signal:

@@ -17,8 +17,14 @@ from tests.container.serve_process import ContainerServe, wait_gone
 
 SLOW_HANDLER = """
 import time
+from pathlib import Path
 
 from lmiserve.handlers.outputs import Output
+
+
+def wait_for(path):
+    while not Path(path).exists():
+        time.sleep(0.01)
 
 
 def handle(inputs):
@@ -29,9 +35,13 @@ def handle(inputs):
     if body.get("chunks"):
         def chunks():
             for n in range(body["chunks"]):
-                time.sleep(body["delay"])
+                if n:
+                    wait_for(body["until"])
                 yield {"n": n}
         return out.add_stream_content(chunks())
+    if "until" in body:
+        wait_for(body["until"])
+        return out.add_as_json({"released": True})
     time.sleep(body["sleep"])
     return out.add_as_json({"slept": body["sleep"]})
 """
@@ -187,8 +197,11 @@ def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_hand
             while len(workers := [w["pid"] for w in client.get("/models/slow").json()[0]["workers"]]) < 2:
                 assert time.monotonic() < deadline, "the second worker never started"
                 time.sleep(0.05)
-            plain = Call(serve.url, {"sleep": 2.0}, stream=False)
-            streamed = Call(serve.url, {"chunks": 8, "delay": 0.25}, stream=True)
+            # both wait for a file the test writes once the drain has begun, so that however slowly
+            # the machine lets this test run, both are still in flight when SIGTERM arrives
+            release = tmp_path / "release"
+            plain = Call(serve.url, {"until": str(release)}, stream=False)
+            streamed = Call(serve.url, {"chunks": 8, "until": str(release)}, stream=True)
             plain.start()
             streamed.start()
             assert streamed.first.wait(60) and streamed.error is None
@@ -200,11 +213,12 @@ def test_sigterm_to_the_process_group_drains_handler_workers(tmp_path, slow_hand
         assert refusals.connected.wait(60)
         serve.sigterm_group()
         refusals.join(90)
+        release.touch()
         assert refusals.ping is not None and refusals.late.status_code == 503, refusals.error
         for call in (plain, streamed):
             call.join(60)
             assert not call.is_alive() and call.error is None and call.status == 200
-        assert plain.json == {"slept": 2.0}
+        assert plain.json == {"released": True}
         assert streamed.lines == [{"n": n} for n in range(8)]
         assert serve.proc.wait(timeout=60) == 0
         assert "SIGTERM received: draining 2 request(s) in flight" in serve.log()
