@@ -51,6 +51,9 @@ class ServerProcess:
         full_env.setdefault("SERVING_GRPC_PORT", str(free_port()))
         # one API process whatever the CPUs, unless a test asks for more (tests/integration/test_api_processes.py)
         full_env.setdefault("SERVING_API_PROCESSES", "1")
+        # no standby engine process competing for the cores, unless a test asks for one
+        # (tests/integration/test_engine_standby.py, the chaos soak)
+        full_env.setdefault("OPTION_ENGINE_STANDBY", "false")
         full_env.update(env or {})
         cmd = [
             sys.executable,

@@ -27,6 +27,7 @@ def sagemaker_env(model_dir: Path | None, port: int, **extra: str) -> dict[str, 
     env["SERVING_HOST"] = "127.0.0.1"
     env["SERVING_GRPC_PORT"] = "0"
     env["SERVING_API_PROCESSES"] = "1"  # one API process whatever the CPUs, unless a test asks for more
+    env["OPTION_ENGINE_STANDBY"] = "false"  # no standby engine process competing for the cores
     env.update(extra)
     return env
 
