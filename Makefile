@@ -1,7 +1,7 @@
 # The two commands of the README. Each installs what it needs into .venv first.
 PORT ?= 8080
 
-.PHONY: serve test test-isa test-arm test-vllm install install-test
+.PHONY: serve test soak test-isa test-arm test-vllm install install-test
 
 install:
 	scripts/install.sh
@@ -12,8 +12,13 @@ install-test:
 serve: install
 	HF_HUB_OFFLINE=1 .venv/bin/lmiserve serve --port $(PORT)
 
+# the slowest tests are listed at the end of every run
 test: install-test
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25
+
+# the soaks at full length: the chaos soak for five minutes instead of the 60 s of `make test`
+soak: install-test
+	LMISERVE_CHAOS_SECONDS=300 HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -m soak tests/integration
 
 # the CPU kernels' tests against the reference ops under lower CPU classes than this CPU's
 # (LMISERVE_CPU_ISA; each class's kernels are built once, then cached); a class this CPU lacks is skipped
