@@ -16,7 +16,7 @@ from ..errors import BadRequest, InvalidParameter
 from ..generation.request import GenerationRequest
 from ..wire import SamplingParams
 from .lmi_dynamic import LmiSampling
-from .sampling import beam_search, sampled
+from .sampling_params import beam_search, sampled
 from .shapes import UNDECODABLE, lmi_object
 from .validation import describe
 

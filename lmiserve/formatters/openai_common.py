@@ -16,7 +16,7 @@ from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
 from . import errors
 from .responder import Responder
-from .sampling import beam_search, sampled
+from .sampling_params import beam_search, sampled
 from .validation import without_nulls
 
 MAX_SEED = 2**64 - 1

@@ -8,8 +8,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ..errors import LmiServeError
 from ..generation.request import GenerationRequest
-from ..serving import EngineModel, Reply, Responder, error_reply
-from ..serving import respond as answer
+from ..serving import EngineModel, Reply, Responder, error_reply, respond
 from . import deadline
 from .metrics import observe_generation
 from .tenant import tenant_of
@@ -30,7 +29,7 @@ def http_response(reply: Reply) -> Response:
     return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
 
 
-async def respond(
+async def respond_over_http(
     model: EngineModel, requests: list[GenerationRequest], responder: Responder, request: Request
 ) -> Response:
     """Run ``requests`` and answer with ``responder``'s protocol, within the request's deadline."""
@@ -40,5 +39,5 @@ async def respond(
         return http_response(error_reply(responder, err))
     observer = observe_generation(request, model.name)
     tenant = tenant_of(request, model.settings)
-    reply = await answer(model, requests, responder, seconds, observer, lambda: wait_for_disconnect(request), tenant)
+    reply = await respond(model, requests, responder, seconds, observer, lambda: wait_for_disconnect(request), tenant)
     return http_response(reply)

@@ -11,7 +11,7 @@ from ...errors import ValidationFailed
 from ...formatters import bedrock
 from ...formatters.shapes import UNDECODABLE
 from ...serving import EngineModel
-from ..http_reply import respond
+from ..http_reply import respond_over_http
 
 
 def is_bedrock_body(data: object) -> bool:
@@ -27,4 +27,4 @@ async def invoke_bedrock(model: EngineModel, request: Request, body: bytes, data
     except ValidationFailed as err:
         status, data, headers = bedrock.error_body(err)
         return Response(data, status_code=status, media_type=bedrock.JSON, headers=headers)
-    return await respond(model, [req.generation], bedrock.BedrockResponder(req), request)
+    return await respond_over_http(model, [req.generation], bedrock.BedrockResponder(req), request)

@@ -17,7 +17,7 @@ from ...formatters.openai_common import Style
 from ...formatters.shapes import json_object
 from ...serving import EngineModel, ServedModel
 from ..bodies import read_body
-from ..http_reply import respond
+from ..http_reply import respond_over_http
 from .openai import chat_prompt, embeddings, engine_model
 
 router = APIRouter()
@@ -48,14 +48,15 @@ async def _completions(request: Request, model: EngineModel, data: dict, adapter
     responder.truncate_on_timeout = req.error_behavior == "truncate"
     if templated is not None:
         responder.echo_prompts = [text for text, _ in req.prompts()]
-    return await respond(model, generations, responder, request)
+    return await respond_over_http(model, generations, responder, request)
 
 
 async def _chat(request: Request, model: EngineModel, data: dict, style: Style, adapter: str | None) -> Response:
     req = databricks.parse_chat(data)
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
     generation.adapter = adapter
-    return await respond(model, [generation], openai_chat.ChatResponder(req, adapter or model.name, style), request)
+    responder = openai_chat.ChatResponder(req, adapter or model.name, style)
+    return await respond_over_http(model, [generation], responder, request)
 
 
 async def _task(

@@ -17,7 +17,7 @@ from ...serving import HandlerModel
 from .. import deadline
 from ..data_plane import DataPlane
 from ..handler_response import handler_reply
-from ..http_reply import http_response, respond, wait_for_disconnect
+from ..http_reply import http_response, respond_over_http, wait_for_disconnect
 from ..metrics import STATE_KEY
 from ..tenant import tenant_of
 
@@ -141,7 +141,7 @@ async def _generate(request: Request, model_name: str, version: str, stream: boo
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     prompt, params = kserve_generate.parse_generate(data)
     responder = kserve_generate.GenerateResponder(model.name, params, stream)
-    return await respond(model, [params.request(prompt)], responder, request)
+    return await respond_over_http(model, [params.request(prompt)], responder, request)
 
 
 @router.post("/v2/models/{model_name}/generate")

@@ -14,7 +14,7 @@ from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, ServedModel
 from ..bodies import read_body
 from ..errors import error_response
 from ..handler_response import handler_reply
-from ..http_reply import http_response, respond
+from ..http_reply import http_response, respond_over_http
 
 router = APIRouter()
 
@@ -52,7 +52,7 @@ async def completions(request: Request, data: dict, style: Style = OPENAI_COMPLE
     generations = openai_completions.generation_requests(req)
     for generation in generations:
         generation.adapter = adapter
-    return await respond(model, generations, responder, request)
+    return await respond_over_http(model, generations, responder, request)
 
 
 async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Response:
@@ -61,7 +61,7 @@ async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Resp
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
     generation.adapter = adapter
     responder = openai_chat.ChatResponder(req, adapter or model.name, style)
-    return await respond(model, [generation], responder, request)
+    return await respond_over_http(model, [generation], responder, request)
 
 
 async def _openai_body(request: Request) -> dict:

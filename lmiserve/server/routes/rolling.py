@@ -15,7 +15,7 @@ from ...formatters.shapes import UNDECODABLE
 from ...handlers.custom_formatters import CustomResponder, error_payload, parse_custom
 from ...serving import EngineModel, Responder
 from ..bodies import read_body, request_properties, requested_adapter
-from ..http_reply import respond
+from ..http_reply import respond_over_http
 
 
 def defaults(model: EngineModel) -> lmi_rolling.Defaults:
@@ -54,7 +54,7 @@ async def invoke_rolling(
             input_text=req.generation.prompt,
         )
         responder = CustomResponder(custom.output, text_input, custom.output_content_type)
-    return await respond(model, [req.generation], responder, request)
+    return await respond_over_http(model, [req.generation], responder, request)
 
 
 def _parse_custom(model: EngineModel, body: bytes, request: Request) -> lmi_rolling.ParsedRequest:

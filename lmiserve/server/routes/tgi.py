@@ -12,7 +12,7 @@ from ...errors import BadRequest, ModelNotReady, NotFound
 from ...formatters import mindie_tgi, tgi
 from ...serving import EngineModel
 from ..bodies import read_body
-from ..http_reply import respond
+from ..http_reply import respond_over_http
 
 router = APIRouter()
 
@@ -28,7 +28,7 @@ async def _generate(request: Request, stream: bool) -> Response:
     request.state.protocol = "tgi"
     model = engine_model(request)
     parsed = tgi.parse(await read_body(request), stream)
-    return await respond(model, [parsed.generation], tgi.TgiResponder(parsed), request)
+    return await respond_over_http(model, [parsed.generation], tgi.TgiResponder(parsed), request)
 
 
 @router.post("/")
@@ -38,7 +38,7 @@ async def compat_generate(request: Request) -> Response:
     request.state.protocol = "tgi"
     model = engine_model(request)
     parsed = tgi.parse(await read_body(request), None, mindie=True)
-    return await respond(model, [parsed.generation], mindie_tgi.MindieResponder(parsed), request)
+    return await respond_over_http(model, [parsed.generation], mindie_tgi.MindieResponder(parsed), request)
 
 
 @router.post("/generate")
