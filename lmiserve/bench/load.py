@@ -9,14 +9,13 @@ it used, and a level whose client processes were busy most of the time is flagge
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import orjson
 
 from .apis import APIS, Api
+from .client_processes import in_processes
 from .http_stream import Connection, HttpError
 from .stats import RequestRecord, level_report
 
@@ -107,11 +106,7 @@ def run_level(
         Share(base_url, api.name, items[k::procs], len(range(k, concurrency, procs)), max_new_tokens, model)
         for k in range(procs)
     ]
-    if procs == 1:
-        results = [_run_share(shares[0])]
-    else:
-        with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_run_share, shares))
+    results = in_processes(_run_share, shares)
     row = level_report(concurrency, [r for records, _, _, _ in results for r in records])
     busy = [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall, _ in results]
     row["streamed_tokens"] = sum(streamed for *_, streamed in results)

@@ -9,16 +9,15 @@ process of its share of the rate (together, one of the whole rate)."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import random
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import orjson
 
 from .apis import APIS, Api
+from .client_processes import in_processes
 from .http_stream import Connection, HttpError
 from .stats import RequestRecord, percentile
 
@@ -132,11 +131,7 @@ def offer_load(
         Offer(base_url, api.name, prompt, max_new_tokens, model, rate / procs, duration, deadline, seed * 1000 + k)
         for k in range(procs)
     ]
-    if procs == 1:
-        results = [_run_offer(offers[0])]
-    else:
-        with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_run_offer, offers))
+    results = in_processes(_run_offer, offers)
     records = [r for rs, _, _ in results for r in rs]
     return records, [round(cpu / wall, 3) if wall > 0 else 0.0 for _, cpu, wall in results]
 
