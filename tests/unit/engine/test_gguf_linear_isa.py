@@ -1,7 +1,8 @@
-"""The GGUF-block kernel built for other CPU classes than this one's: AVX2 only (no AVX-512) and
-plain C++, each in a build of its own (with load_kernels' flags), against the weights dequantized
-in fp32; and the AVX2 build's rows, which do not depend on the rest of the batch. (The kernels
-are compiled for the CPU they run on; these builds run the other classes' code here.)"""
+"""The GGUF-block kernel built for other CPU classes than this one's: AVX2 only (no AVX-512),
+AVX-512F without AVX512_BF16 and plain C++, each in a build of its own (with load_kernels'
+flags), against the weights dequantized in fp32 (bf16 rows: to bf16); and the AVX2 build's rows,
+which do not depend on the rest of the batch. (The kernels are compiled for the CPU they run on;
+these builds run the other classes' code here.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from lmiserve.rolling_batch.ops.cpu_kernels import load_kernels
 pytestmark = pytest.mark.skipif(
     not load_kernels() or importlib.util.find_spec("ninja") is None, reason="the CPU kernels do not build here"
 )
-BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
+BUILDS = {
+    "avx2": (["-mavx2", "-mfma", "-mf16c"], "avx2"),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"], "avx512f"),
+    "portable": ([], None),
+}
+"""Per build: its flags, and the CPU flag it needs."""
 
 
 def build(isa: str):  # type: ignore[no-untyped-def]
@@ -32,7 +38,7 @@ def build(isa: str):  # type: ignore[no-untyped-def]
     load(
         name=f"lmiserve_quant_kernels_{isa}",
         sources=[str(_CSRC / name) for name in ("quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")],
-        extra_cflags=["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa]],  # load_kernels' flags
+        extra_cflags=["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],  # load_kernels' flags
         is_python_module=False,
         verbose=False,
     )
@@ -41,8 +47,9 @@ def build(isa: str):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module", params=sorted(BUILDS))
 def ops(request):  # type: ignore[no-untyped-def]
-    if request.param == "avx2" and "avx2" not in cpu_flags():
-        pytest.skip("this CPU has no AVX2")
+    needs = BUILDS[request.param][1]
+    if needs is not None and needs not in cpu_flags():
+        pytest.skip(f"this CPU has no {needs}")
     built = build(request.param)
     assert built.quant_linear_isa() == request.param
     return built
@@ -67,15 +74,18 @@ def weight(kind: int, n: int, k: int):  # type: ignore[no-untyped-def]
 def test_rows_match_dequantized_weights(  # type: ignore[no-untyped-def]
     ops, kind: int, m: int, dtype: torch.dtype, with_bias: bool, n: int, k: int
 ) -> None:
-    """96 inputs: three blocks (Q4's last pair half empty); N not a whole number of row groups."""
+    """96 inputs: three blocks (Q4's last pair half empty); N not a whole number of row groups.
+    bf16 rows multiply the weights rounded to bf16 (the model's bf16 tensor), as the AVX512_BF16
+    build does: within fp32 sums and one bf16 rounding of that product."""
     w = weight(kind, n, k)
     packed = ops.pack_gguf(w.blocks, kind, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     bias = torch.randn(n) if with_bias else None
     got = ops.linear_gguf(x, packed, kind, bias, 4)
     assert got.dtype == dtype and got.shape == (m, n)
-    want = F.linear(x.double(), w.dequantize(torch.float64), None if bias is None else bias.double())
-    tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
+    dense = w.dequantize(torch.float64) if dtype == torch.float32 else w.dequantize(torch.bfloat16).double()
+    want = F.linear(x.double(), dense, None if bias is None else bias.double())
+    tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2**-8, atol=1e-3)
     torch.testing.assert_close(got.double(), want, **tolerance)
 
 

@@ -47,9 +47,21 @@ struct Layout {
   int64_t arranged() const { return kind == kQ8_0 ? k : pairs * 64; }  // x values a row takes
 };
 
+// fn(std::integral_constant<int64_t, K>{}) for the block type K that `kind` names.
+template <typename Fn>
+inline void with_kind(int64_t kind, Fn&& fn) {
+  switch (kind) {
+    case kQ4_0: fn(std::integral_constant<int64_t, kQ4_0>{}); break;
+    case kQ4_1: fn(std::integral_constant<int64_t, kQ4_1>{}); break;
+    default: fn(std::integral_constant<int64_t, kQ8_0>{}); break;
+  }
+}
+
 // csrc/quant_linear_avx2.cpp: y (m, n) = x W^T (+ bias) for arranged fp32 x, on AVX2 without
-// AVX-512; false (nothing done) in builds for other classes.
-bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, float* y);
+// AVX-512, the weights rounded to bf16 first where `bf16_weights` (x was bf16); false (nothing
+// done) in builds for other classes.
+bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias,
+               bool bf16_weights, float* y);
 
 inline float half_bits(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 

@@ -9,6 +9,9 @@
 // - fp32 x: each weight dequantized exactly as the fp32 dequantization does (one rounding of
 //   d q + m) and multiplied in fp32, on AVX-512, on AVX2 (csrc/quant_linear_avx2.cpp: each weight
 //   row dequantized once a call), else plain C++.
+// - bf16 x on the other builds: widened to fp32 and multiplied as fp32 x is, each weight rounded
+//   to bf16 after its dequantization (BF16W), so that every build multiplies the weights the
+//   model's bf16 tensor holds.
 // A row's sums are formed in the same order whatever the number of rows: a row's result does not
 // depend on the rest of the batch (with tiles, as long as every call takes them).
 
@@ -23,6 +26,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_vec.h"
+#include "convert.h"
 #include "gguf_layout.h"
 #include "task_queue.h"
 
@@ -132,11 +137,13 @@ void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* x
     for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
 }
 #endif
-// fp32 x (arranged): each weight d q + m in fp32, then fused multiply-adds.
-template <int64_t KIND, int R, int MR>
+// fp32 x (arranged): each weight d q + m in fp32 (rounded to bf16 where BF16W), then fused
+// multiply-adds.
+template <int64_t KIND, int R, int MR, bool BF16W>
 void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, float* out) {
   const int64_t lda = L.arranged();
 #if defined(__AVX512F__)
+  const auto weights = [](__m512 v) { return BF16W ? lmiserve::round_bf16(v) : v; };
   __m512 acc[R][MR];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
@@ -147,7 +154,7 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
         const __m512 d = _mm512_set1_ps(_cvtsh_ss(u16(row + L.quant_bytes + 2 * b)));
         for (int h = 0; h < 2; ++h) {
           const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 32 + 16 * h));
-          const __m512 wv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+          const __m512 wv = weights(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
           for (int m = 0; m < MR; ++m)
             acc[r][m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xa + m * lda + b * 32 + 16 * h), acc[r][m]);
         }
@@ -171,8 +178,8 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
         }
         for (int h = 0; h < 2; ++h) {
           const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p * 32 + 16 * h)));
-          const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xF))), d, mv);
-          const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, mv);
+          const __m512 lo = weights(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xF))), d, mv));
+          const __m512 hi = weights(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, mv));
           for (int m = 0; m < MR; ++m) {
             const float* xb = xa + m * lda + p * 64 + 16 * h;
             acc[r][m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[r][m]);
@@ -186,6 +193,7 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
 #else
   // plain C++ (AVX2: csrc/quant_linear_avx2.cpp): a block (Q8) or a pair (Q4) dequantized into
   // fp32, then multiplied
+  const auto weight = [](float v) { return BF16W ? lmiserve::round_to<c10::BFloat16>(v) : v; };
   float acc[R][MR][8] = {};
   alignas(32) float wv[64];
   const int64_t units = KIND == kQ8_0 ? L.blocks : L.pairs, width = KIND == kQ8_0 ? 32 : 64;
@@ -195,15 +203,15 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
       const uint8_t* scales = row + L.quant_bytes;
       if constexpr (KIND == kQ8_0) {
         const float d = half_bits(u16(scales + 2 * u));
-        for (int i = 0; i < 32; ++i) wv[i] = d * static_cast<float>(static_cast<int8_t>(row[u * 32 + i]));
+        for (int i = 0; i < 32; ++i) wv[i] = weight(d * static_cast<float>(static_cast<int8_t>(row[u * 32 + i])));
       } else {
         for (int j = 0; j < 32; ++j) {
           const int64_t b = 2 * u + (j / 2) % 2;
           const float d = half_bits(u16(scales + 2 * b));
           const float mn = KIND == kQ4_1 ? half_bits(u16(scales + 2 * L.scales + 2 * b)) : -8.f * d;
           const uint8_t byte = row[u * 32 + j];
-          wv[j] = std::fma(static_cast<float>(byte & 0xF), d, mn);
-          wv[32 + j] = std::fma(static_cast<float>(byte >> 4), d, mn);
+          wv[j] = weight(std::fma(static_cast<float>(byte & 0xF), d, mn));
+          wv[32 + j] = weight(std::fma(static_cast<float>(byte >> 4), d, mn));
         }
       }
       for (int m = 0; m < MR; ++m) {
@@ -231,12 +239,12 @@ constexpr int64_t kAheadGroups = 4;  // how far ahead a thread requests its grou
 constexpr int64_t kUnitGroups = 8;   // groups a thread takes at a time (csrc/task_queue.h)
 
 // R weight rows against mr (<= kM) arranged x rows: their sums into s[r * mr + m].
-template <int64_t KIND, int R, typename A>
+template <int64_t KIND, int R, bool BF16W, typename A>
 void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int64_t mr, float* s) {
   auto call = [&](auto tag) {
     constexpr int MR = decltype(tag)::value;
     if constexpr (std::is_same_v<A, float>) {
-      rows_f32<KIND, R, MR>(w, ldw, L, xa, s);
+      rows_f32<KIND, R, MR, BF16W>(w, ldw, L, xa, s);
     } else {
 #if defined(__AVX512BF16__)
       rows_bf16<KIND, R, MR>(w, ldw, L, xa, s);
@@ -256,7 +264,7 @@ void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int6
 }
 
 // y (m, n) = x W^T from arranged x (A: float, or bf16 bits).
-template <int64_t KIND, typename A, typename Y>
+template <int64_t KIND, bool BF16W, typename A, typename Y>
 void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
               const float* bias, Y* y) {
   const int64_t groups = (n + kR - 1) / kR, lda = L.arranged();
@@ -277,8 +285,8 @@ void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t
           for (int64_t r0 = 0; r0 < rows; r0 += (rows == kR ? kR : 1)) {
             const int64_t rr = rows == kR ? kR : 1;
             const uint8_t* wr = w + (n0 + r0) * L.row_bytes;
-            if (rr == kR) some_rows<KIND, kR>(wr, L.row_bytes, L, xm, mr, s);
-            else some_rows<KIND, 1>(wr, L.row_bytes, L, xm, mr, s);
+            if (rr == kR) some_rows<KIND, kR, BF16W>(wr, L.row_bytes, L, xm, mr, s);
+            else some_rows<KIND, 1, BF16W>(wr, L.row_bytes, L, xm, mr, s);
             for (int64_t r = 0; r < rr; ++r)
               for (int64_t i = 0; i < mr; ++i) {
                 const int64_t col = n0 + r0 + r;
@@ -304,14 +312,9 @@ std::string quant_linear_isa() {
 #endif
 }
 
-template <typename A, typename Y>
-void dispatch(int64_t kind, const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
-              const float* bias, Y* y) {
-  switch (kind) {
-    case kQ4_0: multiply<kQ4_0>(xa, m, w, L, n, bias, y); break;
-    case kQ4_1: multiply<kQ4_1>(xa, m, w, L, n, bias, y); break;
-    default: multiply<kQ8_0>(xa, m, w, L, n, bias, y); break;
-  }
+template <bool BF16W, typename A, typename Y>
+void dispatch(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, Y* y) {
+  with_kind(L.kind, [&](auto kind) { multiply<decltype(kind)::value, BF16W>(xa, m, w, L, n, bias, y); });
 }
 
 // y = x W^T (+ bias) for a weight from pack_gguf: x (..., K) fp32, bf16 or fp16 (fp16 through
@@ -350,15 +353,22 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
     if (!(tile_rows > 0 && m >= tile_rows && amx_gguf(xs, m, w, L, n, bs, ys))) {
       std::vector<uint16_t> xa(m * L.arranged());
       arrange_x(reinterpret_cast<const c10::BFloat16*>(xs), m, L, reinterpret_cast<c10::BFloat16*>(xa.data()));
-      dispatch(kind, xa.data(), m, w, L, n, bs, reinterpret_cast<c10::BFloat16*>(ys));
+      dispatch<false>(xa.data(), m, w, L, n, bs, reinterpret_cast<c10::BFloat16*>(ys));
     }
   } else if (m > 0) {
     std::vector<float> xa(m * L.arranged());
-    if (out_dtype == at::kBFloat16) arrange_x(x2.data_ptr<c10::BFloat16>(), m, L, xa.data());  // widened as arranged
+    const bool bf16_weights = out_dtype == at::kBFloat16;  // bf16 x: widened as arranged
+    if (bf16_weights) arrange_x(x2.data_ptr<c10::BFloat16>(), m, L, xa.data());
     else if (out_dtype == at::kHalf) arrange_x(x2.data_ptr<c10::Half>(), m, L, xa.data());
     else arrange_x(x2.data_ptr<float>(), m, L, xa.data());
-    if (!avx2_gguf(xa.data(), m, w, L, n, bs, y.data_ptr<float>()))
-      dispatch(kind, xa.data(), m, w, L, n, bs, y.data_ptr<float>());
+    float* yf = y.data_ptr<float>();
+    if (!avx2_gguf(xa.data(), m, w, L, n, bs, bf16_weights, yf)) {
+#if !defined(__AVX512BF16__)  // (with it, bf16 x never comes here)
+      if (bf16_weights) dispatch<true>(xa.data(), m, w, L, n, bs, yf);
+      else
+#endif
+        dispatch<false>(xa.data(), m, w, L, n, bs, yf);
+    }
   }
   return y.to(out_dtype).view(shape);
 }

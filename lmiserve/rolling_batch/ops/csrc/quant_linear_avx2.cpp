@@ -4,7 +4,9 @@
 // A thread takes groups of weight rows; each group's rows are dequantized once a call, as a whole
 // row each, into fp32 (F16C for the scales, the quants widened with AVX2: w = fma(q, d, m), m = -8 d
 // for Q4_0; Q8_0 w = d q, the same values as the fp32 dequantization), and then every x row is
-// multiplied with them, a few x rows by a few weight rows at a time in registers.
+// multiplied with them, a few x rows by a few weight rows at a time in registers. For bf16 x
+// (widened) each weight is then rounded to bf16, the weight the model's bf16 tensor holds, as the
+// AVX512_BF16 kernel multiplies it.
 // Each output is eight lane sums over the arranged inputs in order, then the lanes added 0 to 7:
 // the same order whatever the number of rows, so a row's result does not depend on the batch.
 
@@ -21,6 +23,8 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
 #define LMISERVE_GGUF_AVX2 1
 #include <immintrin.h>
+
+#include "bf16_vec.h"
 #endif
 
 namespace lmiserve_gguf {
@@ -38,8 +42,15 @@ inline __m256 pair_scales(const uint8_t* halves, int64_t p) {
   return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1));
 }
 
+// 8 weights as the product takes them: rounded to bf16 for bf16 x (BF16W), else as they are.
+template <bool BF16W>
+inline void store_weights(float* out, __m256 w) {
+  if constexpr (BF16W) w = lmiserve::round_bf16x8(w);
+  _mm256_storeu_ps(out, w);
+}
+
 // One packed weight row into L.arranged() fp32 weights, in the arranged order.
-template <int64_t KIND>
+template <int64_t KIND, bool BF16W>
 void dequantize_row(const uint8_t* row, const Layout& L, float* out) {
   const uint8_t* d = row + L.quant_bytes;
   if constexpr (KIND == kQ8_0) {
@@ -49,7 +60,7 @@ void dequantize_row(const uint8_t* row, const Layout& L, float* out) {
       const __m256 dv = _mm256_set1_ps(_cvtsh_ss(h));
       for (int i = 0; i < 32; i += 8) {
         const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + b * 32 + i));
-        _mm256_storeu_ps(out + b * 32 + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+        store_weights<BF16W>(out + b * 32 + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
       }
     }
   } else {
@@ -60,8 +71,8 @@ void dequantize_row(const uint8_t* row, const Layout& L, float* out) {
       const __m256 mv = KIND == kQ4_1 ? pair_scales(mins, p) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.f));
       for (int j = 0; j < 32; j += 8) {  // byte j: low nibble is arranged value j, high 32 + j
         const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + p * 32 + j)));
-        _mm256_storeu_ps(out + p * 64 + j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), dv, mv));
-        _mm256_storeu_ps(out + p * 64 + 32 + j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), dv, mv));
+        store_weights<BF16W>(out + p * 64 + j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), dv, mv));
+        store_weights<BF16W>(out + p * 64 + 32 + j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), dv, mv));
       }
     }
   }
@@ -101,7 +112,7 @@ void tile_rows(const float* wb, const float* xa, int64_t ld, int64_t mr, float* 
   else tile<R, 1>(wb, xa, ld, s);
 }
 
-template <int64_t KIND>
+template <int64_t KIND, bool BF16W>
 void multiply(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, float* y) {
   const int64_t ld = L.arranged();
   // rows dequantized together: about 32 KiB of fp32 weights, whole register tiles
@@ -112,7 +123,7 @@ void multiply(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int
     float s[kM * kR];
     for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
       const int64_t g = u.unit, n0 = g * group, rows = std::min<int64_t>(group, n - n0);
-      for (int64_t r = 0; r < rows; ++r) dequantize_row<KIND>(w + (n0 + r) * L.row_bytes, L, wb.data() + r * ld);
+      for (int64_t r = 0; r < rows; ++r) dequantize_row<KIND, BF16W>(w + (n0 + r) * L.row_bytes, L, wb.data() + r * ld);
       for (int64_t m0 = 0; m0 < m; m0 += kM) {
         const int64_t mr = std::min<int64_t>(kM, m - m0);
         for (int64_t r0 = 0; r0 < rows;) {
@@ -133,16 +144,18 @@ void multiply(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int
 
 }  // namespace
 
-bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, float* y) {
-  switch (L.kind) {
-    case kQ4_0: multiply<kQ4_0>(xa, m, w, L, n, bias, y); break;
-    case kQ4_1: multiply<kQ4_1>(xa, m, w, L, n, bias, y); break;
-    default: multiply<kQ8_0>(xa, m, w, L, n, bias, y); break;
-  }
+bool avx2_gguf(const float* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias,
+               bool bf16_weights, float* y) {
+  with_kind(L.kind, [&](auto kind) {
+    if (bf16_weights) multiply<decltype(kind)::value, true>(xa, m, w, L, n, bias, y);
+    else multiply<decltype(kind)::value, false>(xa, m, w, L, n, bias, y);
+  });
   return true;
 }
 #else
-bool avx2_gguf(const float*, int64_t, const uint8_t*, const Layout&, int64_t, const float*, float*) { return false; }
+bool avx2_gguf(const float*, int64_t, const uint8_t*, const Layout&, int64_t, const float*, bool, float*) {
+  return false;
+}
 #endif
 
 }  // namespace lmiserve_gguf
