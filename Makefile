@@ -20,14 +20,21 @@ test: install-test
 soak: install-test
 	LMISERVE_CHAOS_SECONDS=300 HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -m soak tests/integration
 
-# the CPU kernels' tests against the reference ops under lower CPU classes than this CPU's
-# (LMISERVE_CPU_ISA; each class's kernels are built once, then cached); a class this CPU lacks is skipped
+# the tests that run the CPU kernels (the ops against the reference ops, GGUF blocks, LoRA, MoE, and
+# the engine over them) under lower CPU classes than this CPU's (LMISERVE_CPU_ISA; each class's
+# kernels are built once, then cached); a class this CPU lacks is skipped. (The *_isa.py tests build
+# the other classes themselves, in every `make test`.)
 ISA_CLASSES ?= avx2 portable
+ISA_TESTS ?= tests/unit/engine/test_ops*.py tests/unit/engine/test_gguf_linear.py \
+  tests/unit/engine/test_gguf_dense_rows.py tests/unit/engine/test_linear_tiles.py \
+  tests/unit/engine/test_lora_ops.py tests/unit/engine/test_generated_rows.py \
+  tests/unit/engine/test_prompt_share.py tests/unit/engine/test_deterministic.py \
+  tests/unit/moe/test_fused_moe_op.py tests/unit/quant/test_gguf_engine.py
 test-isa: install-test
 	@for isa in $(ISA_CLASSES); do \
 	  if reason=$$(.venv/bin/python -m lmiserve.cpu_isa $$isa); then \
 	    echo "== LMISERVE_CPU_ISA=$$isa"; \
-	    LMISERVE_CPU_ISA=$$isa HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q tests/unit/engine/test_ops*.py || exit 1; \
+	    LMISERVE_CPU_ISA=$$isa HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q $(ISA_TESTS) || exit 1; \
 	  else \
 	    echo "== LMISERVE_CPU_ISA=$$isa skipped: $$reason"; \
 	  fi; \
