@@ -217,7 +217,7 @@ def tiny_model(out: Path) -> Path:
 
 
 def greedy(model_dir: Path, device: str, ops: str, dtype: str) -> tuple[list[list[int]], dict[str, Any]]:
-    from .rolling_batch.engine import Engine
+    from .rolling_batch.core.engine import Engine
     from .rolling_batch.engine_config import EngineConfig
     from .wire import SamplingParams
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..rolling_batch.engine import Engine
+from ..rolling_batch.core.engine import Engine
 from ..rolling_batch.ops.interface import ExpertWeights, LinearWeight
 from ..rolling_batch.quant.weights import BLOCK, BLOCK_BYTES
 from ..wire import SamplingParams
@@ -292,7 +292,7 @@ def run(args: Any) -> int:
     from ..config import load_settings
     from ..model_store import resolve_model
     from ..rolling_batch.engine_config import engine_options
-    from ..rolling_batch.placement import placed_config
+    from ..rolling_batch.runner.placement import placed_config
 
     settings = load_settings(args.model_dir)
     path = resolve_model(settings.model.model_id, settings.model_dir)

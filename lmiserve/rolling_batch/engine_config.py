@@ -2,7 +2,7 @@
 and how it is built from the server's validated settings.
 
 Plain data (no torch), so the API process can read it without importing the engine: where the
-engine runs (device, dtype, tensor-parallel degree) is resolved by :mod:`.placement`, in the
+engine runs (device, dtype, tensor-parallel degree) is resolved by :mod:`.runner.placement`, in the
 engine process. Each field names the setting it comes from (``metadata["setting"]``); a field
 named after its setting takes that setting's declared default, and a setting left empty is filled
 in from the device's defaults (:mod:`lmiserve.config.device_defaults`).
@@ -54,7 +54,7 @@ class EngineConfig:
     """The weights' quantization as asked for (None: the checkpoint's own; :mod:`.quant.loading`)."""
     measured_prompt_share: int = field(default=0, metadata={"setting": None})
     """On a CPU: the per-sequence prompt share measured at start-up where it is below the one
-    taken (the device default), else 0; not a setting (:mod:`.prompt_share`, the scheduler's
+    taken (the device default), else 0; not a setting (:mod:`.runner.prompt_share`, the scheduler's
     ``SchedulerConfig.measured_share``)."""
     gguf_dense_rows: int = field(default=0, metadata={"setting": None})
     """On a CPU, in bf16: rows of a step from which a GGUF model's block layers run from their
@@ -66,7 +66,7 @@ class EngineConfig:
     """A request's tokens do not depend on the rest of the batch (:mod:`.ops.batch_invariant`)."""
     async_scheduling: str = _setting("option.async_scheduling")
     """auto, true or false: overlap each step's host work with the previous step on the device
-    (:mod:`.overlap`); auto turns it on for CUDA devices."""
+    (:mod:`.core.overlap`); auto turns it on for CUDA devices."""
     enable_lora: bool = _setting("option.enable_lora")
     max_loras: int = _setting("option.max_loras")
     max_lora_rank: int = _setting("option.max_lora_rank")

@@ -1,7 +1,7 @@
 """The models of an API process beside the main one: engine models attached to the main one's engines.
 
 Such a process tokenizes, detokenizes and formats for itself, and talks to each engine over the
-engine's own socket (:class:`~lmiserve.rolling_batch.attached_client.AttachedEngineClient`); it
+engine's own socket (:class:`~lmiserve.rolling_batch.process.attached_client.AttachedEngineClient`); it
 starts no engine and loads no weights. :func:`apply` brings its registry in line with the main
 process's description (:func:`.shared_state.describe_models`): models attached, adapters known,
 models gone detached.
@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Settings
 from ..generation.tokenizer import load_tokenizer
 from ..handlers.custom_formatters import load_custom_formatters
-from ..rolling_batch.attached_client import AttachedEngineClient
+from ..rolling_batch.process.attached_client import AttachedEngineClient
 from .adapters import AdapterInfo
 from .engine_model import EngineModel
 from .handler_model import ModelLoadError

@@ -22,11 +22,11 @@ from ..generation.output_processor import OutputProcessor, detokenize_step
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
-from ..rolling_batch.client import EngineClient, EngineStartError, ProcessEngineClient
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.spec import read_config, spec_from_config
-from ..rolling_batch.sharding import check_shardable
-from ..rolling_batch.standby import Standby
+from ..rolling_batch.process.client import EngineClient, EngineStartError, ProcessEngineClient
+from ..rolling_batch.process.standby import Standby
+from ..rolling_batch.runner.sharding import check_shardable
 from . import engine_sockets, heap
 from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad

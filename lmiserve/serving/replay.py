@@ -3,7 +3,7 @@
 When the engine process dies, the requests it was running are handed to the restarted engine
 (:class:`ReplayingStream`) instead of failing. One that has produced nothing yet starts again
 from its prompt. One that has (a stream that already sent tokens) continues from them where the
-engine can take them (:attr:`~lmiserve.rolling_batch.client.EngineClient.resumes`): the engine
+engine can take them (:attr:`~lmiserve.rolling_batch.process.client.EngineClient.resumes`): the engine
 then goes on exactly as it would have, greedy or seeded. Its reader sees a longer pause, not an
 error. A request that arrives while the engine restarts waits for it the same way. Each request
 is replayed at most ``option.max_replays`` times, and never past its deadline.
@@ -89,7 +89,7 @@ class EngineSource(Protocol):
 
 class ReplayingStream:
     """One request's deltas, in order, across engine restarts (the interface of
-    :class:`~lmiserve.rolling_batch.client.RequestStream`: iterate it, ``ready``, ``fail``)."""
+    :class:`~lmiserve.rolling_batch.process.client.RequestStream`: iterate it, ``ready``, ``fail``)."""
 
     def __init__(
         self,

@@ -15,9 +15,9 @@ from lmiserve.bench.cpu_report import OTHER, cpu_report, render
 from lmiserve.cli import main
 from lmiserve.config import load_settings
 from lmiserve.model_store import resolve_model
-from lmiserve.rolling_batch.engine import Engine
+from lmiserve.rolling_batch.core.engine import Engine
 from lmiserve.rolling_batch.engine_config import engine_options
-from lmiserve.rolling_batch.placement import placed_config
+from lmiserve.rolling_batch.runner.placement import placed_config
 
 LEVELS = [1, 2]
 PROMPT = 16

@@ -15,7 +15,7 @@ from lmiserve import wire
 from lmiserve.config import load_settings
 from lmiserve.errors import Overloaded
 from lmiserve.generation.request import GenerationRequest
-from lmiserve.rolling_batch.client import RequestStream
+from lmiserve.rolling_batch.process.client import RequestStream
 from lmiserve.server.app import create_app
 from lmiserve.serving import EngineModel
 from lmiserve.serving.registry import ModelRegistry

@@ -7,9 +7,9 @@ import pytest
 from lmiserve.config import load_settings
 from lmiserve.config.device_defaults import DEVICE_DEFAULTS, DeviceDefaults
 from lmiserve.config.loader import SPECS_BY_FIELD, SPECS_BY_KEY
-from lmiserve.rolling_batch import placement
 from lmiserve.rolling_batch.engine_config import EngineConfig, engine_options
-from lmiserve.rolling_batch.placement import engine_config
+from lmiserve.rolling_batch.runner import placement
+from lmiserve.rolling_batch.runner.placement import engine_config
 
 NOT_SETTINGS = {"ops", "gguf_dense_rows", "measured_prompt_share"}
 """Fields no setting sets (the ops implementation follows the device, tests name one; the rows from

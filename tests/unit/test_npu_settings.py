@@ -5,9 +5,9 @@ import pytest
 from lmiserve.config import load_settings
 from lmiserve.errors import ValidationFailed
 from lmiserve.generation.request import GenerationRequest
-from lmiserve.rolling_batch import placement
 from lmiserve.rolling_batch.engine_config import engine_options
-from lmiserve.rolling_batch.placement import engine_config
+from lmiserve.rolling_batch.runner import placement
+from lmiserve.rolling_batch.runner.placement import engine_config
 from lmiserve.serving import model_factory
 from lmiserve.serving.engine_model import EngineModel, engine_env
 from lmiserve.serving.handler_model import ModelLoadError

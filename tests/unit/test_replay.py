@@ -7,7 +7,7 @@ import asyncio
 
 from lmiserve import wire
 from lmiserve.errors import RequestPoisoned, WorkerDied
-from lmiserve.rolling_batch.client import RequestStream
+from lmiserve.rolling_batch.process.client import RequestStream
 from lmiserve.serving.replay import ReplayingStream, Replays
 
 

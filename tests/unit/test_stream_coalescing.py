@@ -12,7 +12,7 @@ from lmiserve.formatters.lmi_rolling import Defaults, parse_request
 from lmiserve.formatters.lmi_rolling_output import LmiResponder
 from lmiserve.generation.detokenizer import IncrementalDetokenizer, batch_decoder, decode_step
 from lmiserve.generation.output_processor import OutputProcessor, detokenize_step
-from lmiserve.rolling_batch.client import RequestStream
+from lmiserve.rolling_batch.process.client import RequestStream
 from lmiserve.serving.respond import respond
 
 TEXT = "Große Füchse 😀 springen über 東京 and plain words, then more plain words here."

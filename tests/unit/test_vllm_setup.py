@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmiserve.config import load_settings
-from lmiserve.rolling_batch.client import EngineStartError
+from lmiserve.rolling_batch.process.client import EngineStartError
 from lmiserve.rolling_batch.vllm.cpu import RESERVE_FROM_CPUS, cpu_tuning, find_iomp
 from lmiserve.rolling_batch.vllm.engine_args import engine_kwargs, taken
 from lmiserve.serving.handler_model import ModelLoadError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmiserve.config import load_settings
-from lmiserve.rolling_batch.client import EngineStartError
+from lmiserve.rolling_batch.process.client import EngineStartError
 from lmiserve.rolling_batch.vllm.engine_args import engine_kwargs, taken
 
 from .real_vllm import needs_vllm

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..engine_config import EngineConfig
     from ..models.decoder import DecoderModel
     from ..models.spec import ModelSpec
-    from ..sequence import Group
+    from ..scheduling.sequence import Group
 
 
 class EngineAdapters:

@@ -1,6 +1,6 @@
 """Generated tokens run again as prompt rows are attended as the decodes that first produced them.
 
-A replayed request (:mod:`..replay`: its engine died) and a sequence recomputed after preemption
+A replayed request (:mod:`..runner.replay`: its engine died) and a sequence recomputed after preemption
 bring tokens that were generated one decode at a time; the step runs them as rows of a prompt
 chunk. The device's prompt kernel adds a row's attention sums in another order than its decode
 kernel (tiles of queries and keys against one query over the keys), so those rows' keys, values
@@ -10,7 +10,7 @@ the deterministic mode's form each row on its own. So each row at or after its s
 length is attended once more, on its own, as the decode of its position, by the same ops (the
 prompt kernel's result for it is overwritten). Only steps that hold such rows pay for it; they
 run eagerly, outside captured graphs. Deterministic mode's ops attend every prompt row as a decode
-already: there no row is marked (:func:`..step_inputs.build_step_arrays`).
+already: there no row is marked (:func:`..runner.step_inputs.build_step_arrays`).
 """
 
 from __future__ import annotations

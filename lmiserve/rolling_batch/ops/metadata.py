@@ -22,7 +22,7 @@ class PagedAttentionInputs:
     decodes and prompt chunks in kernels of their own take them apart with :meth:`parts`.
     A captured device graph replays its launches as they were captured: there a launch may
     depend on ``max_q_len`` and the tensors' shapes, never on the host copies or ``num_decodes``
-    (:mod:`..mixed_graphs`).
+    (:mod:`..runner.mixed_graphs`).
     """
 
     block_tables: torch.Tensor

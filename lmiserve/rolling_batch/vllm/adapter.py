@@ -19,7 +19,7 @@ from typing import Any
 from ... import wire
 from ...config import Settings
 from ...errors import WorkerDied
-from ..client import EngineClient, EngineStartError, RequestStream
+from ..process.client import EngineClient, EngineStartError, RequestStream
 from .cpu import tune_for_cpu
 from .engine_args import engine_kwargs, taken
 from .engine_info import NOT_INSTALLED, engine_info, one_line, vllm_installed

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...config import Settings
 from ...devices import TORCH_DTYPE_NAMES
-from ..client import EngineStartError
+from ..process.client import EngineStartError
 from .params import field_names
 
 RENAMED = {

@@ -7,7 +7,7 @@ import contextlib
 import importlib.util
 from typing import Any
 
-from ..client import EngineStartError
+from ..process.client import EngineStartError
 from .params import VllmApi
 
 NOT_INSTALLED = "option.rolling_batch=vllm needs the vllm package, which is not installed (pip install vllm)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lmiserve.rolling_batch.engine import Engine, EngineConfig
+from lmiserve.rolling_batch.core.engine import Engine, EngineConfig
 from lmiserve.wire import SamplingParams
 
 ASYNC_SCHEDULING = "false"

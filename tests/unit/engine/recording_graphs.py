@@ -1,6 +1,6 @@
 """A graph backend for the CPU: it "captures" by remembering the forward call and "replays" by
 running it again on the same buffers, so the step graphs' bucket, padding and buffer logic
-(lmiserve.rolling_batch.graphs, lmiserve.rolling_batch.mixed_graphs) is tested without a GPU.
+(lmiserve.rolling_batch.runner.graphs, lmiserve.rolling_batch.runner.mixed_graphs) is tested without a GPU.
 Ops that read the host copies of a step's lengths see the replayed step's: the graphs keep them
 up to date for this backend (a device graph never reads them)."""
 

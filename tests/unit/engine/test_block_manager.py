@@ -1,7 +1,7 @@
 import pytest
 
-from lmiserve.rolling_batch.block_manager import BlockManager
-from lmiserve.rolling_batch.sequence import Group, Sequence
+from lmiserve.rolling_batch.scheduling.block_manager import BlockManager
+from lmiserve.rolling_batch.scheduling.sequence import Group, Sequence
 from lmiserve.wire import SamplingParams
 
 BS = 4

@@ -238,7 +238,7 @@ def test_interpreted_device_kernels_are_not_timed(tiny_model_dirs):
 
 def test_a_decode_step_that_fails_at_start_up_leaves_the_curve_empty(tiny_model_dirs, monkeypatch):
     """The timing is a figure for admission control, never a reason for the engine not to start."""
-    from lmiserve.rolling_batch.model_runner import ModelRunner
+    from lmiserve.rolling_batch.runner.model_runner import ModelRunner
 
     def broken(self, arrays):  # type: ignore[no-untyped-def]
         raise RuntimeError("no padding steps here")

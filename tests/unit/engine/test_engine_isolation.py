@@ -29,7 +29,7 @@ def test_failing_request_is_isolated_and_others_continue(tiny_model_dirs, tiny_t
 def test_requests_the_engine_cannot_take_are_rejected(tiny_model_dirs):
     import pytest
 
-    from lmiserve.rolling_batch.engine import RequestRejected
+    from lmiserve.rolling_batch.core.engine import RequestRejected
 
     engine = make_engine(tiny_model_dirs["llama"], max_model_len=64)
     with pytest.raises(RequestRejected):

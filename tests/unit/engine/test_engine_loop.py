@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lmiserve import wire
-from lmiserve.rolling_batch.engine import RequestRejected
-from lmiserve.rolling_batch.engine_process import EngineLoop, listen
-from lmiserve.rolling_batch.outbox import Outbox
+from lmiserve.rolling_batch.core.engine import RequestRejected
+from lmiserve.rolling_batch.process.engine_process import EngineLoop, listen
+from lmiserve.rolling_batch.process.outbox import Outbox
 
 
 class CountingEngine:
@@ -249,7 +249,7 @@ def test_each_connection_gets_its_own_requests_deltas(primary, tmp_path):
 def test_an_attached_client_streams_the_requests_it_sent(primary, tmp_path):
     import asyncio
 
-    from lmiserve.rolling_batch.attached_client import AttachedEngineClient
+    from lmiserve.rolling_batch.process.attached_client import AttachedEngineClient
 
     _, engine, loop, _ = primary
     path = tmp_path / "engine.sock"

@@ -9,7 +9,7 @@ import torch
 
 from lmiserve.rolling_batch.models.rope import rope_tables
 from lmiserve.rolling_batch.models.spec import UnsupportedModel, spec_from_config
-from lmiserve.rolling_batch.sharding import check_shardable
+from lmiserve.rolling_batch.runner.sharding import check_shardable
 from lmiserve.wire import SamplingParams
 
 from .engine_helpers import _hf, hf_greedy, make_engine, run, staggered

@@ -53,7 +53,7 @@ def test_attend_gives_generated_rows_the_decode_kernels_result_and_prompt_rows_t
 def test_deterministic_steps_mark_no_generated_rows(tiny_model_dirs):
     """Deterministic mode attends every prompt row as a decode already: a replay's step carries no
     prompt lengths there, and in the default mode it does."""
-    from lmiserve.rolling_batch.step_inputs import build_step_arrays
+    from lmiserve.rolling_batch.runner.step_inputs import build_step_arrays
     from lmiserve.wire import SamplingParams
 
     from .engine_helpers import make_engine

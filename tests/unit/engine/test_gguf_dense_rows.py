@@ -143,8 +143,8 @@ def test_placement_hands_the_crossing_to_the_engine(
     gguf_dir, monkeypatch, rows, deterministic, want_rows, want_quantize
 ):
     from lmiserve.config.loader import load_settings
-    from lmiserve.rolling_batch import placement
     from lmiserve.rolling_batch.engine_config import engine_options
+    from lmiserve.rolling_batch.runner import placement
 
     choice = RowsChoice(rows, dict.fromkeys(ROWS, 2.0), dict.fromkeys(ROWS, 1.0))
     monkeypatch.setattr(cpu_gguf_rows, "dense_rows", lambda path: (choice, choice.why()))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmiserve.rolling_batch.graphs import BUCKETS, graph_buckets
+from lmiserve.rolling_batch.runner.graphs import BUCKETS, graph_buckets
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,7 @@ def test_large_limits():
 
 
 def test_buffer_rows_start_16_bytes_apart():
-    from lmiserve.rolling_batch.graphs import aligned_rows
+    from lmiserve.rolling_batch.runner.graphs import aligned_rows
 
     assert [aligned_rows(n, 8) for n in (1, 2, 5, 512)] == [2, 2, 6, 512]
     assert [aligned_rows(n, 4) for n in (1, 4, 5)] == [4, 4, 8]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lmiserve import wire
-from lmiserve.rolling_batch import graphs
+from lmiserve.rolling_batch.runner import graphs
 from lmiserve.wire import SamplingParams
 from tests.lora_adapters import build_adapter
 from tests.unit.engine.engine_helpers import make_engine, run

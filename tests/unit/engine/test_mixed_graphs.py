@@ -5,8 +5,8 @@ step of a kind that was not run before the engine was ready."""
 import pytest
 import torch
 
-from lmiserve.rolling_batch import graphs
-from lmiserve.rolling_batch.mixed_graphs import MAX_PROMPT_TOKENS, mixed_seq_buckets, prompt_token_buckets
+from lmiserve.rolling_batch.runner import graphs
+from lmiserve.rolling_batch.runner.mixed_graphs import MAX_PROMPT_TOKENS, mixed_seq_buckets, prompt_token_buckets
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine, run
 from tests.unit.engine.recording_graphs import RecordingBackend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmiserve.rolling_batch.overlap import overlap_enabled
+from lmiserve.rolling_batch.core.overlap import overlap_enabled
 from lmiserve.wire import GuidedDecoding, SamplingParams
 
 from .engine_helpers import fail_request, make_engine, run
@@ -122,7 +122,7 @@ def test_a_failing_request_ends_alone_with_overlap(tiny_model_dirs, tiny_tokeniz
 @pytest.mark.parametrize("arch", ["qwen3"])
 def test_engine_loop_with_requests_joining_between_steps(arch, tiny_model_dirs, tiny_tokenizer):
     from lmiserve import wire
-    from lmiserve.rolling_batch.engine_process import EngineLoop
+    from lmiserve.rolling_batch.process.engine_process import EngineLoop
 
     model_dir = tiny_model_dirs[arch]
     p = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
@@ -170,7 +170,7 @@ def test_engine_loop_with_requests_joining_between_steps(arch, tiny_model_dirs, 
 def test_graphs_take_their_input_ids_from_the_step_before(monkeypatch, tiny_model_dirs, tiny_tokenizer):
     """The recording stand-in for device graphs: overlapped decode steps and mixed steps replay
     graphs whose input ids are filled from the previous step's samples, and give the serial tokens."""
-    from lmiserve.rolling_batch import graphs
+    from lmiserve.rolling_batch.runner import graphs
 
     from .recording_graphs import RecordingBackend
 

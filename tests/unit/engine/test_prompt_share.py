@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmiserve.rolling_batch import placement, prompt_share
 from lmiserve.rolling_batch.ops.cpu_dtype import Layer
-from lmiserve.rolling_batch.prompt_share import MAX_SHARE, measure_share, share_of
+from lmiserve.rolling_batch.runner import placement, prompt_share
+from lmiserve.rolling_batch.runner.prompt_share import MAX_SHARE, measure_share, share_of
 from tests.tiny_models import build_model
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lmiserve.generation.sampling import sample_rows
-from lmiserve.rolling_batch import replay
-from lmiserve.rolling_batch.engine import RequestRejected
+from lmiserve.rolling_batch.core.engine import RequestRejected
+from lmiserve.rolling_batch.runner import replay
 from lmiserve.wire import GenerateRequest, GuidedDecoding, SamplingParams
 
 from .engine_helpers import make_engine

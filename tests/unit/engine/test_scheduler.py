@@ -1,8 +1,8 @@
 """The scheduler with a fake model: each step appends token 1 to every sequence that samples."""
 
-from lmiserve.rolling_batch.block_manager import BlockManager
-from lmiserve.rolling_batch.scheduler import Scheduler, SchedulerConfig
-from lmiserve.rolling_batch.sequence import Group, Sequence, Status
+from lmiserve.rolling_batch.scheduling.block_manager import BlockManager
+from lmiserve.rolling_batch.scheduling.scheduler import Scheduler, SchedulerConfig
+from lmiserve.rolling_batch.scheduling.sequence import Group, Sequence, Status
 from lmiserve.wire import SamplingParams
 
 BS = 4
@@ -188,7 +188,7 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     """A decoding step takes MIN_DECODE_STEP_PREFILL prompt tokens and a few per sequence running
     or waiting (in proportion fewer below FULL_SHARE_SEQUENCES sequences), never more than
     max_decode_step_prefill_tokens; a rest of at most a quarter more is taken whole."""
-    from lmiserve.rolling_batch.prompt_budget import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
+    from lmiserve.rolling_batch.scheduling.prompt_budget import FULL_SHARE_SEQUENCES, MIN_DECODE_STEP_PREFILL
 
     def chunks_beside(decoding: int, per_seq: int, cap: int, measured: int = 0) -> list[int]:
         sched = cpu_like(64, per_seq, cap, measured)

@@ -6,7 +6,7 @@ import torch
 
 from lmiserve.rolling_batch.models.spec import ModelSpec
 from lmiserve.rolling_batch.models.weights import SKIP, load_state_dict
-from lmiserve.rolling_batch.sharding import (
+from lmiserve.rolling_batch.runner.sharding import (
     Shard,
     check_shardable,
     head_range,

@@ -3,7 +3,7 @@ what the decoding sequences' next token took."""
 
 import pytest
 
-from lmiserve.rolling_batch.speeds import StepSpeeds
+from lmiserve.rolling_batch.core.speeds import StepSpeeds
 
 
 def test_a_mixed_step_measures_prefill_and_the_decodes_next_token():

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 CHILD = """
 import json, os, sys
-from lmiserve.rolling_batch import standby_process
+from lmiserve.rolling_batch.process import standby_process
 
 def nice_of(tid):
     with open(f"/proc/self/task/{tid}/stat") as f:

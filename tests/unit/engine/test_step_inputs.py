@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmiserve.rolling_batch.scheduler import ScheduledSeq, SchedulerOutput
-from lmiserve.rolling_batch.sequence import Group, Sequence
-from lmiserve.rolling_batch.step_inputs import build_step_arrays, step_tensors
+from lmiserve.rolling_batch.runner.step_inputs import build_step_arrays, step_tensors
+from lmiserve.rolling_batch.scheduling.scheduler import ScheduledSeq, SchedulerOutput
+from lmiserve.rolling_batch.scheduling.sequence import Group, Sequence
 from lmiserve.wire import SamplingParams
 
 BS = 16

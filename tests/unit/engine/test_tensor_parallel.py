@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from lmiserve.rolling_batch.engine import Engine, EngineConfig
-from lmiserve.rolling_batch.parallel import TensorParallelError
+from lmiserve.rolling_batch.core.engine import Engine, EngineConfig
+from lmiserve.rolling_batch.runner.parallel import TensorParallelError
 from lmiserve.wire import SamplingParams
 
 from .engine_helpers import hf_greedy, run

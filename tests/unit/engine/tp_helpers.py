@@ -16,7 +16,7 @@ from lmiserve.rolling_batch.models.spec import ModelSpec, read_config, spec_from
 from lmiserve.rolling_batch.models.weights import load_state_dict
 from lmiserve.rolling_batch.ops import select_ops
 from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentionInputs
-from lmiserve.rolling_batch.sharding import Shard, local_spec, shard_pieces, shard_state_dict
+from lmiserve.rolling_batch.runner.sharding import Shard, local_spec, shard_pieces, shard_state_dict
 
 BLOCK = 16
 NUM_BLOCKS = 8

@@ -13,7 +13,7 @@ attends the prompt chunks only.
 
 ``max_q_len`` only sizes the launch: a captured step passes its bucket's bound, and programs
 past a sequence's own run of query rows return at once, so the launch (grid, tile size,
-compile-time constants) depends on the bucket alone (:mod:`...mixed_graphs`).
+compile-time constants) depends on the bucket alone (:mod:`...runner.mixed_graphs`).
 
 Deterministic mode launches it for every row, decodes included, with the tile pinned to
 :data:`INVARIANT_BLOCK_M` query tokens whatever ``max_q_len`` is. A row then goes through the

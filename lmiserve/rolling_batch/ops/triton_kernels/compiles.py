@@ -1,7 +1,7 @@
 """Counting Triton's compilations in this process.
 
 A kernel specialisation compiled while requests run stalls every stream for the compile's
-length, so start-up compiles them all first (:mod:`lmiserve.rolling_batch.warmup`), and the
+length, so start-up compiles them all first (:mod:`lmiserve.rolling_batch.runner.warmup`), and the
 engine reports how many compiles happened after it said it was ready (0 when the warm-up
 covered everything). Triton calls ``knobs.runtime.jit_post_compile_hook`` after each
 compilation; :func:`install` chains a counter in front of any hook already there. The

@@ -232,7 +232,7 @@ def test_no_rows(kernel_device):
 def test_the_warm_up_steps_reach_every_configuration():
     """The warm-up's eager steps of 1 and PROMPT_ROWS rows run both configurations of each
     kernel (every quantized projection of the model, in the model's dtype)."""
-    from lmiserve.rolling_batch.warmup import PROMPT_ROWS
+    from lmiserve.rolling_batch.runner.warmup import PROMPT_ROWS
 
     reached = {int4_config(m, 4096, 4096, 128) for m in (1, PROMPT_ROWS)}
     assert reached == {c for _, c in int4_matmul.int4_variants(4096, 4096, 128)}

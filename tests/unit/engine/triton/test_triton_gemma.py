@@ -3,7 +3,7 @@ interpreted on the CPU), eagerly and from the recorded step graphs: transformers
 
 import pytest
 
-from lmiserve.rolling_batch import graphs
+from lmiserve.rolling_batch.runner import graphs
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run
 from tests.unit.engine.recording_graphs import RecordingBackend

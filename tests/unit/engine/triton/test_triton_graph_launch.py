@@ -7,11 +7,11 @@ import numpy as np
 import torch
 
 from lmiserve.rolling_batch import ops as ops_package
-from lmiserve.rolling_batch.mixed_graphs import _layout
 from lmiserve.rolling_batch.ops.metadata import PagedAttentionInputs
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.ops.triton_kernels import attention
-from lmiserve.rolling_batch.step_inputs import StepArrays
+from lmiserve.rolling_batch.runner.mixed_graphs import _layout
+from lmiserve.rolling_batch.runner.step_inputs import StepArrays
 from tests.unit.engine.test_ops import BS, paged
 
 DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"

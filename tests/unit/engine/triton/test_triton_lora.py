@@ -10,7 +10,7 @@ from lmiserve.rolling_batch.lora.step_index import LoraBuffers
 from lmiserve.rolling_batch.ops.metadata import LoraStep
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.ops.triton_kernels import lora as kernels
-from lmiserve.rolling_batch.step_inputs import StepArrays, lora_runs
+from lmiserve.rolling_batch.runner.step_inputs import StepArrays, lora_runs
 
 DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"
 
@@ -103,7 +103,7 @@ def test_a_rows_result_does_not_depend_on_the_step():
 def test_the_eager_index_and_the_runs_fallback():
     """A step's own index (its slots only, sized by its longest segment) and the index made from
     bare runs give the reference products."""
-    from lmiserve.rolling_batch.step_inputs import step_tensors
+    from lmiserve.rolling_batch.runner.step_inputs import step_tensors
 
     arrays = _step([1, 1, 9], [0, -1, 0])
     _, _, meta = step_tensors(arrays, DEVICE)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lmiserve import wire
-from lmiserve.rolling_batch import graphs
 from lmiserve.rolling_batch.ops.triton_kernels import lora as lora_kernels
+from lmiserve.rolling_batch.runner import graphs
 from lmiserve.wire import SamplingParams
 from tests.lora_adapters import build_adapter
 from tests.unit.engine.engine_helpers import make_engine, run

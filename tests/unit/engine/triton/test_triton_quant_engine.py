@@ -9,9 +9,9 @@ import shutil
 import pytest
 from safetensors.torch import save_file
 
-from lmiserve.rolling_batch import graphs
 from lmiserve.rolling_batch.quant.weights import Fp8Weight, Int4Weight
 from lmiserve.rolling_batch.quant.writers import write_quantized
+from lmiserve.rolling_batch.runner import graphs
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine, run
 from tests.unit.engine.recording_graphs import RecordingBackend

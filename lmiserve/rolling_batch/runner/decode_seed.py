@@ -1,5 +1,5 @@
 """Decode steps timed at start-up: the first points of the engine's decode curve
-(:class:`.speeds.StepSpeeds`), so that admission control knows from the first burst how a step
+(:class:`..core.speeds.StepSpeeds`), so that admission control knows from the first burst how a step
 grows with the batch on this model and device, instead of scaling the one small batch the first
 requests ran at in proportion.
 

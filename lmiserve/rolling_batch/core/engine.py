@@ -4,7 +4,7 @@ Each :meth:`Engine.step` schedules a batch (new requests join, long prompts are 
 running sequences decode), executes it (the model once over every scheduled token, then
 sampling), and updates the sequences with what it produced, reporting per sequence a delta.
 The engine knows token ids only: text, stop strings and response formats live above it.
-Start-up (weights, KV cache, graphs) is :mod:`.startup`'s.
+Start-up (weights, KV cache, graphs) is :mod:`..runner.startup`'s.
 """
 
 from __future__ import annotations
@@ -13,19 +13,20 @@ import logging
 import time
 from collections.abc import Callable
 
-from .. import wire
-from . import faults, replay
+from ... import wire
+from ..engine_config import EngineConfig
+from ..runner import replay
+from ..runner.parallel import TensorParallelError
+from ..runner.sampler import SampleResult, StepResult, finite
+from ..runner.startup import describe, start
+from ..scheduling.block_manager import BlockManager
+from ..scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from ..scheduling.sequence import Group, Sequence
+from . import faults
 from .beam_search import BeamSearch
-from .block_manager import BlockManager
-from .engine_config import EngineConfig
 from .outputs import OutputBuilder, error_delta
 from .overlap import OverlappedSteps, overlap_enabled
-from .parallel import TensorParallelError
-from .sampler import SampleResult, StepResult, finite
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .sequence import Group, Sequence
 from .speeds import StepSpeeds
-from .startup import describe, start
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -104,7 +105,7 @@ class Engine:
         deadline: float = 0.0,
     ) -> None:
         """Queue a request. ``output_ids``: the tokens it already generated before the engine that
-        ran it died (:mod:`.replay`), with their ``cumulative_logprob``; ``deadline``: the
+        ran it died (:mod:`..runner.replay`), with their ``cumulative_logprob``; ``deadline``: the
         ``time.monotonic()`` after which it is not started (0: none)."""
         if request_id in self.groups:
             raise RequestRejected(f"request id {request_id!r} is already running")

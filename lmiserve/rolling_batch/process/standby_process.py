@@ -1,7 +1,7 @@
 """An engine process started ahead of need: it imports what an engine start imports, at low
 priority, then waits for its :class:`~lmiserve.wire.InitEngine` as any engine process does.
 
-Started as ``python -m lmiserve.rolling_batch.standby_process --fd N --standby ARCHITECTURE``
+Started as ``python -m lmiserve.rolling_batch.process.standby_process --fd N --standby ARCHITECTURE``
 (:class:`.standby.Standby` does it). Every import, torch's included, runs on a thread of its own
 with the lowest priority (nice is per thread on Linux), so the engine being served keeps the CPU:
 importing torch at the engine's priority took two cores' worth of time slices from it for
@@ -28,7 +28,7 @@ IMPORT_NICENESS = 19
 
 _MODULES = (
     "torch",
-    "lmiserve.rolling_batch.engine_process",
+    "lmiserve.rolling_batch.process.engine_process",
     "lmiserve.rolling_batch.quant.gguf_weights",
     "gguf.quants",
     "safetensors.torch",
@@ -38,7 +38,7 @@ _MODULES = (
 
 def modules(architecture: str) -> list[str]:
     """What an engine for ``architecture`` imports while it starts, the heaviest first."""
-    from .models.rope import _ROTARY_CLASSES
+    from ..models.rope import _ROTARY_CLASSES
 
     family = _ROTARY_CLASSES.get(architecture)
     return [*_MODULES, *([family[0]] if family else [])]
@@ -78,7 +78,7 @@ def finish_imports(thread: threading.Thread, native_id: int, priority: int) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..child import become_child
+    from ...child import become_child
 
     argv = sys.argv[1:] if argv is None else argv
     become_child()

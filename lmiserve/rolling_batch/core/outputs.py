@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .. import wire
-from .sequence import Sequence
+from ... import wire
+from ..scheduling.sequence import Sequence
 
 
 class OutputBuilder:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..child import ChildProcess, exit_description, spawn
+from ...child import ChildProcess, exit_description, spawn
 
 log = logging.getLogger("lmiserve.standby")
 
-MODULE = "lmiserve.rolling_batch.standby_process"
+MODULE = "lmiserve.rolling_batch.process.standby_process"
 REPLACE_DELAY_S = 1.0
 """How long after a standby died another is started."""
 MAX_FAILURES = 3

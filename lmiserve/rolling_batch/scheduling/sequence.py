@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wire import SamplingParams
+from ...wire import SamplingParams
 
 _ids = itertools.count()
 
@@ -78,7 +78,7 @@ class Sequence:
     token_logprobs: list[float] = field(default_factory=list)
     """Log-probability of each generated token (kept for beam search, whose output comes at the end)."""
     num_replayed: int = 0
-    """Generated tokens the request brought with it (a replay, :mod:`.replay`): they are output like
+    """Generated tokens the request brought with it (a replay, :mod:`..runner.replay`): they are output like
     any other generated token, but were never sampled here and are not emitted again."""
 
     @property

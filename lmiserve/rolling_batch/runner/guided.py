@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..wire import GuidedDecoding
-from .sequence import Sequence
+from ...wire import GuidedDecoding
+from ..scheduling.sequence import Sequence
 
 log = logging.getLogger("lmiserve.engine")
 

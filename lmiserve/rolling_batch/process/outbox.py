@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from .. import wire
+from ... import wire
 
 log = logging.getLogger("lmiserve.engine")
 

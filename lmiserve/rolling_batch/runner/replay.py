@@ -25,7 +25,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from ..wire import SamplingParams
+from ...wire import SamplingParams
 
 
 def check(

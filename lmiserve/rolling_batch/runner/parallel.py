@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..child import EXIT_GRACE_S, exit_description, reap_blocking, start
-from .ops.metadata import AttentionMetadata
+from ...child import EXIT_GRACE_S, exit_description, reap_blocking, start
+from ..ops.metadata import AttentionMetadata
 from .step_inputs import StepArrays, step_tensors
 
 log = logging.getLogger("lmiserve.engine")
@@ -203,7 +203,7 @@ class StepChannel:
 
 # --- ranks 1..N-1, seen from rank 0 -------------------------------------------------------
 class WorkerRanks:
-    """Starts ranks 1..N-1 (``python -m lmiserve.rolling_batch.tp_worker``) and watches them.
+    """Starts ranks 1..N-1 (``python -m lmiserve.rolling_batch.runner.tp_worker``) and watches them.
 
     A rank that exits while the engine runs is fatal: ``on_failure`` is called with the reason
     (the engine process exits, so the server restarts the engine); without it, the other
@@ -225,7 +225,7 @@ class WorkerRanks:
         command = [
             sys.executable,
             "-m",
-            "lmiserve.rolling_batch.tp_worker",
+            "lmiserve.rolling_batch.runner.tp_worker",
             "--port",
             str(self.store.port),
             "--world-size",

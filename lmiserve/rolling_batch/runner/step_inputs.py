@@ -15,9 +15,9 @@ from itertools import chain
 import numpy as np
 import torch
 
-from .ops.generated_rows import generated_rows
-from .ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
-from .scheduler import SchedulerOutput
+from ..ops.generated_rows import generated_rows
+from ..ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
+from ..scheduling.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StepArrays:
     prompt_lens: np.ndarray | None = None
     """int32 ``(S,)``: each sequence's prompt length, when a prompt chunk of the step holds tokens
     generated before (a replay, a recompute), which are attended as decodes
-    (:mod:`.ops.generated_rows`); None when none does."""
+    (:mod:`..ops.generated_rows`); None when none does."""
     fill: TokenFill | None = None
     """Input ids that come from the previous step's samples on the device (their host value is a
     placeholder), set by the overlapped engine."""

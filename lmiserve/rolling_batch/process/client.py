@@ -14,9 +14,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from .. import wire
-from ..child import EXIT_GRACE_S, ChildProcess, exit_description, spawn
-from ..errors import WorkerDied
+from ... import wire
+from ...child import EXIT_GRACE_S, ChildProcess, exit_description, spawn
+from ...errors import WorkerDied
 from .standby import Spawned
 
 log = logging.getLogger("lmiserve.engine_client")
@@ -240,7 +240,7 @@ class ProcessEngineClient(SocketEngineClient):
         """Start the engine: in ``spawned``, a process already started that waits for its
         :class:`~lmiserve.wire.InitEngine` (a :class:`~.standby.Standby`'s), else in a new one."""
         if spawned is None:
-            spawned = await spawn("lmiserve.rolling_batch.engine_process", self.env)
+            spawned = await spawn("lmiserve.rolling_batch.process.engine_process", self.env)
         self.process, reader, self._writer = spawned
         wire.write(self._writer, self.init)
         try:

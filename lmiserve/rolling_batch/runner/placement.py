@@ -7,16 +7,16 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from ..config.schema import ModelSettings
-from ..devices import cpu_has_native_bf16, resolve_device, resolve_dtype
-from .engine_config import EngineConfig, settings_of
+from ...config.schema import ModelSettings
+from ...devices import cpu_has_native_bf16, resolve_device, resolve_dtype
+from ..engine_config import EngineConfig, settings_of
 from .parallel import resolve_degree
 
 log = logging.getLogger("lmiserve.engine")
 
 
 def engine_config(model_path: str, options: dict[str, str]) -> EngineConfig:
-    """The engine's configuration from :func:`~.engine_config.engine_options`' strings."""
+    """The engine's configuration from :func:`~..engine_config.engine_options`' strings."""
     return placed_config(model_path, options)[0]
 
 
@@ -26,7 +26,7 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
     if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
-        from .ops.cpu_dtype import measured_format
+        from ..ops.cpu_dtype import measured_format
 
         choice, why = measured_format(Path(model_path), engine.quantize)
         dtype = choice.dtype if choice is not None else "fp32"
@@ -35,7 +35,7 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     log.info("dtype %s (%s)", dtype, why)
     rows = 0
     if device == "cpu" and dtype == "bf16" and engine.quantize is None and not engine.deterministic:
-        from .ops.cpu_gguf_rows import dense_rows
+        from ..ops.cpu_gguf_rows import dense_rows
 
         choice, rows_why = dense_rows(Path(model_path))
         if choice is not None and choice.dense_rows == 1:  # dense everywhere: no blocks kept

@@ -8,7 +8,7 @@ work take turns. Here each :meth:`OverlappedSteps.step` does, with step N in fli
    token (:data:`PLACEHOLDER`) and counts N's tokens as computed, so it decodes in N+1 and its
    blocks are allocated for the token N adds;
 2. launch step N+1: its placeholder input ids are filled on the device from N's sampled tokens
-   (:class:`~.step_inputs.TokenFill`), and its own tokens are sampled there and copied to pinned
+   (:class:`~..runner.step_inputs.TokenFill`), and its own tokens are sampled there and copied to pinned
    host memory without waiting (an event marks the copy's end);
 3. collect step N: wait for that event (the one wait of a step, behind which N+1 is already
    queued), put N's tokens in place of the placeholders and build the deltas. A sequence that ends
@@ -43,14 +43,14 @@ from typing import Any
 
 import torch
 
-from .. import wire
+from ... import wire
+from ..runner.parallel import TensorParallelError
+from ..runner.sampler import DeviceSamples, SampleResult
+from ..runner.step_inputs import TokenFill, device_tensor
+from ..scheduling.scheduler import SchedulerOutput
+from ..scheduling.sequence import Sequence
 from .faults import out_of_memory
 from .outputs import error_delta
-from .parallel import TensorParallelError
-from .sampler import DeviceSamples, SampleResult
-from .scheduler import SchedulerOutput
-from .sequence import Sequence
-from .step_inputs import TokenFill, device_tensor
 
 log = logging.getLogger("lmiserve.engine")
 

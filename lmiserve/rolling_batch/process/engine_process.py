@@ -1,6 +1,6 @@
 """The engine's own process: receives requests, steps the engine, streams token ids back.
 
-Started as ``python -m lmiserve.rolling_batch.engine_process --fd N`` with one end of a
+Started as ``python -m lmiserve.rolling_batch.process.engine_process --fd N`` with one end of a
 socket pair; the first message is :class:`~lmiserve.wire.InitEngine`. A reader thread
 queues incoming messages so that requests join the batch at the next step without ever
 waiting for a step to finish, and an outbox (:mod:`.outbox`) sends, so that a step never waits
@@ -24,13 +24,13 @@ import time
 import traceback
 from collections.abc import Callable
 
-from .. import wire
-from ..child import EXIT_GRACE_S, run_child
-from ..errors import WorkerDied
+from ... import wire
+from ...child import EXIT_GRACE_S, run_child
+from ...errors import WorkerDied
+from ..core.engine import Engine, RequestRejected
+from ..runner.placement import engine_config
 from .client import EngineClient, EngineStartError
-from .engine import Engine, RequestRejected
 from .outbox import Outbox
-from .placement import engine_config
 
 log = logging.getLogger("lmiserve.engine")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .block_manager import BlockManager
-from .scheduler import SchedulerOutput
-from .sequence import Sequence
+from ..scheduling.block_manager import BlockManager
+from ..scheduling.scheduler import SchedulerOutput
+from ..scheduling.sequence import Sequence
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Ranks 1..N-1 of a tensor-parallel engine: load a shard, then run each step rank 0 sends.
 
 Started by rank 0 (:class:`~.parallel.WorkerRanks`) as
-``python -m lmiserve.rolling_batch.tp_worker --rank R --world-size N --port P --parent PID
+``python -m lmiserve.rolling_batch.runner.tp_worker --rank R --world-size N --port P --parent PID
 --config JSON``. A rank loads its shard of the weights, tells rank 0 through the TCP store
 that it is ready, joins the process group, agrees with the others on the number of KV blocks,
 and then runs the forward pass of every step it receives until rank 0 stops it. It dies with
@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import logs
-from ..child import become_child
-from ..devices import torch_dtype
-from .engine_config import EngineConfig
-from .kv_memory import kv_cache_blocks
+from ... import logs
+from ...child import become_child
+from ...devices import torch_dtype
+from ..engine_config import EngineConfig
+from ..kv_memory import kv_cache_blocks
+from ..models.spec import read_config, spec_from_config
 from .model_runner import ModelRunner
-from .models.spec import read_config, spec_from_config
 from .parallel import TIMEOUT, StepChannel, agree_min, join_group, rank_device, rank_threads
 from .sharding import Shard
 
@@ -47,7 +47,7 @@ def serve(runner: ModelRunner, channel: StepChannel) -> int:
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="lmiserve.rolling_batch.tp_worker")
+    parser = argparse.ArgumentParser(prog="lmiserve.rolling_batch.runner.tp_worker")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .ops.cpu_dtype import (
+from ..ops.cpu_dtype import (
     Layer,
     cache_file,
     load_measurement,
@@ -44,7 +44,7 @@ there the inter-token p99 at 32 streams stays under vLLM-CPU's, and 8 streams ge
 per second than with the share of 4 (a share of 12: 18%, but an inter-token p99 past vLLM's)."""
 DECODE_ROWS = 16
 """Rows of the measured decode step: a full batch, which takes the whole per-sequence share (the
-scheduler's ramp, :data:`~.prompt_budget.FULL_SHARE_SEQUENCES`, ends at or below it)."""
+scheduler's ramp, :data:`~..scheduling.prompt_budget.FULL_SHARE_SEQUENCES`, ends at or below it)."""
 CHUNK_ROWS = 64
 """Rows of the measured prompt chunk."""
 MAX_SHARE = 32
@@ -84,7 +84,7 @@ def measured_share(
 ) -> tuple[int | None, str]:
     """The prompt share for this model on this CPU, and why (None where the model's shapes cannot
     be read: the device's default stays)."""
-    from .ops.cpu import CpuOps
+    from ..ops.cpu import CpuOps
 
     try:
         layers, count, _ = model_layers(model_dir, quantize)

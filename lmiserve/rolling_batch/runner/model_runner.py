@@ -9,18 +9,18 @@ from pathlib import Path
 
 import torch
 
+from ..lora.step_index import LoraBuffers
+from ..models.decoder import decoder_class
+from ..models.rope import rope_tables
+from ..models.spec import ModelSpec
+from ..ops import select_ops
+from ..quant.loading import load_weights
+from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
-from .lora.step_index import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
-from .models.decoder import decoder_class
-from .models.rope import rope_tables
-from .models.spec import ModelSpec
-from .ops import select_ops
 from .parallel import StepChannel, TensorParallelError
 from .phase_log import PhaseLog
-from .quant.loading import load_weights
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
-from .scheduler import SchedulerOutput
 from .sharding import Shard, local_spec, shard_pieces
 from .step_inputs import StepArrays, TokenFill, build_step_arrays, device_tensor, step_tensors
 from .warmup import StepKey, eager_key
@@ -45,7 +45,7 @@ class ModelRunner:
     ):
         """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
         part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head.
-        ``gguf_dense_rows``: :attr:`.engine_config.EngineConfig.gguf_dense_rows`."""
+        ``gguf_dense_rows``: :attr:`..engine_config.EngineConfig.gguf_dense_rows`."""
         self.device = device
         self.dtype = dtype
         self.deterministic = deterministic
@@ -116,7 +116,7 @@ class ModelRunner:
         """Device kernels compiled in this process so far (Triton's; 0 for the other ops)."""
         if self.ops.name != "cuda":
             return 0
-        from .ops.triton_kernels import compiles
+        from ..ops.triton_kernels import compiles
 
         return compiles.count()
 
@@ -212,7 +212,7 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, fill: TokenFill | None = None) -> DeviceSamples | None:
         """Run the step and sample, leaving the tokens on the device (the overlapped engine's
-        device half, :mod:`.overlap`): one token per sequence that reached its end, in
+        device half, :mod:`..core.overlap`): one token per sequence that reached its end, in
         :class:`LogitRows` order, for a step without beams or prompt log-probabilities. ``fill``
         gives the input ids still on the device."""
         hidden = self._forward(out, fill)

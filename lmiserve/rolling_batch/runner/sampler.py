@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.sampling import (
+from ...generation.sampling import (
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p_min_p,
     apply_typical_p,
     sample_rows,
 )
+from ..scheduling.scheduler import ScheduledSeq
+from ..scheduling.sequence import Group, Sequence
 from . import replay
-from .scheduler import ScheduledSeq
-from .sequence import Group, Sequence
 
 
 @dataclass

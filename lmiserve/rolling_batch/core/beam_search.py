@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import wire
-from .block_manager import BlockManager
-from .scheduler import Scheduler
-from .sequence import Group, Sequence, Status
+from ... import wire
+from ..scheduling.block_manager import BlockManager
+from ..scheduling.scheduler import Scheduler
+from ..scheduling.sequence import Group, Sequence, Status
 
 NEG = -1.0e9
 

@@ -11,16 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import torch_dtype
+from ...devices import torch_dtype
+from ..engine_config import EngineConfig
+from ..kv_memory import GIB, kv_cache_blocks
+from ..lora.engine_adapters import EngineAdapters
+from ..models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from . import graphs
 from .decode_seed import time_decode_steps
-from .engine_config import EngineConfig
 from .guided import GuidedDecoder
-from .kv_memory import GIB, kv_cache_blocks
-from .lora.engine_adapters import EngineAdapters
 from .mixed_graphs import MAX_PROMPT_TOKENS
 from .model_runner import ModelRunner
-from .models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
 from .parallel import WorkerRanks, agree_min, check_devices
 from .phase_log import PhaseLog
 from .sampler import Sampler
@@ -133,7 +133,7 @@ def _attention_workspace(config: EngineConfig, runner: ModelRunner, max_model_le
     captured graph runs (its launch covers the block tables' whole width); 0 elsewhere."""
     if runner.ops.name != "cuda":
         return 0
-    from .ops.triton_kernels.split_kv import scratch_bytes
+    from ..ops.triton_kernels.split_kv import scratch_bytes
 
     keys = max(max_model_len, MAX_PROMPT_TOKENS + 1) + config.block_size  # mixed graphs' padding run
     return scratch_bytes(config.max_num_seqs + 1, keys, runner.spec.num_heads, runner.spec.head_dim)

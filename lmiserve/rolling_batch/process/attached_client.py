@@ -2,7 +2,7 @@
 
 The engine process accepts more connections on a Unix socket (``InitEngine.listen_path``).
 :class:`AttachedEngineClient` is one of them: it submits, aborts and receives deltas like
-:class:`~lmiserve.rolling_batch.client.ProcessEngineClient`, but owns no process: the API
+:class:`~lmiserve.rolling_batch.process.client.ProcessEngineClient`, but owns no process: the API
 process that started the engine restarts it, and a closed connection only ends the requests
 sent through it (``on_exit`` tells the model).
 """

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..lora.step_index import LoraBuffers
+from ..models.decoder import DecoderModel
+from ..ops.contract import ContractError
+from ..ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .graphs import GraphBackend, _host, _no_grad, aligned_rows
-from .lora.step_index import LoraBuffers
-from .models.decoder import DecoderModel
-from .ops.contract import ContractError
-from .ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")
@@ -157,7 +157,7 @@ class MixedGraphs:
         return self.seq_buckets[i], self.token_buckets[j]
 
     def fits(self, arrays: StepArrays) -> bool:
-        """A step with prompt tokens, none generated before (:mod:`.ops.generated_rows`), small
+        """A step with prompt tokens, none generated before (:mod:`..ops.generated_rows`), small
         enough (with adapters where captured with LoRA)."""
         return (
             0 < arrays.num_seqs

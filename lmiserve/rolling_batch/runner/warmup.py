@@ -5,7 +5,7 @@ A step's kernels are chosen by its *kind*: a captured bucket (``("decode", b)``,
 where ``attention`` is ``"decode"`` (one query row per sequence: the attention kernel's small
 tile) or ``"prompt"`` (its prompt tile) and ``adapters`` says whether LoRA products run. The LoRA
 kernels have one tile size for every step and integers fixed by the projection shapes
-(:mod:`.ops.triton_kernels.lora`), so any step with adapters, eager or replayed, launches what
+(:mod:`..ops.triton_kernels.lora`), so any step with adapters, eager or replayed, launches what
 the capture (graphs built with LoRA on run the launches over empty segments) and the eager
 adapter steps here compiled. Nothing else about a step changes what is compiled: the kernels'
 batch-dependent integers are not specialised on (``do_not_specialize``) and the packed index
