@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..rolling_batch.scheduling.scheduler import TAIL_SHARE
+from ..rolling_batch.scheduling.prompt_budget import TAIL_SHARE
 
 
 @dataclass(frozen=True)

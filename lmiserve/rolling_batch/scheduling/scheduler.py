@@ -10,7 +10,7 @@ with ``decode_step_prefill_tokens_per_sequence`` :data:`~.prompt_budget.MIN_DECO
 sequence running or waiting (in proportion fewer below :data:`~.prompt_budget.FULL_SHARE_SEQUENCES` sequences):
 a few streams are held up only briefly by a prompt, while a
 full batch, whose requests also arrive more often, prefills in larger chunks and so in fewer
-steps; a prompt's rest within a quarter of that share (:data:`TAIL_SHARE`) is not cut off. A step without decodes delays no stream: it takes the whole budget, or, under the
+steps; a prompt's rest within a quarter of that share (:data:`~.prompt_budget.TAIL_SHARE`) is not cut off. A step without decodes delays no stream: it takes the whole budget, or, under the
 per-sequence limit, the next prompt whole and the per-sequence share beyond it, so that prompts
 arriving together start one after the other instead of decoding (and ending) in step. A request for a LoRA adapter joins only when its adapter has
 a device slot (at most ``max_loras`` adapters per step); it waits otherwise, and others go ahead. When the cache runs out, the most recently admitted
@@ -31,15 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .block_manager import BlockManager
-from .prompt_budget import share_ramp, step_prompt_tokens
+from .prompt_budget import PromptBudget, chunk
 from .sequence import Group, Sequence, Status
-
-TAIL_SHARE = 4
-"""Under the per-sequence limit, a prompt whose rest exceeds the step's prompt tokens by at most
-this share of them (a quarter) is taken whole, within the step's budget and
-``max_decode_step_prefill_tokens``: a short tail left for the next step would cost its first
-token a whole further step (every stream waits for each step anyway) to spare this one a few
-tokens' time."""
 
 
 @dataclass
@@ -129,7 +122,12 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
         self.max_model_len = config.max_model_len
-        self._ramp = self.share_ramp()
+        self.prompt_budget = PromptBudget(
+            self.max_num_batched_tokens,
+            config.max_decode_step_prefill_tokens,
+            config.decode_step_prefill_tokens_per_sequence,
+            config.measured_share,
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -229,36 +227,9 @@ class Scheduler:
         leader = seq.group.leader
         return not leader.finished and leader.num_computed < leader.num_prompt_tokens
 
-    def share_ramp(self) -> tuple[int, int]:
-        """This scheduler's :func:`.prompt_budget.share_ramp`."""
-        return share_ramp(self.config.decode_step_prefill_tokens_per_sequence or 0, self.config.measured_share)
-
-    def _share(self) -> int:
-        """Prompt tokens per step under the per-sequence limit."""
-        n = len(self.running) + len(self.waiting)
-        per_seq = self.config.decode_step_prefill_tokens_per_sequence or 0
-        return step_prompt_tokens(per_seq, n, self._ramp)
-
     def decode_step_prefill_budget(self) -> int:
         """Most prompt tokens a step that also decodes may take now."""
-        limit = self.config.max_decode_step_prefill_tokens or self.max_num_batched_tokens
-        if self.config.decode_step_prefill_tokens_per_sequence is not None:
-            limit = min(limit, self._share())
-        return limit
-
-    def idle_step_prefill_budget(self) -> int:
-        """Most prompt tokens a step in which nothing decodes may take now: the whole budget, or,
-        under the per-sequence limit, the next prompt whole and beyond it the per-sequence share.
-        Prompts that arrive together then start one after the other rather than all in one
-        step, so they do not finish together, and the prompts that replace them (a closed loop,
-        a client that sends its next request when one ends) do not arrive together either: each
-        is prefilled in a step or two beside the others' decodes instead of waiting for all of
-        them at once."""
-        if self.config.decode_step_prefill_tokens_per_sequence is None:
-            return self.max_num_batched_tokens
-        prefilling = [s for s in self.running if s.num_pending > 1]
-        head = prefilling[0].num_pending if prefilling else (self.waiting[0].num_tokens if self.waiting else 0)
-        return min(self.max_num_batched_tokens, max(self._share(), head))
+        return self.prompt_budget.decode_step(len(self.running) + len(self.waiting))
 
     def _expire(self, out: SchedulerOutput) -> None:
         """Finish the waiting sequences, never scheduled yet, whose request's deadline has passed."""
@@ -294,14 +265,7 @@ class Scheduler:
             out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
             budget -= 1
 
-        # streams that decode wait for this step: it takes a bounded number of prompt tokens
-        hard = budget
-        if out.decodes:
-            hard = min(budget, self.config.max_decode_step_prefill_tokens or budget)
-            budget = min(budget, self.decode_step_prefill_budget())
-        else:
-            budget = min(budget, self.idle_step_prefill_budget())
-        tail = budget // TAIL_SHARE if self.config.decode_step_prefill_tokens_per_sequence is not None else 0
+        budget, hard, tail = self.prompt_budget.limits(budget, bool(out.decodes), self.running, self.waiting)
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:
@@ -309,7 +273,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue
-            n = _chunk(seq.num_pending, budget, tail, hard)
+            n = chunk(seq.num_pending, budget, tail, hard)
             if not self._make_room(seq, n, out, protected):
                 continue
             self.blocks.append_slots(seq, n)
@@ -331,7 +295,7 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             cached = self.blocks.cached_prefix_blocks(seq)
-            n = _chunk(seq.num_tokens - len(cached) * self.blocks.block_size, budget, tail, hard)
+            n = chunk(seq.num_tokens - len(cached) * self.blocks.block_size, budget, tail, hard)
             if self.blocks.admission_cost(seq, cached, n) > self.blocks.num_free_blocks:
                 break
             if not self._take_slot(seq.group):  # every slot is taken by adapters running now
@@ -356,12 +320,3 @@ class Scheduler:
         for item in out.scheduled:
             item.seq.num_computed += item.num_tokens
             self.blocks.commit(item.seq)
-
-
-def _chunk(pending: int, budget: int, tail: int, hard: int) -> int:
-    """Prompt tokens a sequence with ``pending`` of them gets in this step: what is left of the
-    step's ``budget``, or all of them when the rest is a tail of at most ``tail`` tokens that
-    fits ``hard`` (the step's budget and ``max_decode_step_prefill_tokens``)."""
-    if pending <= budget + tail and pending <= hard:
-        return pending
-    return min(pending, budget)

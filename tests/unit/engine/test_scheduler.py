@@ -217,10 +217,10 @@ def test_a_step_that_decodes_takes_prompt_tokens_in_proportion_to_the_sequences_
     # capped at 110: a rest of 110 is taken whole, one of 120 (within a quarter of 110, past the cap) is not
     assert chunks_beside(40, 6, 110) == [110, 110, 80]
     # a measured share under the one taken: a longer ramp, fewer tokens on top, none from half
-    assert cpu_like(64, 4, None, 4).share_ramp() == cpu_like(64, 4).share_ramp() == (8, 16)
-    assert cpu_like(64, 4, None, 3).share_ramp() == (11, 8)
-    assert cpu_like(64, 4, None, 2).share_ramp() == (16, 0)
-    assert cpu_like(64, 4, None, 1).share_ramp() == (16, 0)  # never past twice as many sequences
+    assert cpu_like(64, 4, None, 4).prompt_budget.ramp == cpu_like(64, 4).prompt_budget.ramp == (8, 16)
+    assert cpu_like(64, 4, None, 3).prompt_budget.ramp == (11, 8)
+    assert cpu_like(64, 4, None, 2).prompt_budget.ramp == (16, 0)
+    assert cpu_like(64, 4, None, 1).prompt_budget.ramp == (16, 0)  # never past twice as many sequences
     # 7 decoding + 1, measured 2 under 4: 4 x 8 x 8/16 = 16, the floor (without the measurement
     # 16 + 8 x 4 = 48)
     assert chunks_beside(7, 4, 512, measured=2) == [16] * 18 + [12]
