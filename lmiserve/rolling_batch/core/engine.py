@@ -1,7 +1,7 @@
 """The continuous-batching engine: requests in, token ids out, one step at a time.
 
 Each :meth:`Engine.step` schedules a batch (new requests join, long prompts are chunked,
-running sequences decode), executes it (the model once over every scheduled token, then
+running sequences decode), runs it (the model once over every scheduled token, then
 sampling), and updates the sequences with what it produced, reporting per sequence a delta.
 The engine knows token ids only: text, stop strings and response formats live above it.
 Start-up (weights, KV cache, graphs) is :mod:`..runner.startup`'s.
@@ -167,7 +167,7 @@ class Engine:
 
     # --- one step -------------------------------------------------------------------------
     def step(self) -> list[wire.SeqDelta]:
-        """One step: schedule, execute, update (overlapped: the update is the previous step's)."""
+        """One step: schedule, run, update (overlapped: the update is the previous step's)."""
         if self.overlap is not None:
             deltas = self.overlap.step()
         else:
@@ -178,10 +178,10 @@ class Engine:
         return deltas
 
     def run_serial(self, batch: SchedulerOutput) -> list[wire.SeqDelta]:
-        """Execute and update a scheduled batch; a failing batch is retried in halves, one that ran
+        """Run and update a scheduled batch; a failing batch is retried in halves, one that ran
         out of memory in the next step without the sequence that asked the most of it."""
         try:
-            deltas = self.update(batch, self.runner.execute(batch))
+            deltas = self.update(batch, self.runner.run(batch))
         except TensorParallelError:
             raise  # the ranks are out of step: nothing can be retried
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) at fault
@@ -296,7 +296,7 @@ class Engine:
             if not live:
                 continue
             try:
-                deltas += self.update(live, self.runner.execute(live))
+                deltas += self.update(live, self.runner.run(live))
             except TensorParallelError:
                 raise
             except Exception as inner:  # noqa: BLE001

@@ -200,8 +200,9 @@ class ModelRunner:
             raise TensorParallelError(channel.broken) from exc
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepResult:
-        """Run the step and sample the next token of every sequence that reached its end."""
+    def run(self, out: SchedulerOutput) -> StepResult:
+        """Run the step and sample the next token of every sequence that reached its end, the
+        tokens read back to the host (beam searches and prompt log-probabilities included)."""
         hidden = self._forward(out)
         rows = LogitRows.of(out.decodes, out.prefills)
         if not rows.hidden_rows:
@@ -211,10 +212,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, fill: TokenFill | None = None) -> DeviceSamples | None:
-        """Run the step and sample, leaving the tokens on the device (the overlapped engine's
-        device half, :mod:`..core.overlap`): one token per sequence that reached its end, in
-        :class:`LogitRows` order, for a step without beams or prompt log-probabilities. ``fill``
-        gives the input ids still on the device."""
+        """:meth:`run` without the read-back: the tokens stay on the device (the overlapped
+        engine's device half, which collects them later, :mod:`..core.overlap`): one token per
+        sequence that reached its end, in :class:`LogitRows` order, for a step without beams or
+        prompt log-probabilities. ``fill`` gives the input ids still on the device."""
         hidden = self._forward(out, fill)
         rows = LogitRows.of(out.decodes, out.prefills)
         if not rows.hidden_rows:
