@@ -132,7 +132,9 @@ def test_sigterm_drains_streaming_and_plain_engine_requests(tmp_path):
     model_dir.mkdir()
     (model_dir / "serving.properties").write_text(
         f"model_name=tiny\noption.model_id={long_context}\noption.rolling_batch=lmi\noption.dtype=fp32\n"
-        "option.max_model_len=4096\n"
+        # generation continues after the drain began: however slowly a loaded machine runs it, the
+        # requests' own deadline is not what ends them
+        "option.max_model_len=4096\npredict_timeout=1800\n"
     )
     tokens = 2000
     params = {"max_new_tokens": tokens, "ignore_eos_token": True, "details": True}
