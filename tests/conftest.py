@@ -19,6 +19,19 @@ if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "" or not any(
 apply_torch_env()
 
 
+def pytest_sessionstart(session):
+    """The engine's CPU kernels for this CPU's class, built (the first time) before any test runs, so
+    that no test server's start-up waits on the compiler. Not in pytest-xdist's workers (their
+    controller built them) nor in vLLM's environment (its tests do not run our engine)."""
+    import importlib.util
+
+    if hasattr(session.config, "workerinput") or importlib.util.find_spec("vllm") is not None:
+        return
+    from lmiserve.rolling_batch.ops.cpu_kernels import load_kernels
+
+    load_kernels()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test's report ends with the last lines of every test server running when it
