@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from .engine_server import Reference, start
+from .engine_server import Reference
 
 PROMPT = "What is Deep Learning?"
 USER = [{"role": "user", "content": PROMPT}]
@@ -17,9 +17,8 @@ def reference(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    with start(tmp_path_factory.mktemp("databricks") / "m", tiny_llama_dir) as s:
-        yield s.wait_ready()
+def server(engine_server):
+    return engine_server
 
 
 def post(server, path, body, **kw):

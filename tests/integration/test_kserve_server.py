@@ -13,8 +13,6 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import free_port
-
 from .engine_server import Reference, start
 
 PROMPTS = ["What is Deep Learning?", "The quick brown fox"]
@@ -28,14 +26,8 @@ def reference(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    grpc_port = free_port()
-    env = {"SERVING_GRPC_PORT": str(grpc_port)}
-    with start(tmp_path_factory.mktemp("kserve") / "m", tiny_llama_dir, env=env) as s:
-        s.wait_ready()
-        s.http_address = s.url.removeprefix("http://")
-        s.grpc_address = f"127.0.0.1:{grpc_port}"
-        yield s
+def server(engine_server):
+    return engine_server
 
 
 @pytest.fixture(scope="module")

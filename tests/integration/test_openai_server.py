@@ -7,7 +7,7 @@ import jsonschema
 import openai
 import pytest
 
-from .engine_server import Reference, start
+from .engine_server import Reference
 
 PROMPT = "What is Deep Learning?"
 SCHEMA = {
@@ -49,9 +49,8 @@ def reference(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    with start(tmp_path_factory.mktemp("openai") / "m", tiny_llama_dir) as s:
-        yield s.wait_ready()
+def server(engine_server):
+    return engine_server
 
 
 @pytest.fixture(scope="module")

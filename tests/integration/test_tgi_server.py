@@ -7,7 +7,7 @@ import pytest
 from text_generation import Client
 from text_generation.errors import ValidationError
 
-from .engine_server import Reference, start
+from .engine_server import Reference
 
 PROMPT = "What is Deep Learning?"
 
@@ -18,9 +18,8 @@ def reference(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    with start(tmp_path_factory.mktemp("tgi") / "m", tiny_llama_dir) as s:
-        yield s.wait_ready()
+def server(engine_server):
+    return engine_server
 
 
 def test_client_generate_with_details(server, reference):
