@@ -51,6 +51,7 @@ from ..scheduling.scheduler import SchedulerOutput
 from ..scheduling.sequence import Sequence
 from .faults import out_of_memory
 from .outputs import error_delta
+from .overlap_seam import OverlapSeam
 
 log = logging.getLogger("lmiserve.engine")
 
@@ -119,9 +120,9 @@ def _start_copy(packed: torch.Tensor) -> tuple[torch.Tensor, Any]:
 class OverlappedSteps:
     """Steps an engine with one step in flight (see the module's description)."""
 
-    def __init__(self, engine: Any):
-        self.engine = engine
-        """The :class:`~.engine.Engine` whose steps these are (this module sits below it)."""
+    def __init__(self, phases: OverlapSeam):
+        self.phases = phases
+        """The engine's step phases (:class:`~.step_phases.StepPhases`), as this module uses them."""
         self.pending: InFlight | None = None
         self.overlapped = 0
         """Steps launched before their predecessor's tokens were read back."""
@@ -133,8 +134,8 @@ class OverlappedSteps:
         return self.pending is not None and any(not s.finished for s in self.pending.seqs)
 
     def step(self) -> list[wire.SeqDelta]:
-        engine = self.engine
-        batch = engine.schedule()
+        phases = self.phases
+        batch = phases.schedule()
         if batch and overlappable(batch):
             launched, error = self._launch(batch)
             if launched is not None:
@@ -145,7 +146,7 @@ class OverlappedSteps:
             if error is not None and out_of_memory(error):
                 deltas = self.collect()
                 live = SchedulerOutput.of([i for i in batch.scheduled if not i.seq.finished])
-                return deltas + (engine.out_of_memory(live, error) if live else [])
+                return deltas + (phases.out_of_memory(live, error) if live else [])
         deltas = self.collect()
         if batch:
             # sequences that ended in the step just collected leave the batch
@@ -154,23 +155,23 @@ class OverlappedSteps:
             live = SchedulerOutput(decodes=decodes, prefills=prefills, copies=batch.copies)
             if live:
                 self.serial += 1
-                deltas += engine.run_serial(live)
+                deltas += phases.run_serial(live)
         return deltas
 
     # --- the halves -------------------------------------------------------------------------
     def _launch(self, batch: SchedulerOutput) -> tuple[InFlight | None, Exception | None]:
         """Run ``batch`` on the device, its tokens staying there; else why it failed (it then runs
         serially, which finds the sequences at fault, unless memory ran out)."""
-        engine = self.engine
+        phases = self.phases
         seqs = [item.seq for item in batch.decodes + batch.prefills if item.samples]
         try:
-            samples = engine.runner.launch(batch, self._fill(batch))
+            samples = phases.runner.launch(batch, self._fill(batch))
         except TensorParallelError:
             raise
         except Exception as exc:  # noqa: BLE001 - the serial retry isolates the request(s) at fault
             log.debug("an overlapped step failed (%s)", exc)
             return None, exc
-        flight = InFlight(batch, seqs, samples, engine.step_started, engine.batch_size)
+        flight = InFlight(batch, seqs, samples, phases.step_started, phases.batch_size)
         if samples is not None:
             flight.host, flight.ready = _start_copy(samples.packed)
             flight.rows = {seq.seq_id: row for row, seq in enumerate(seqs)}
@@ -198,10 +199,8 @@ class OverlappedSteps:
 
     def _advance(self, flight: InFlight) -> None:
         """Record the launched step as computed and give its sampling sequences placeholders."""
-        engine = self.engine
         live = SchedulerOutput.of([i for i in flight.batch.scheduled if not i.seq.finished])
-        engine.scheduler.after_step(live)
-        engine.prompt_tokens += live.num_prompt_tokens
+        self.phases.computed(live)
         for seq in flight.seqs:
             if not seq.finished:
                 seq.token_ids.append(PLACEHOLDER)
@@ -223,11 +222,11 @@ class OverlappedSteps:
             except Exception as exc:  # noqa: BLE001 - the step failed on the device
                 log.exception("an overlapped step failed")
                 for seq in seqs:
-                    self.engine.finish(seq, "error")
+                    self.phases.finish(seq, "error")
                 return [error_delta(seq, f"{type(exc).__name__}: {exc}") for seq in seqs]
             top = None if found.top is None else [found.top[i] for i in keep]
             kept = SampleResult([found.token_ids[i] for i in keep], [found.logprobs[i] for i in keep], top)
-            deltas = self.engine.record(seqs, kept, flight.batch_size, flight.started)
+            deltas = self.phases.record(seqs, kept, flight.batch_size, flight.started)
         ended = time.monotonic()
         for item in flight.batch.scheduled:
             if item.samples:
@@ -235,5 +234,5 @@ class OverlappedSteps:
         if keep:
             # a step whose sequences had all ended is collected only with the next work, however
             # long the engine then stood idle: that wait is no step's time
-            self.engine.step_timed(flight.batch, ended - flight.started)
+            self.phases.step_timed(flight.batch, ended - flight.started)
         return deltas
