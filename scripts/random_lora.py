@@ -24,7 +24,8 @@ def build(model_dir: Path, out: Path, rank: int, modules: list[str], seed: int) 
     from safetensors.torch import save_file
 
     from lmiserve.rolling_batch.lora.peft_weights import module_shapes
-    from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
+    from lmiserve.rolling_batch.models.architectures import spec_from_config
+    from lmiserve.rolling_batch.models.spec import read_config
 
     spec = spec_from_config(read_config(model_dir))
     shapes = module_shapes(spec)

@@ -16,6 +16,7 @@ import sys
 
 from ..child import die_with_parent
 from ..config import ConfigError
+from ..config.arguments import settings_of
 from ..serving import AttachedModels, ModelRegistry
 from .api_processes import process_socket, reuse_port_socket, unix_socket
 from .app import create_app
@@ -31,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("serve", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent()
-    from .. import cli, logs
+    from .. import logs
 
     serve_args = [a for a in args.serve if a != "--"]
     try:
-        settings = cli.settings_of(serve_args)
+        settings = settings_of(serve_args)
     except ConfigError as exc:
         print(f"lmiserve: {exc}", file=sys.stderr)
         return 2

@@ -23,7 +23,8 @@ from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
 from ..rolling_batch.engine_config import engine_options
-from ..rolling_batch.models.spec import read_config, spec_from_config
+from ..rolling_batch.models.architectures import spec_from_config
+from ..rolling_batch.models.spec import read_config
 from ..rolling_batch.process.client import EngineClient, EngineStartError, ProcessEngineClient
 from ..rolling_batch.process.standby import Standby
 from ..rolling_batch.runner.sharding import check_shardable

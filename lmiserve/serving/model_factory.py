@@ -12,7 +12,7 @@ from ..devices import npu_available
 from ..handlers.custom_formatters import formatters_only, load_custom_formatters
 from ..handlers.loader import USER_MODULE, HandlerLoadError, check_syntax, resolve_entry_point, user_module
 from ..model_store import ModelNotFound, architectures
-from ..rolling_batch.models.spec import ARCHITECTURES
+from ..rolling_batch.models.architectures import ARCHITECTURES
 from .engine_model import EngineModel
 from .handler_model import HandlerModel, ModelLoadError
 from .model_paths import remote_code_refusal

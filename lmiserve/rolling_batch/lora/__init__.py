@@ -6,8 +6,10 @@
   the ``max_loras`` device slots, and which requests use them.
 - :mod:`.pool` holds the device slots: fixed tensors sized at start for ``max_loras`` adapters of
   rank ``max_lora_rank``, so adapter memory stays bounded.
-- :mod:`.step_index` lists a step's adapted rows slot by slot for the device kernels, in fixed
-  buffers that captured step graphs read (one segment per slot, ``max_loras`` of them).
+
+A step's adapted rows, listed slot by slot for the device kernels in fixed buffers that captured
+step graphs read (one segment per slot, ``max_loras`` of them), are the runner's
+(:mod:`..runner.lora_buffers`).
 
 Each projection of a step adds ``B[slot] @ (A[slot] @ x)`` for the runs of tokens whose request
 uses the adapter in ``slot`` (the ops' ``lora_add``); tokens of requests without an adapter get

@@ -3,6 +3,12 @@
 Weights are held in plain attributes, not nn.Modules: a decode step calls each op directly,
 with no module machinery in between. Projections are fused (QKV, gate/up) so each layer runs
 three matrix multiplies before the down projection.
+
+What differs between families is declared in the spec (:class:`.spec.ModelSpec`) or, where it
+is computed otherwise, in a subclass that overrides the hooks: how a norm's weight is held
+(:meth:`DecoderModel._norm_weight`) and applied (:meth:`DecoderModel._norm`), the embeddings
+(:meth:`DecoderModel._embed`), each layer's rotary tables (:meth:`DecoderModel._rope`) and the
+MLP's activation (:meth:`DecoderModel._activation`); :mod:`.gemma` is one.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..ops.generated_rows import attend
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight
@@ -32,18 +37,28 @@ class Layer:
     qkv: LinearWeight
     o: LinearWeight
     post_norm: torch.Tensor
-    """Before the MLP; with post-norm placement, on the attention's output."""
+    """``post_attention_layernorm``: before the MLP (pre-norm placement), on the attention's output
+    (post-norm and sandwich placements)."""
+    pre_mlp_norm: torch.Tensor
+    """The MLP's input norm: ``post_norm`` itself, or the sandwich placement's
+    ``pre_feedforward_layernorm``."""
     gate_up: LinearWeight | None
     down: LinearWeight | None
+    window: int = 0
+    """This layer's sliding window (0: global attention)."""
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     mlp_norm: torch.Tensor | None = None
-    """With post-norm placement, on the MLP's output."""
+    """With post-norm and sandwich placements, on the MLP's output."""
     moe: MoeLayer | None = None
     """The experts that replace the dense MLP (gate_up and down None) in a mixture-of-experts layer."""
 
 
 class DecoderModel:
+    GATED_SWIGLU = True
+    """The MLP is SwiGLU, which the ops may run fused with its gate/up product
+    (:meth:`~..ops.interface.Ops.gate_up_swiglu`)."""
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -64,8 +79,9 @@ class DecoderModel:
         self._all_reduce = all_reduce
         self._row_linear = ops.linear if all_reduce is None else self._linear_all_reduce
         embed = take(tensors, "embed_tokens.weight")
-        self.norm = take(tensors, "norm.weight")
-        self.dtype = self.norm.dtype
+        norm = take(tensors, "norm.weight")
+        self.dtype = norm.dtype
+        self.norm = self._norm_weight(norm)
         self.embed = dense(embed, self.dtype)
         """The token embeddings, dense (a step reads only its tokens' rows; a tied LM head is
         this dense weight too)."""
@@ -84,25 +100,60 @@ class DecoderModel:
     def _layer(self, t: dict[str, Any], i: int) -> Layer:
         p = f"layers.{i}."
         a = p + "self_attn."
-        qkv_w, qkv_b = fused_qkv(t, a, self.spec.qkv_bias)
-        moe = load_moe_layer(t, i, self.spec, self.ops)
+        spec, norm = self.spec, self._norm_weight
+        qkv_w, qkv_b = fused_qkv(t, a, spec.qkv_bias)
+        moe = load_moe_layer(t, i, spec, self.ops)
         gate_up = down = None
         if moe is None:
-            gate_up = self.ops.prepare_gate_up(fused_gate_up(t, p + "mlp."))
+            prepare_gate_up = self.ops.prepare_gate_up if self.GATED_SWIGLU else self.ops.prepare_linear
+            gate_up = prepare_gate_up(fused_gate_up(t, p + "mlp."))
             down = self.ops.prepare_linear(take(t, p + "mlp.down_proj.weight"))
-        post = self.spec.norm_placement == "post"
+        placement = spec.norm_placement
+        post_norm = norm(take(t, p + "post_attention_layernorm.weight"))
+        sandwich = placement == "sandwich"
+        pre_mlp_norm = norm(take(t, p + "pre_feedforward_layernorm.weight")) if sandwich else post_norm
+        q_norm, k_norm = (
+            (maybe(t, a + "q_norm.weight"), maybe(t, a + "k_norm.weight")) if spec.qk_norm else (None, None)
+        )
         return Layer(
-            input_norm=None if post else take(t, p + "input_layernorm.weight"),
+            input_norm=None if placement == "post" else norm(take(t, p + "input_layernorm.weight")),
             qkv=self.ops.prepare_linear(qkv_w, qkv_b),
             o=self.ops.prepare_linear(take(t, a + "o_proj.weight"), maybe(t, a + "o_proj.bias")),
-            post_norm=take(t, p + "post_attention_layernorm.weight"),
+            post_norm=post_norm,
+            pre_mlp_norm=pre_mlp_norm,
             gate_up=gate_up,
             down=down,
-            q_norm=maybe(t, a + "q_norm.weight") if self.spec.qk_norm else None,
-            k_norm=maybe(t, a + "k_norm.weight") if self.spec.qk_norm else None,
-            mlp_norm=take(t, p + "post_feedforward_layernorm.weight") if post else None,
+            window=spec.layer_windows[i] if spec.layer_windows else spec.sliding_window,
+            q_norm=None if q_norm is None else norm(q_norm),
+            k_norm=None if k_norm is None else norm(k_norm),
+            mlp_norm=None if placement == "pre" else norm(take(t, p + "post_feedforward_layernorm.weight")),
             moe=moe,
         )
+
+    # --- what a family may compute otherwise ----------------------------------------------
+    def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """A norm's weight as :meth:`_norm` takes it (as stored)."""
+        return weight
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over the last dimension (the ops')."""
+        return self.ops.rms_norm(x, weight, self.spec.rms_norm_eps)[0]
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The step's token embeddings (times ``spec.embedding_multiplier``)."""
+        h = F.embedding(input_ids, self.embed)
+        if self.spec.embedding_multiplier != 1.0:
+            h = h * self.spec.embedding_multiplier
+        return h
+
+    def _rope(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's ``(cos, sin)`` for the step's positions, in the model's dtype (one table)."""
+        table = (self.cos[positions].to(self.dtype), self.sin[positions].to(self.dtype))
+        return [table] * len(self.layers)
+
+    def _activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP's gated activation of the gate/up product (SwiGLU)."""
+        return self.ops.swiglu(gate_up)
 
     def forward(
         self,
@@ -113,49 +164,48 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Hidden states ``(T, hidden)`` after the final norm, for every token of the step."""
         ops, spec = self.ops, self.spec
-        eps = spec.rms_norm_eps
-        cos = self.cos[positions].to(self.dtype)
-        sin = self.sin[positions].to(self.dtype)
-        h = F.embedding(input_ids, self.embed)
-        if spec.embedding_multiplier != 1.0:
-            h = h * spec.embedding_multiplier
+        rope = self._rope(positions)
+        h = self._embed(input_ids)
         tokens = h.shape[0]
         residual = h
-        x = h if self.layers[0].input_norm is None else ops.rms_norm(h, self.layers[0].input_norm, eps)[0]
+        x = h if self.layers[0].input_norm is None else self._norm(h, self.layers[0].input_norm)
         last = len(self.layers) - 1
         lora = None
         if meta.lora is not None and self.lora is not None:  # each projection's runs, once per step
             lora = {group: meta.lora.only(slots) for group, slots in self.lora.holds.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            cos, sin = rope[i]
             qkv = ops.linear(x, layer.qkv)
             if lora is not None:
                 self._adapt(qkv, x, i, "qkv", lora)
             if layer.q_norm is None:
                 q = ops.rotate_and_store(qkv, spec.num_heads, cos, sin, k_cache, v_cache, meta.slot_mapping)
-            else:  # q and k normalised before the rotation (Qwen3 per head, OLMo 2 as a whole)
+            else:  # q and k normalised before the rotation (Qwen3 and Gemma 3 per head, OLMo 2 as a whole)
                 q, k, v = normed_qkv(
-                    ops, qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                    layer.q_norm, layer.k_norm, eps, spec.qk_norm_scope,
+                    qkv, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                    layer.q_norm, layer.k_norm, self._norm, spec.qk_norm_scope,
                 )  # fmt: skip
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = attend(ops, q, k_cache, v_cache, meta.paged, self.scale, spec.sliding_window).view(tokens, -1)
+            attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, layer.window, spec.attn_softcap)
+            attn = attn.view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:
                 self._adapt(o, attn, i, "o", lora)
-            x, residual = self._join(o, residual, layer.post_norm, layer.post_norm)
+            x, residual = self._join(o, residual, layer.post_norm, layer.pre_mlp_norm)
             next_norm = self.norm if i == last else self.layers[i + 1].input_norm
             if layer.moe is not None:
                 if lora is not None and (lora.get("gate_up") or lora.get("down")):
                     raise UnsupportedModel("MLP adapters on mixture-of-experts layers are not supported")
                 x, residual = self._join(moe_mlp(ops, x, layer.moe), residual, layer.mlp_norm, next_norm)
                 continue
-            if lora is None:
+            if lora is None and self.GATED_SWIGLU:
                 act = ops.gate_up_swiglu(x, layer.gate_up)
             else:  # the adapters add to gate_up before the activation
                 gate_up = ops.linear(x, layer.gate_up)
-                self._adapt(gate_up, x, i, "gate_up", lora)
-                act = ops.swiglu(gate_up)
+                if lora is not None:
+                    self._adapt(gate_up, x, i, "gate_up", lora)
+                act = self._activation(gate_up)
             mlp = self._row_linear(act, layer.down)
             if lora is not None:
                 self._adapt(mlp, act, i, "down", lora)
@@ -173,15 +223,16 @@ class DecoderModel:
         residual grows by ``out`` (times ``residual_multiplier``) and ``next_norm`` normalises the
         next input. Post-norm: ``branch_norm`` normalises ``out`` before it joins, and the next
         input is the residual itself (the final norm, ``self.norm``, still applies after the last
-        layer)."""
-        eps = self.spec.rms_norm_eps
+        layer). Sandwich: ``branch_norm`` normalises ``out`` before it joins, and ``next_norm``
+        the residual into the next input."""
         if self.spec.residual_multiplier != 1.0:
             out.mul_(self.spec.residual_multiplier)
-        if self.spec.norm_placement == "pre":
-            return self.ops.add_rms_norm(out, residual, next_norm, eps)  # type: ignore[arg-type]
-        residual = residual + self.ops.rms_norm(out, branch_norm, eps)[0]  # type: ignore[arg-type]
-        if next_norm is self.norm:
-            return self.ops.rms_norm(residual, self.norm, eps)[0], residual
+        placement = self.spec.norm_placement
+        if placement == "pre":
+            return self.ops.add_rms_norm(out, residual, next_norm, self.spec.rms_norm_eps)  # type: ignore[arg-type]
+        residual = residual + self._norm(out, branch_norm)  # type: ignore[arg-type]
+        if placement == "sandwich" or next_norm is self.norm:
+            return self._norm(residual, next_norm), residual  # type: ignore[arg-type]
         return residual, residual
 
     def _adapt(
@@ -199,16 +250,12 @@ class DecoderModel:
         return y
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's output divided by ``logits_scaling`` and capped (``final_softcap``) in
+        the model's dtype, as transformers computes them, then in fp32."""
         logits = self.ops.linear(hidden, self.lm_head)
         if self.spec.logits_scaling != 1.0:
             logits = logits / self.spec.logits_scaling
+        cap = self.spec.final_softcap
+        if cap > 0:
+            logits = torch.tanh(logits / cap) * cap
         return logits.float()
-
-
-def decoder_class(spec: ModelSpec) -> type[DecoderModel]:
-    """The model for a spec: the generic decoder unless its family has a module of its own."""
-    if spec.architecture in ("gemma2", "gemma3"):
-        from .gemma import GemmaModel
-
-        return GemmaModel
-    return DecoderModel

@@ -4,11 +4,11 @@ whole projections."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..ops.interface import Ops
 from ..ops.reference import split_qkv
 from ..quant.weights import cat_rows
 from .weights import maybe, take
@@ -36,26 +36,25 @@ def fused_gate_up(t: dict[str, Any], mlp: str) -> Any:
 
 
 def normed_qkv(
-    ops: Ops,
     qkv: torch.Tensor,
     heads: int,
     kv_heads: int,
     head_dim: int,
     q_norm: torch.Tensor,
     k_norm: torch.Tensor,
-    eps: float,
+    norm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     scope: str = "head",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``(T, heads, D)``, keys and values ``(T, kv_heads, D)`` from the fused projection,
-    q and k RMS-normalised before the rotation: each head with a ``(D,)`` weight (``"head"``,
-    Qwen3), or all of q and all of k with ``(heads D,)`` and ``(kv_heads D,)`` weights
-    (``"projection"``, OLMo 2 and OLMoE)."""
+    q and k normalised by ``norm(x, weight)`` (the model's RMSNorm) before the rotation: each
+    head with a ``(D,)`` weight (``"head"``, Qwen3 and Gemma 3), or all of q and all of k with
+    ``(heads D,)`` and ``(kv_heads D,)`` weights (``"projection"``, OLMo 2 and OLMoE)."""
     q, k, v = split_qkv(qkv, heads, kv_heads, head_dim)
     if scope == "head":
-        return ops.rms_norm(q, q_norm, eps)[0], ops.rms_norm(k, k_norm, eps)[0], v
+        return norm(q, q_norm), norm(k, k_norm), v
     if scope != "projection":
         raise ValueError(f"unknown q/k norm scope {scope!r}")
     tokens = qkv.shape[0]
-    q = ops.rms_norm(q.view(tokens, heads * head_dim), q_norm, eps)[0]
-    k = ops.rms_norm(k.view(tokens, kv_heads * head_dim), k_norm, eps)[0]
+    q = norm(q.view(tokens, heads * head_dim), q_norm)
+    k = norm(k.view(tokens, kv_heads * head_dim), k_norm)
     return q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim), v

@@ -47,7 +47,8 @@ class ModelSpec:
     """Where a layer's router and experts are named: ``mlp`` or Mixtral's ``block_sparse_moe``."""
     norm_placement: str = "pre"
     """"pre": RMSNorm before attention and the MLP (Llama); "post": after each, on the branch's
-    output before it joins the residual, with no input norm (OLMo 2)."""
+    output before it joins the residual, with no input norm (OLMo 2); "sandwich": both, four
+    norms a layer (Gemma 2 and 3)."""
     qk_norm_scope: str = "head"
     """What q_norm/k_norm normalise: "head" (each head, Qwen3) or "projection" (the whole q and
     k projections, OLMo 2)."""
@@ -230,10 +231,11 @@ def _gemma(config: dict[str, Any]) -> ModelSpec:
         attn_softcap=float(attn_softcap or 0.0),
         final_softcap=float(config.get("final_logit_softcapping") or 0.0),
         qk_norm=architecture == "gemma3",
+        norm_placement="sandwich",
     )
 
 
-ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
+FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
     "Qwen2ForCausalLM": _qwen2,
@@ -245,38 +247,11 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
 }
-
-
-def _register_variants() -> None:
-    from .variants import VARIANT_ARCHITECTURES
-
-    ARCHITECTURES.update(VARIANT_ARCHITECTURES)
-
-
-_register_variants()
+"""The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     return json.loads((Path(model_dir) / "config.json").read_text())
-
-
-def supported(model_dir: Path) -> bool:
-    try:
-        spec_from_config(read_config(model_dir))
-        return True
-    except (UnsupportedModel, KeyError, OSError, ValueError):
-        return False
-
-
-def spec_from_config(config: dict[str, Any]) -> ModelSpec:
-    architectures = config.get("architectures") or []
-    for name in architectures:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name](config)
-    known = ", ".join(sorted(ARCHITECTURES))
-    raise UnsupportedModel(
-        f"architecture {architectures or config.get('model_type')} is not supported (supported: {known})"
-    )
 
 
 def eos_token_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:

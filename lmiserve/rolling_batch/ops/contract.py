@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .interface import Ops, OpsWrapper
+from .metadata import PagedAttentionInputs
 
 
 class ContractError(ValueError):
@@ -170,19 +171,25 @@ class CheckedOps(OpsWrapper):
         """The whole step at once; checked on the host copies of its lengths (no device read,
         so the check may run while a device graph is being captured)."""
         self._attention_inputs(q, k_cache, v_cache)
-        if not self._seen("paged", paged.block_tables):
-            lens = paged.host_seq_lens
-            check_seq_lens(lens)
-            check_cumulative(paged.host_cu_q_lens, lens, q.shape[0])
-            check_block_table(paged.block_tables, lens, k_cache.shape[1])
-            if paged.seq_lens.shape[0] != len(lens) or paged.cu_q_lens.shape[0] != len(lens) + 1:
-                raise ContractError("the lengths on the device and on the host disagree in size")
-            if paged.max_q_len < max(
-                (b - a for a, b in zip(paged.host_cu_q_lens, paged.host_cu_q_lens[1:])), default=0
-            ):
-                raise ContractError(f"max_q_len {paged.max_q_len} is below the longest run of query rows")
-            nd, cu = paged.num_decodes, paged.host_cu_q_lens
-            if not 0 <= nd <= len(lens) or any(cu[i + 1] - cu[i] != 1 for i in range(nd)):
-                raise ContractError(f"the first {nd} sequences must be decodes of one query row each")
-            self._checked["paged"] = (paged.block_tables,)
+        self._paged("paged", paged, q.shape[0], k_cache.shape[1])
+        generated = paged.generated
+        if generated is not None:  # attended again as decodes, each row on its own
+            self._paged("generated", generated.paged, generated.rows.shape[0], k_cache.shape[1])
         return self.inner.attention(q, k_cache, v_cache, paged, scale, window, softcap)
+
+    def _paged(self, kind: str, paged: PagedAttentionInputs, rows: int, block_size: int) -> None:
+        """The step's attention inputs for ``rows`` query rows, checked once per step."""
+        if self._seen(kind, paged.block_tables):
+            return
+        lens = paged.host_seq_lens
+        check_seq_lens(lens)
+        check_cumulative(paged.host_cu_q_lens, lens, rows)
+        check_block_table(paged.block_tables, lens, block_size)
+        if paged.seq_lens.shape[0] != len(lens) or paged.cu_q_lens.shape[0] != len(lens) + 1:
+            raise ContractError("the lengths on the device and on the host disagree in size")
+        if paged.max_q_len < max((b - a for a, b in zip(paged.host_cu_q_lens, paged.host_cu_q_lens[1:])), default=0):
+            raise ContractError(f"max_q_len {paged.max_q_len} is below the longest run of query rows")
+        nd, cu = paged.num_decodes, paged.host_cu_q_lens
+        if not 0 <= nd <= len(lens) or any(cu[i + 1] - cu[i] != 1 for i in range(nd)):
+            raise ContractError(f"the first {nd} sequences must be decodes of one query row each")
+        self._checked[kind] = (paged.block_tables,)

@@ -269,7 +269,7 @@ class CpuOps(ReferenceOps):
             return super().argmax_logsumexp(logits)
         return torch.ops.lmiserve_cpu.argmax_logsumexp(logits)
 
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+    def _step_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         """Decodes and prompt chunks each in a kernel of their own."""
         decodes, prompts = paged.parts()
         if not prompts.num_seqs:

@@ -74,7 +74,7 @@ class CudaOps(ReferenceOps):
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):  # type: ignore[no-untyped-def]
         self.kernels.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+    def _step_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         tables, cu, lens = paged.block_tables, paged.cu_q_lens, paged.seq_lens
         out = torch.empty_like(q)
         max_context = tables.shape[1] * k_cache.shape[1]

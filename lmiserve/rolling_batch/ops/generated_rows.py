@@ -1,37 +1,26 @@
 """Generated tokens run again as prompt rows are attended as the decodes that first produced them.
 
-A replayed request (:mod:`..runner.replay`: its engine died) and a sequence recomputed after preemption
-bring tokens that were generated one decode at a time; the step runs them as rows of a prompt
-chunk. The device's prompt kernel adds a row's attention sums in another order than its decode
-kernel (tiles of queries and keys against one query over the keys), so those rows' keys, values
-and the last row's logits would round differently from the first run, and a greedy continuation
-could take the other side of a later near tie. The linear layers are not the issue: the CPU's and
-the deterministic mode's form each row on its own. So each row at or after its sequence's prompt
-length is attended once more, on its own, as the decode of its position, by the same ops (the
-prompt kernel's result for it is overwritten). Only steps that hold such rows pay for it; they
-run eagerly, outside captured graphs. Deterministic mode's ops attend every prompt row as a decode
-already: there no row is marked (:func:`..runner.step_inputs.build_step_arrays`).
+A replayed request (:mod:`..runner.replay`: its engine died) and a sequence recomputed after
+preemption bring tokens that were generated one decode at a time; the step runs them as rows of a
+prompt chunk. The device's prompt kernel adds a row's attention sums in another order than its
+decode kernel (tiles of queries and keys against one query over the keys), so those rows' keys,
+values and the last row's logits would round differently from the first run, and a greedy
+continuation could take the other side of a later near tie. The linear layers are not the issue:
+the CPU's and the deterministic mode's form each row on its own. So each row at or after its
+sequence's prompt length is marked here (:attr:`.metadata.PagedAttentionInputs.generated`), and
+the ops' attention attends it once more, on its own, as the decode of its position
+(:meth:`.reference.ReferenceOps.attention`, which every device's ops inherit; the prompt kernel's
+result for it is overwritten). Only steps that hold such rows pay for it; they run eagerly,
+outside captured graphs. Deterministic mode's ops attend every prompt row as a decode already:
+there no row is marked (:func:`..runner.step_inputs.build_step_arrays`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from .interface import Ops
-from .metadata import PagedAttentionInputs
-
-
-@dataclass
-class GeneratedRows:
-    """The query rows of a step's prompt chunks that hold generated tokens, as decodes."""
-
-    rows: torch.Tensor
-    """int64 ``(G,)``: the rows, in step order."""
-    paged: PagedAttentionInputs
-    """One decode per row: its sequence's block table, its position + 1 as its length."""
+from .metadata import GeneratedRows, PagedAttentionInputs
 
 
 def generated_rows(
@@ -51,23 +40,3 @@ def generated_rows(
     tables = torch.from_numpy(np.ascontiguousarray(block_tables[owner[rows]])).to(device)
     paged = PagedAttentionInputs.one_decode_per_row(tables, (positions[rows] + 1).tolist())
     return GeneratedRows(torch.from_numpy(rows.astype(np.int64)).to(device), paged)
-
-
-def attend(
-    ops: Ops,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    paged: PagedAttentionInputs,
-    scale: float,
-    window: int = 0,
-    softcap: float = 0.0,
-) -> torch.Tensor:
-    """The ops' attention over the step, its generated prompt rows attended as decodes."""
-    out = ops.attention(q, k_cache, v_cache, paged, scale, window, softcap)
-    generated = paged.generated
-    if generated is not None:
-        q_rows = q.index_select(0, generated.rows)
-        decoded = ops.attention(q_rows, k_cache, v_cache, generated.paged, scale, window, softcap)
-        out.index_copy_(0, generated.rows, decoded)
-    return out

@@ -4,12 +4,8 @@ sequence's query rows are, and which adapter each row uses."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from .generated_rows import GeneratedRows
 
 
 @dataclass
@@ -39,7 +35,8 @@ class PagedAttentionInputs:
     num_decodes: int = 0
     """The leading sequences that decode (one query row each)."""
     generated: GeneratedRows | None = None
-    """Prompt rows that hold generated tokens, attended again as decodes (:mod:`.generated_rows`)."""
+    """Prompt rows that hold generated tokens, attended again as decodes (:mod:`.generated_rows`
+    finds them; :meth:`.reference.ReferenceOps.attention` attends them)."""
     _parts: tuple[DecodeRows, PromptRows] | None = field(default=None, repr=False)
 
     @property
@@ -83,6 +80,16 @@ class PagedAttentionInputs:
             prompts = PromptRows(self.num_seqs - nd, self.block_tables[nd:], cu, self.seq_lens[nd:])
             self._parts = (decodes, prompts)
         return self._parts
+
+
+@dataclass
+class GeneratedRows:
+    """The query rows of a step's prompt chunks that hold generated tokens, as decodes."""
+
+    rows: torch.Tensor
+    """int64 ``(G,)``: the rows, in step order."""
+    paged: PagedAttentionInputs
+    """One decode per row: its sequence's block table, its position + 1 as its length."""
 
 
 @dataclass

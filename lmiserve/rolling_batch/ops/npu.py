@@ -116,13 +116,13 @@ class NpuOps(ReferenceOps):
             self._masks[device] = mask
         return mask
 
-    def attention(self, q, k_cache, v_cache, paged, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+    def _step_attention(self, q, k_cache, v_cache, paged, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
         if window > 0:
             raise NotImplementedError("sliding-window attention is not available on NPUs")
         if softcap > 0:
             raise NotImplementedError("attention score capping is not available on NPUs")
         if q.dtype not in ATTENTION_DTYPES:
-            return super().attention(q, k_cache, v_cache, paged, scale)
+            return super()._step_attention(q, k_cache, v_cache, paged, scale)
         return self._tnd(q, k_cache, v_cache, paged.block_tables, paged.host_cu_q_lens, paged.host_seq_lens, scale)
 
     def _tnd(self, q, k_cache, v_cache, block_tables, cu, lens, scale):  # type: ignore[no-untyped-def]

@@ -182,7 +182,20 @@ class ReferenceOps(Ops):
         """Every sequence of the step at once: q ``(T, H, D)``, sequence ``s`` at rows
         ``cu_q_lens[s]:cu_q_lens[s+1]`` (one row for a decode), continuing its cached tokens.
         ``window``: keys more than ``window - 1`` positions back are masked (0: none);
-        ``softcap``: scores capped as ``tanh(s / softcap) * softcap`` before the softmax (0: none)."""
+        ``softcap``: scores capped as ``tanh(s / softcap) * softcap`` before the softmax (0: none).
+        The rows ``paged.generated`` names (generated tokens run again in a prompt chunk) are
+        attended once more, each as the decode of its position (:mod:`.generated_rows`). A
+        device's ops implement :meth:`_step_attention` and inherit this."""
+        out = self._step_attention(q, k_cache, v_cache, paged, scale, window, softcap)
+        generated = paged.generated
+        if generated is not None:
+            rows = q.index_select(0, generated.rows)
+            decoded = self._step_attention(rows, k_cache, v_cache, generated.paged, scale, window, softcap)
+            out.index_copy_(0, generated.rows, decoded)
+        return out
+
+    def _step_attention(self, q, k_cache, v_cache, paged: PagedAttentionInputs, scale, window=0, softcap=0.0):  # type: ignore[no-untyped-def]
+        """:meth:`attention` of the rows as they are laid out (generated rows not set apart)."""
         out = torch.empty_like(q)
         bounds, tables = paged.host_cu_q_lens, paged.block_tables
         for s, length in enumerate(paged.host_seq_lens):

@@ -18,9 +18,9 @@ from types import ModuleType
 
 import torch
 
-from ..models.weights import load_state_dict
 from . import awq, compressed_tensors, fp8_checkpoint, gptq
 from .onthefly import ON_THE_FLY, quantize_linear_weights
+from .safetensors_weights import load_state_dict
 from .schemes import CheckpointScheme
 from .weights import QuantizedWeight, is_quantized
 

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from ...model_store import GGUF_SOURCE
-from ..models.weights import Piece, load_state_dict
 from .checkpoint import load_quantized_checkpoint
 from .gguf_weights import block_types, read_gguf
+from .pieces import Piece
+from .safetensors_weights import load_state_dict
 from .schemes import resolve_scheme
 
 EVERY_FORMAT = ("gguf", "int4", "fp8")

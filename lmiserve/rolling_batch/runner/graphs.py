@@ -6,7 +6,7 @@ KV slot -1 so nothing is stored, length 1, no adapter), the graph replays every 
 in one launch, and the first ``n`` rows of its output are the step's hidden states. Steps with
 prompt tokens replay the graphs of :mod:`.mixed_graphs`; batches above the largest bucket run
 eagerly. With LoRA on, the graphs also run the LoRA launches over the adapters' fixed buffers
-(:class:`..lora.step_index.LoraBuffers`), which each step fills: a step with adapters replays the
+(:class:`.lora_buffers.LoraBuffers`), which each step fills: a step with adapters replays the
 same graph as one without.
 
 Which device captures graphs is :func:`backend_for`'s choice: CUDA does (``torch.cuda.CUDAGraph``).
@@ -27,10 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..lora.step_index import LoraBuffers
 from ..models.decoder import DecoderModel
 from ..ops.contract import ContractError, check_seq_lens
 from ..ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
+from .lora_buffers import LoraBuffers
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")

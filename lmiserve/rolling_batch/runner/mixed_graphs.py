@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..lora.step_index import LoraBuffers
 from ..models.decoder import DecoderModel
 from ..ops.contract import ContractError
 from ..ops.metadata import AttentionMetadata, LoraStep, PagedAttentionInputs
 from .graphs import GraphBackend, _host, _no_grad, aligned_rows
+from .lora_buffers import LoraBuffers
 from .step_inputs import StepArrays
 
 log = logging.getLogger("lmiserve.engine")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
-from ..lora.step_index import LoraBuffers
-from ..models.decoder import decoder_class
+from ..models.registry import decoder_class
 from ..models.rope import rope_tables
 from ..models.spec import ModelSpec
 from ..ops import select_ops
 from ..quant.loading import load_weights
 from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
+from .lora_buffers import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .parallel import StepChannel, TensorParallelError
 from .phase_log import PhaseLog

@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..models.pieces import SKIP, Piece, take_piece
 from ..models.spec import ModelSpec
+from ..quant.pieces import SKIP, Piece, take_piece
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def local_spec(spec: ModelSpec, shard: Shard) -> ModelSpec:
 
 
 def shard_pieces(spec: ModelSpec, shard: Shard, lm_head: bool = True) -> Callable[[str], Piece]:
-    """Which rows or columns of each checkpoint tensor a rank loads (see :mod:`..models.weights`)."""
+    """Which rows or columns of each checkpoint tensor a rank loads (see :mod:`..quant.safetensors_weights`)."""
     d = spec.head_dim
     q0, qn = head_range(spec, shard)
     k0, kn = kv_head_range(spec, shard)

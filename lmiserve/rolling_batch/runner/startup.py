@@ -15,7 +15,8 @@ from ...devices import torch_dtype
 from ..engine_config import EngineConfig
 from ..kv_memory import GIB, kv_cache_blocks
 from ..lora.engine_adapters import EngineAdapters
-from ..models.spec import ModelSpec, eos_token_ids, read_config, spec_from_config
+from ..models.architectures import spec_from_config
+from ..models.spec import ModelSpec, eos_token_ids, read_config
 from . import graphs
 from .decode_seed import time_decode_steps
 from .guided import GuidedDecoder

@@ -25,7 +25,8 @@ from ...child import become_child
 from ...devices import torch_dtype
 from ..engine_config import EngineConfig
 from ..kv_memory import kv_cache_blocks
-from ..models.spec import read_config, spec_from_config
+from ..models.architectures import spec_from_config
+from ..models.spec import read_config
 from .model_runner import ModelRunner
 from .parallel import TIMEOUT, StepChannel, agree_min, join_group, rank_device, rank_threads
 from .sharding import Shard

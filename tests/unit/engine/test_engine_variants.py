@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmiserve.rolling_batch.models.architectures import spec_from_config
 from lmiserve.rolling_batch.models.rope import rope_tables
-from lmiserve.rolling_batch.models.spec import UnsupportedModel, spec_from_config
+from lmiserve.rolling_batch.models.spec import UnsupportedModel
 from lmiserve.rolling_batch.runner.sharding import check_shardable
 from lmiserve.wire import SamplingParams
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from lmiserve.rolling_batch.models.spec import UnsupportedModel, spec_from_config
+from lmiserve.rolling_batch.models.architectures import spec_from_config
+from lmiserve.rolling_batch.models.spec import UnsupportedModel
 
 BASE = dict(
     vocab_size=100,

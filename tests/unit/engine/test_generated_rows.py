@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from lmiserve.rolling_batch.ops.cpu import CpuOps
-from lmiserve.rolling_batch.ops.generated_rows import attend, generated_rows
+from lmiserve.rolling_batch.ops.generated_rows import generated_rows
 from lmiserve.rolling_batch.ops.metadata import PagedAttentionInputs
 
 BLOCK = 16
@@ -26,7 +26,7 @@ def test_only_prompt_chunk_rows_at_or_past_the_prompt_length_are_chosen():
     assert generated_rows(positions, tables, cu, 1, np.array([0, 99, 99, 99], dtype=np.int32), "cpu") is None
 
 
-def test_attend_gives_generated_rows_the_decode_kernels_result_and_prompt_rows_the_prompt_kernels():
+def test_attention_gives_generated_rows_the_decode_kernels_result_and_prompt_rows_the_prompt_kernels():
     torch.manual_seed(0)
     ops = CpuOps()
     kv_heads, heads, dim, length, prompt = 2, 4, 64, 120, 70
@@ -40,7 +40,7 @@ def test_attend_gives_generated_rows_the_decode_kernels_result_and_prompt_rows_t
     chunk.generated = generated_rows(
         np.arange(length), table.numpy(), cu.numpy(), 0, np.array([prompt], dtype=np.int32), "cpu"
     )
-    out = attend(ops, q, k_cache, v_cache, chunk, dim**-0.5)
+    out = ops.attention(q, k_cache, v_cache, chunk, dim**-0.5)
     assert torch.equal(out[:prompt], plain[:prompt])
     for row in range(prompt, length):
         one = PagedAttentionInputs.of(

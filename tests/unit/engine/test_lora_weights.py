@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmiserve.rolling_batch.lora.peft_weights import AdapterFormatError, read_adapter
-from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
+from lmiserve.rolling_batch.models.architectures import spec_from_config
+from lmiserve.rolling_batch.models.spec import read_config
 from tests.lora_adapters import build_adapter
 
 

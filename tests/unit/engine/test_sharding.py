@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from lmiserve.rolling_batch.models.spec import ModelSpec
-from lmiserve.rolling_batch.models.weights import SKIP, load_state_dict
+from lmiserve.rolling_batch.quant.pieces import SKIP
+from lmiserve.rolling_batch.quant.safetensors_weights import load_state_dict
 from lmiserve.rolling_batch.runner.sharding import (
     Shard,
     check_shardable,

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
-from lmiserve.rolling_batch.models.decoder import decoder_class
+from lmiserve.rolling_batch.models.architectures import spec_from_config
+from lmiserve.rolling_batch.models.registry import decoder_class
 from lmiserve.rolling_batch.models.rope import rope_tables
-from lmiserve.rolling_batch.models.spec import ModelSpec, read_config, spec_from_config
-from lmiserve.rolling_batch.models.weights import load_state_dict
+from lmiserve.rolling_batch.models.spec import ModelSpec, read_config
 from lmiserve.rolling_batch.ops import select_ops
 from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentionInputs
+from lmiserve.rolling_batch.quant.safetensors_weights import load_state_dict
 from lmiserve.rolling_batch.runner.sharding import Shard, local_spec, shard_pieces, shard_state_dict
 
 BLOCK = 16

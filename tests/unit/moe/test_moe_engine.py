@@ -3,7 +3,8 @@ whole prompts, prompts prefilled in chunks, and prompts that hit the prefix cach
 
 import pytest
 
-from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
+from lmiserve.rolling_batch.models.architectures import spec_from_config
+from lmiserve.rolling_batch.models.spec import read_config
 from lmiserve.wire import SamplingParams
 from tests.tiny_models import MOE_ARCHS, build_model
 from tests.unit.engine.engine_helpers import hf_greedy, make_engine, run

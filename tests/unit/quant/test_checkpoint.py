@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lmiserve.rolling_batch.models.architectures import spec_from_config
 from lmiserve.rolling_batch.models.decoder import DecoderModel
 from lmiserve.rolling_batch.models.rope import rope_tables
-from lmiserve.rolling_batch.models.spec import read_config, spec_from_config
+from lmiserve.rolling_batch.models.spec import read_config
 from lmiserve.rolling_batch.ops.metadata import AttentionMetadata, PagedAttentionInputs
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.quant.blocks import quantize_q8_0

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmiserve.rolling_batch.lora.step_index import LoraBuffers
 from lmiserve.rolling_batch.ops.metadata import LoraStep
 from lmiserve.rolling_batch.ops.reference import ReferenceOps
 from lmiserve.rolling_batch.ops.triton_kernels import lora as kernels
+from lmiserve.rolling_batch.runner.lora_buffers import LoraBuffers
 from lmiserve.rolling_batch.runner.step_inputs import StepArrays, lora_runs
 
 DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -1,9 +1,9 @@
 """A step's adapter rows for the device kernels: worked out on the host with numpy, copied to the
 device without waiting for it.
 
-:func:`..runner.step_inputs.lora_segments` lists the step's adapted token rows slot by slot (a
+:func:`.step_inputs.lora_segments` lists the step's adapted token rows slot by slot (a
 stable sort, so each slot's rows keep their order) with one segment ``(slot, first, end)`` per
-slot. An eager step sends them with its other integers (:mod:`..runner.step_inputs`). Captured
+slot. An eager step sends them with its other integers (:mod:`.step_inputs`). Captured
 graphs read fixed buffers instead (:class:`LoraBuffers`): ``max_loras`` segments, one per device
 slot at most, so no step has more; the unused ones are empty. Rows without an adapter, and a
 bucket's padding rows, are in no segment: no segment is spent on them.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..ops.metadata import LORA_MAX_SPLIT_K, LoraIndex
-from ..runner.step_inputs import StepArrays, lora_runs, lora_segments
+from .step_inputs import StepArrays, lora_runs, lora_segments
 
 
 def _quads(n: int) -> int:
