@@ -14,23 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
-from ..child import child_env
 from ..config import Settings
-from ..errors import ModelNotReady, Overloaded, ValidationFailed, WorkerDied
+from ..errors import ModelNotReady, Overloaded, WorkerDied
 from ..generation.admission import Admission, Admitted
+from ..generation.chat_template import render_chat
 from ..generation.output_processor import OutputProcessor, detokenize_step
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
-from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.models.architectures import spec_from_config
 from ..rolling_batch.models.spec import read_config
 from ..rolling_batch.process.client import EngineClient, EngineStartError, ProcessEngineClient
 from ..rolling_batch.process.standby import Standby
 from ..rolling_batch.runner.sharding import check_shardable
-from . import engine_sockets, heap
+from . import heap
 from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
+from .engine_launch import engine_client, engine_env
 from .handler_model import ModelLoadError
 from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -38,17 +38,6 @@ from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 log = logging.getLogger("lmiserve.model")
 
 MAX_RESTARTS = 3
-
-
-def engine_env(settings: Settings) -> dict[str, str]:
-    """The engine process's environment: offline, and the NPU runtime's settings when it may use one."""
-    env = child_env()
-    # the KV pool and activations of changing shapes fragment the NPU caching allocator less this way
-    env.setdefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
-    ids = settings.engine.npu_device_ids
-    if ids is not None:
-        env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(i.strip() for i in ids.split(","))
-    return env
 
 
 class EngineModel:
@@ -146,25 +135,9 @@ class EngineModel:
 
         self.path, self.tokenizer = await asyncio.to_thread(load)
 
-    def _make_client(self) -> EngineClient:
-        """The engine client of this model's backend: our engine in a child process, or vLLM."""
-        assert self.path is not None
-        if self.backend == "vllm":
-            from ..rolling_batch.vllm.adapter import VllmEngineClient
-
-            return VllmEngineClient(self.settings, self.path)
-        init = wire.InitEngine(
-            model_name=self.name,
-            model_path=str(self.path),
-            options=engine_options(self.settings.model, self.settings.engine),
-            log_level=self.settings.server.log_level,
-            listen_path=engine_sockets.next_path(),
-        )
-        heartbeat = float(self.settings.engine.engine_heartbeat_timeout)
-        return ProcessEngineClient(init, env=engine_env(self.settings), heartbeat_timeout=heartbeat)
-
     async def _start_engine(self) -> None:
-        client = self._make_client()
+        assert self.path is not None
+        client = engine_client(self.settings, self.path, self.backend)
         timeout = float(self.settings.model.model_loading_timeout)
         if isinstance(client, ProcessEngineClient):
             await client.start(timeout, self.standby.take() if self.standby is not None else None)
@@ -295,18 +268,7 @@ class EngineModel:
         """The conversation rendered with the model's chat template."""
         if self.tokenizer is None:
             raise ModelNotReady(f"model {self.name} is not ready")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValidationFailed(f"model {self.name} has no chat template; use the completions API")
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tools=[{"type": "function", "function": t} for t in tools] if tools else None,
-                add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message,
-                tokenize=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
-            raise ValidationFailed(f"the chat template cannot render these messages: {exc}") from None
+        return render_chat(self.tokenizer, self.name, messages, tools, add_generation_prompt, continue_final_message)
 
     def new_request_id(self) -> str:
         return f"{self.name}-{self.id_prefix}{next(self._ids)}"

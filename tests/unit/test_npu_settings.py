@@ -9,7 +9,8 @@ from lmiserve.rolling_batch.engine_config import engine_options
 from lmiserve.rolling_batch.runner import placement
 from lmiserve.rolling_batch.runner.placement import engine_config
 from lmiserve.serving import model_factory
-from lmiserve.serving.engine_model import EngineModel, engine_env
+from lmiserve.serving.engine_launch import engine_env
+from lmiserve.serving.engine_model import EngineModel
 from lmiserve.serving.handler_model import ModelLoadError
 from lmiserve.wire import SamplingParams
 
