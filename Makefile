@@ -12,9 +12,15 @@ install-test:
 serve: install
 	HF_HUB_OFFLINE=1 .venv/bin/lmiserve serve --port $(PORT)
 
-# the slowest tests are listed at the end of every run
+# the unit tests on both cores (pytest-xdist), then the servers, containers and SmolLM2 one at a time;
+# each part lists its 25 slowest tests; the status is the first part's that failed
+UNIT_TESTS ?= tests/unit tests/fuzz
 test: install-test
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25
+	@rc=0; \
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -n 2 --durations=25 $(UNIT_TESTS) || rc=$$?; \
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25 $(addprefix --ignore=,$(UNIT_TESTS)) || \
+	  { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	exit $$rc
 
 # the soaks at full length: the chaos soak for five minutes instead of the 60 s of `make test`
 soak: install-test
@@ -34,7 +40,7 @@ test-isa: install-test
 	@for isa in $(ISA_CLASSES); do \
 	  if reason=$$(.venv/bin/python -m lmiserve.cpu_isa $$isa); then \
 	    echo "== LMISERVE_CPU_ISA=$$isa"; \
-	    LMISERVE_CPU_ISA=$$isa HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q $(ISA_TESTS) || exit 1; \
+	    LMISERVE_CPU_ISA=$$isa HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -n 2 $(ISA_TESTS) || exit 1; \
 	  else \
 	    echo "== LMISERVE_CPU_ISA=$$isa skipped: $$reason"; \
 	  fi; \
