@@ -69,6 +69,7 @@ def _invariant_matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
+    SUMMED: tl.constexpr,
 ):
     m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -86,6 +87,9 @@ def _invariant_matmul_kernel(
         w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
         if HALF_DOT:
             acc += tl.dot(x, w)
+        elif SUMMED:  # the interpreter: products summed per output, not handed to the host's BLAS,
+            # whose order of a row's sum may depend on the rows beside it
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
         else:  # fp32 products of the same operands (fp32 inputs: no TF32 rounding either)
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
     if HAS_BIAS:
@@ -126,6 +130,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         BLOCK_K=BLOCK_K,
         GROUP_M=GROUP_M,
         HALF_DOT=x.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
+        SUMMED=INTERPRETED,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
