@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..quant.weights import BlockWeight, Fp8Weight, Int4Weight, QuantizedWeight
 from .interface import LinearWeight
 from .reference import quantized_linear
-from .triton_kernels.attention import INTERPRETED
+from .triton_kernels.rounding import INTERPRETED
 
 log = logging.getLogger("lmiserve.ops")
 _logged = False

@@ -26,18 +26,12 @@ tile nor on how its prompt was chunked or cached.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .products import fp32_dot, half_dot
 from .rounding import cast
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-"""Triton's CPU interpreter multiplies fp16/bf16 matrices wrongly, so there the half-precision
-products are formed in fp32 from the same rounded operands: what the matrix units compute,
-up to the order of the fp32 accumulation."""
 
 
 VARYING = ("scale", "window", "softcap", "table_stride")
@@ -122,11 +116,7 @@ def _paged_attention_kernel(
         kv_mask = (k_pos < seq_len)[:, None] & dim_ok[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        if HALF_DOT:
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = s * scale
+        s = fp32_dot(q, tl.trans(k), HALF_DOT) * scale
         if USE_SOFTCAP:
             s = capped(s, softcap)
         allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len) & row_ok[:, None]
@@ -137,10 +127,7 @@ def _paged_attention_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if HALF_DOT:
-            pv = tl.dot(cast(p, v.dtype), v)
-        else:  # probabilities rounded to the cache's dtype, as the half-precision product does
-            pv = tl.dot(cast(p, v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        pv = fp32_dot(cast(p, v.dtype), v, HALF_DOT)  # the probabilities in the cache's dtype
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -218,7 +205,7 @@ def paged_attention(
         GROUP_PAD=group_pad,
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
-        HALF_DOT=q.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
+        HALF_DOT=half_dot(q.dtype),
         SKIP_DECODES=skip_decodes,
     )
     return out

@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from ...quant.fp8_activations import FP8_MAX, MIN_SCALE, quantize_per_token_reference, w8a8_reference
-from .attention import INTERPRETED
 from .invariant_matmul import grouped_tile
-from .rounding import cast, to_e4m3
+from .products import fp32_dot
+from .rounding import INTERPRETED, cast, to_e4m3
 
 __all__ = ["FP8_MAX", "MIN_SCALE", "fp8_linear", "quantize_per_token", "quantize_per_token_reference", "w8a8_reference"]
 
@@ -139,16 +139,9 @@ def _fp8_matmul_kernel(
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
         if A8:  # e4m3 on both sides: every e4m3 value is exact in fp16, every product in fp32
-            if HALF_DOT:
-                acc += tl.dot(x.to(tl.float16), w.to(tl.float16))
-            else:
-                acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            acc += fp32_dot(x.to(tl.float16), w.to(tl.float16), HALF_DOT)
         else:  # the weight dequantized to x's dtype, as Fp8Weight.dequantize(x.dtype)
-            wd = cast(_e4m3_bits_to_f32(w) * ws[None, :], x_ptr.dtype.element_ty)
-            if HALF_DOT:
-                acc += tl.dot(x, wd)
-            else:
-                acc += tl.dot(x.to(tl.float32), wd.to(tl.float32), input_precision="ieee")
+            acc += fp32_dot(x, cast(_e4m3_bits_to_f32(w) * ws[None, :], x_ptr.dtype.element_ty), HALF_DOT)
     if A8:
         xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0)
         acc = acc * xs[:, None] * ws[None, :]

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import INTERPRETED
 from .invariant_matmul import grouped_tile
+from .products import fp32_dot, half_dot
 from .rounding import cast
 
 DECODE_ROWS = 16
@@ -140,10 +140,7 @@ def _int4_matmul_kernel(
             s = tl.load(s_ptr + g_offs, mask=wk_ok, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + g_offs, mask=wk_ok, other=0).to(tl.float32)
         w = cast((q - z) * s, x_ptr.dtype.element_ty)  # the dequantized weights, as the model dtype
-        if HALF_DOT:
-            acc += tl.dot(x, w)
-        else:  # fp32 products of the same operands (exact for fp16/bf16 operands)
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        acc += fp32_dot(x, w, HALF_DOT)
     if SPLIT:  # this part's sums, added in order by _reduce_parts_kernel
         out = y_ptr + part.to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
@@ -228,7 +225,7 @@ def int4_linear(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=8,
-        HALF_DOT=x.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
+        HALF_DOT=half_dot(x.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -7,7 +7,7 @@ one configuration for every shape (:data:`BLOCK_M`, :data:`BLOCK_N`, :data:`BLOC
 program computes one ``BLOCK_M x BLOCK_N`` tile, accumulating in fp32 over ``K`` in
 ``BLOCK_K`` steps from 0 up, then adds the bias and rounds once. An output element is the same
 sequence of operations on the same operands wherever its row sits and whatever the other rows
-hold, so its bits depend on its own row alone.
+hold (under Triton's interpreter too: :mod:`.products`), so its bits depend on its own row alone.
 
 Programs are ordered in groups of :data:`GROUP_M` row tiles: consecutive programs take the
 row tiles of a group against one column tile before moving to the next, so a tile of ``W``
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import INTERPRETED
+from .products import fp32_dot, half_dot
 from .rounding import cast
 
 BLOCK_M = 64
@@ -69,7 +69,6 @@ def _invariant_matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
-    SUMMED: tl.constexpr,
 ):
     m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -85,13 +84,7 @@ def _invariant_matmul_kernel(
         k_ok = ks < K
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        if HALF_DOT:
-            acc += tl.dot(x, w)
-        elif SUMMED:  # the interpreter: products summed per output, not handed to the host's BLAS,
-            # whose order of a row's sum may depend on the rows beside it
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
-        else:  # fp32 products of the same operands (fp32 inputs: no TF32 rounding either)
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        acc += fp32_dot(x, w, HALF_DOT)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
@@ -129,8 +122,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         GROUP_M=GROUP_M,
-        HALF_DOT=x.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
-        SUMMED=INTERPRETED,
+        HALF_DOT=half_dot(x.dtype),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )

@@ -22,16 +22,13 @@ compiled kernel per projection shape serves every step, eager or captured.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ..metadata import LORA_MAX_SPLIT_K, LoraIndex
+from .products import fp32_dot, half_dot
 from .rounding import cast
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 BLOCK_M = 16
 """Rows per tile, in every step (a decode batch's segments are short)."""
@@ -97,10 +94,7 @@ def _shrink_kernel(
             w = tl.load(
                 a_base + cols[None, :] * stride_a_n + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0
             )
-            if HALF_DOT:
-                acc += tl.dot(x, w)
-            else:
-                acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            acc += fp32_dot(x, w, HALF_DOT)
         ws = ws_ptr + pos[:, None].to(tl.int64) * stride_ws + split * N + cols[None, :]
         tl.store(ws, acc, mask=ok[:, None] & col_ok[None, :])
 
@@ -157,10 +151,7 @@ def _expand_kernel(
             w = tl.load(
                 b_base + rs[:, None] * stride_b_r + cols[None, :], mask=r_ok[:, None] & col_ok[None, :], other=0.0
             )
-            if HALF_DOT:
-                acc += tl.dot(u, w)
-            else:
-                acc += tl.dot(u.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            acc += fp32_dot(u, w, HALF_DOT)
         y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
         mask = ok[:, None] & col_ok[None, :]
         acc += tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -218,7 +209,7 @@ def lora_add(
     ws = index.scratch(rows_total * splits * r)
     segments = index.slots.shape[0]
     programs = row_programs(index.max_rows)
-    half = x.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED
+    half = half_dot(x.dtype)
     shared = (index.slots, index.firsts, index.ends, index.rows)
     _shrink_kernel[(segments, splits, programs)](
         x, a, ws, *shared, k, r, per_split, x.stride(0), a.stride(0), a.stride(1), splits * r,

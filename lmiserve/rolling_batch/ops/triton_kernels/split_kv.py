@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import INTERPRETED, capped
+from .attention import capped
+from .products import fp32_dot, half_dot
 from .rounding import cast
 
 CHUNK = 256
@@ -114,11 +115,7 @@ def _split_kv_partial_kernel(
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        if HALF_DOT:
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = s * scale
+        s = fp32_dot(q, tl.trans(k), HALF_DOT) * scale
         if USE_SOFTCAP:
             s = capped(s, softcap)
         s = tl.where(row_ok[:, None] & key_ok[None, :], s, float("-inf"))
@@ -126,10 +123,7 @@ def _split_kv_partial_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if HALF_DOT:
-            pv = tl.dot(cast(p, v.dtype), v)
-        else:  # probabilities rounded to the cache's dtype, as the half-precision product does
-            pv = tl.dot(cast(p, v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        pv = fp32_dot(cast(p, v.dtype), v, HALF_DOT)  # the probabilities in the cache's dtype
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -287,7 +281,7 @@ def split_kv_decode(
         BLOCK_SIZE=block_size,
         CHUNK_KEYS=chunk,
         TILE=64 if chunk % 64 == 0 else 16,
-        HALF_DOT=q.dtype in (torch.float16, torch.bfloat16) and not INTERPRETED,
+        HALF_DOT=half_dot(q.dtype),
         **shape,
     )
     _split_kv_combine_kernel[(num_seqs, kv_heads)](

@@ -52,6 +52,17 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(dtype, kernel_device):
     assert torch.equal(mixed[40:], full[100:110])  # other rows before it, another row tile
 
 
+def test_a_row_has_the_same_bits_at_every_place_of_its_row_tile(kernel_device):
+    """An fp32 row after 0 to 63 other rows: the same bits at each place. (Under the interpreter the
+    products would otherwise go to the machine's BLAS, whose order of a sum may depend on the
+    place: OpenBLAS's Haswell kernels differ from one six rows to the next.)"""
+    x, w, b = _operands(64, torch.float32, kernel_device)
+    alone = invariant_linear(x[:1], w, b)[0]
+    for before in range(1, 64):
+        rows = torch.cat([x[1 : before + 1], x[:1]])
+        assert torch.equal(invariant_linear(rows, w, b)[before], alone), before
+
+
 def test_one_configuration_and_the_row_count_not_specialised_on():
     kernel = invariant_matmul._invariant_matmul_kernel
     names = getattr(kernel, "do_not_specialize", None)
