@@ -33,7 +33,6 @@ import triton.language as tl
 from .products import fp32_dot, half_dot
 from .rounding import cast
 
-
 VARYING = ("scale", "window", "softcap", "table_stride")
 """Integer and float arguments that change with the step or the model: never specialised on,
 so one compiled kernel serves every step (Triton would otherwise compile again when one of
@@ -44,6 +43,35 @@ them happens to be 1 or a multiple of 16)."""
 def capped(s, softcap):
     """``tanh(s / softcap) * softcap``, the tanh formed from a sigmoid (which every Triton has)."""
     return softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)
+
+
+@triton.jit
+def scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, HALF_DOT: tl.constexpr):
+    """The scaled scores of the rows of ``q`` against the keys ``k``, capped where ``USE_SOFTCAP``."""
+    s = fp32_dot(q, tl.trans(k), HALF_DOT) * scale
+    if USE_SOFTCAP:
+        s = capped(s, softcap)
+    return s
+
+
+@triton.jit
+def softmax_step(s, v, m_i, l_i, acc, HALF_DOT: tl.constexpr):
+    """A tile of keys taken into the online softmax: their scores ``s`` (``-inf`` where a row may
+    not see a key) and values ``v`` into each row's running maximum, sum and unnormalised output;
+    the probabilities rounded to the cache's dtype for ``P V``."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = fp32_dot(cast(p, v.dtype), v, HALF_DOT)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def query_rows(cu_q_lens_ptr, seq):
+    """Sequence ``seq``'s run of query rows: its first row and how many there are."""
+    q_start = tl.load(cu_q_lens_ptr + seq)
+    return q_start, tl.load(cu_q_lens_ptr + seq + 1) - q_start
 
 
 @triton.jit(do_not_specialize=VARYING)
@@ -76,8 +104,7 @@ def _paged_attention_kernel(
     m_block = tl.program_id(1)
     kv_head = tl.program_id(2)
 
-    q_start = tl.load(cu_q_lens_ptr + seq)
-    q_len = tl.load(cu_q_lens_ptr + seq + 1) - q_start
+    q_start, q_len = query_rows(cu_q_lens_ptr, seq)
     if m_block * BLOCK_M >= q_len:
         return
     if SKIP_DECODES:
@@ -116,20 +143,11 @@ def _paged_attention_kernel(
         kv_mask = (k_pos < seq_len)[:, None] & dim_ok[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        s = fp32_dot(q, tl.trans(k), HALF_DOT) * scale
-        if USE_SOFTCAP:
-            s = capped(s, softcap)
+        s = scores(q, k, scale, softcap, USE_SOFTCAP, HALF_DOT)
         allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len) & row_ok[:, None]
         if USE_WINDOW:
             allowed = allowed & (k_pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = fp32_dot(cast(p, v.dtype), v, HALF_DOT)  # the probabilities in the cache's dtype
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(tl.where(allowed, s, float("-inf")), v, m_i, l_i, acc, HALF_DOT)
 
     l_i = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_i[:, None]

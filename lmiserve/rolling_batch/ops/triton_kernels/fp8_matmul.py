@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ...quant.fp8_activations import FP8_MAX, MIN_SCALE, quantize_per_token_reference, w8a8_reference
-from .invariant_matmul import grouped_tile
+from .matmul_tiles import as_rows, output_tile, store_tile, x_step
 from .products import fp32_dot
 from .rounding import INTERPRETED, cast, to_e4m3
 
@@ -123,20 +123,12 @@ def _fp8_matmul_kernel(
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    rows, cols, row_ok, col_ok, x_rows = output_tile(x_ptr, stride_x, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     w_cols = w_ptr + cols[None, :].to(tl.int64) * stride_w
     ws = tl.load(ws_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        ks, k_ok, x = x_step(x_rows, row_ok, k0, K, BLOCK_K)
         w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
         if A8:  # e4m3 on both sides: every e4m3 value is exact in fp16, every product in fp32
             acc += fp32_dot(x.to(tl.float16), w.to(tl.float16), HALF_DOT)
@@ -145,10 +137,7 @@ def _fp8_matmul_kernel(
     if A8:
         xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0)
         acc = acc * xs[:, None] * ws[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
-    tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    store_tile(y_ptr, stride_y, acc, bias_ptr, rows, cols, row_ok, col_ok, HAS_BIAS)
 
 
 def scaled_mm_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -178,9 +167,7 @@ def fp8_linear(
     W8A16. ``scaled_mm``: the W8A8 product through ``torch._scaled_mm`` (see :func:`scaled_mm_takes`).
     ``invariant``: one kernel configuration for every ``M`` (and never ``_scaled_mm``)."""
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     m, k = x2.shape
     n = weight.shape[0]
     if weight.stride(-1) != 1:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .invariant_matmul import grouped_tile
+from .matmul_tiles import as_rows, output_tile, store_tile, x_step
 from .products import fp32_dot, half_dot
 from .rounding import cast
 
@@ -110,20 +110,12 @@ def _int4_matmul_kernel(
     HALF_DOT: tl.constexpr,
 ):
     part = tl.program_id(1)
-    m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    rows, cols, row_ok, col_ok, x_rows = output_tile(x_ptr, stride_x, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = part * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < k_hi
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        ks, k_ok, x = x_step(x_rows, row_ok, k0, k_hi, BLOCK_K)
         wk_ok = k_ok[:, None] & col_ok[None, :]
         words = tl.load(qw_ptr + (ks // 8)[:, None].to(tl.int64) * stride_q + cols[None, :], mask=wk_ok, other=0)
         q = ((words >> ((ks % 8) * 4)[:, None]) & 0xF).to(tl.float32)
@@ -145,10 +137,7 @@ def _int4_matmul_kernel(
         out = y_ptr + part.to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
     else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
-        tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        store_tile(y_ptr, stride_y, acc, bias_ptr, rows, cols, row_ok, col_ok, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["total"])
@@ -184,9 +173,7 @@ def int4_linear(
     :class:`Int4Weight`'s layout, in ``x``'s dtype. ``invariant``: a row's bits do not depend on
     the number of rows (no split). ``config`` overrides :func:`int4_config` (tests)."""
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     m, k = x2.shape
     n = qweight.shape[1]
     if qweight.shape[0] * 8 != k:

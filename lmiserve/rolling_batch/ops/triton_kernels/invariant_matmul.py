@@ -9,12 +9,10 @@ program computes one ``BLOCK_M x BLOCK_N`` tile, accumulating in fp32 over ``K``
 sequence of operations on the same operands wherever its row sits and whatever the other rows
 hold (under Triton's interpreter too: :mod:`.products`), so its bits depend on its own row alone.
 
-Programs are ordered in groups of :data:`GROUP_M` row tiles: consecutive programs take the
-row tiles of a group against one column tile before moving to the next, so a tile of ``W``
-read from memory serves the whole group from L2. The launch is sized by the tensors' shapes
-(host integers): no device value is read and nothing is allocated but the output, so it can be
-captured in a CUDA graph, and ``M`` is not specialised on, so one compiled kernel serves every
-number of rows.
+Programs are ordered in groups of :data:`GROUP_M` row tiles (:mod:`.matmul_tiles`). The launch
+is sized by the tensors' shapes (host integers): no device value is read and nothing is
+allocated but the output, so it can be captured in a CUDA graph, and ``M`` is not specialised
+on, so one compiled kernel serves every number of rows.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .matmul_tiles import as_rows, output_tile, store_tile, x_step
 from .products import fp32_dot, half_dot
-from .rounding import cast
 
 BLOCK_M = 64
 """Rows a program: the smallest tile of Hopper's warp-group matrix instructions."""
@@ -37,18 +35,6 @@ GROUP_M = 8
 """Row tiles that take each column tile in turn (L2 reuse of the weight's tiles)."""
 NUM_WARPS = 4
 NUM_STAGES = 3
-
-
-@triton.jit
-def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Program ``pid``'s output tile ``(m_tile, n_tile)`` in grouped order: GROUP_M row tiles
-    walk the column tiles together, so their weight columns are read while still cached."""
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -70,34 +56,21 @@ def _invariant_matmul_kernel(
     GROUP_M: tl.constexpr,
     HALF_DOT: tl.constexpr,
 ):
-    m_tile, n_tile = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    rows, cols, row_ok, col_ok, x_rows = output_tile(x_ptr, stride_x, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     w_cols = w_ptr + cols[None, :].to(tl.int64) * stride_w
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        ks, k_ok, x = x_step(x_rows, row_ok, k0, K, BLOCK_K)
         w = tl.load(w_cols + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
         acc += fp32_dot(x, w, HALF_DOT)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
-    tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    store_tile(y_ptr, stride_y, acc, bias_ptr, rows, cols, row_ok, col_ok, HAS_BIAS)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` ``(..., K)`` and ``weight`` ``(N, K)``, in ``x``'s dtype;
     each row's bits are the same in a product of any number of rows."""
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     m, k = x2.shape

@@ -47,11 +47,23 @@ walked in turn, so a large bucket launches no more programs than this many."""
 
 
 @triton.jit
-def _segment(slots_ptr, firsts_ptr, ends_ptr):
-    """This program's segment (the first axis of the grid): its first and end positions in the
-    row index, and its slot."""
+def _segment(slots_ptr, firsts_ptr, ends_ptr, BLOCK_M: tl.constexpr):
+    """This program's segment (the first axis of the grid): where its first row block starts in
+    the row index (the grid's third axis takes every that-many-th block: the step between them),
+    where the segment ends, and its slot."""
+    step = tl.num_programs(2) * BLOCK_M
     seg = tl.program_id(0)
-    return tl.load(firsts_ptr + seg), tl.load(ends_ptr + seg), tl.load(slots_ptr + seg).to(tl.int64)
+    first, end, slot = tl.load(firsts_ptr + seg), tl.load(ends_ptr + seg), tl.load(slots_ptr + seg).to(tl.int64)
+    return first + tl.program_id(2) * BLOCK_M, end, step, slot
+
+
+@triton.jit
+def _row_block(rows_ptr, start, end, BLOCK_M: tl.constexpr):
+    """The row block at ``start`` of the row index: its positions, which of them are the
+    segment's (before ``end``), and the rows of ``x`` and ``y`` they name."""
+    pos = start + tl.arange(0, BLOCK_M)
+    ok = pos < end
+    return pos, ok, tl.load(rows_ptr + pos, mask=ok, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -76,16 +88,13 @@ def _shrink_kernel(
     HALF_DOT: tl.constexpr,
 ):
     split = tl.program_id(1)
-    step = tl.num_programs(2) * BLOCK_M
-    first, end, slot = _segment(slots_ptr, firsts_ptr, ends_ptr)
+    start0, end, step, slot = _segment(slots_ptr, firsts_ptr, ends_ptr, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     a_base = a_ptr + slot * stride_a_slot
     k_lo = split * K_PER_SPLIT
-    for start in range(first + tl.program_id(2) * BLOCK_M, end, step):
-        pos = start + tl.arange(0, BLOCK_M)
-        ok = pos < end
-        rows = tl.load(rows_ptr + pos, mask=ok, other=0).to(tl.int64)
+    for start in range(start0, end, step):
+        pos, ok, rows = _row_block(rows_ptr, start, end, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K_PER_SPLIT, BLOCK_K):
             ks = k_lo + k0 + tl.arange(0, BLOCK_K)
@@ -124,8 +133,7 @@ def _expand_kernel(
     HALF_DOT: tl.constexpr,
 ):
     n_block = tl.program_id(1)
-    step = tl.num_programs(2) * BLOCK_M
-    first, end, slot = _segment(slots_ptr, firsts_ptr, ends_ptr)
+    start0, end, step, slot = _segment(slots_ptr, firsts_ptr, ends_ptr, BLOCK_M)
     cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     b_base = b_ptr + slot * stride_b_slot
@@ -134,10 +142,8 @@ def _expand_kernel(
     c1 = tl.minimum(c0 + BLOCK_N, N) - 1
     r_lo = ((c0 >= PART1).to(tl.int32) + (c0 >= PART2).to(tl.int32)) * PART_RANK
     r_hi = tl.minimum(((c1 >= PART1).to(tl.int32) + (c1 >= PART2).to(tl.int32) + 1) * PART_RANK, R)
-    for start in range(first + tl.program_id(2) * BLOCK_M, end, step):
-        pos = start + tl.arange(0, BLOCK_M)
-        ok = pos < end
-        rows = tl.load(rows_ptr + pos, mask=ok, other=0).to(tl.int64)
+    for start in range(start0, end, step):
+        pos, ok, rows = _row_block(rows_ptr, start, end, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for r0 in range(r_lo, r_hi, BLOCK_R):
             rs = r0 + tl.arange(0, BLOCK_R)

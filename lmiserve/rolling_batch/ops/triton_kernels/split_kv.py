@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import capped
-from .products import fp32_dot, half_dot
+from .attention import query_rows, scores, softmax_step
+from .products import half_dot
 from .rounding import cast
 
 CHUNK = 256
@@ -41,6 +41,18 @@ CHUNK = 256
 
 _EMPTY = tl.constexpr(-1.0e30)
 """The running maximum before any key (finite, so that ``exp(_EMPTY - m)`` is 0, not NaN)."""
+
+
+@triton.jit
+def decode_keys(cu_q_lens_ptr, seq_lens_ptr, seq, window, USE_WINDOW: tl.constexpr, CHUNK_KEYS: tl.constexpr):
+    """Sequence ``seq``'s first query row, its number of query rows (1 for a decode), its length,
+    the first key its last token sees (past a sliding window) and that key's chunk."""
+    q_start, q_len = query_rows(cu_q_lens_ptr, seq)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_key = 0
+    if USE_WINDOW:
+        first_key = tl.maximum(seq_len - window, 0)
+    return q_start, q_len, seq_len, first_key, first_key // CHUNK_KEYS
 
 
 @triton.jit(do_not_specialize=["window", "softcap", "table_stride", "max_chunks"])
@@ -77,13 +89,9 @@ def _split_kv_partial_kernel(
     chunk = tl.program_id(1)
     kv_head = tl.program_id(2)
 
-    q_start = tl.load(cu_q_lens_ptr + seq)
-    q_len = tl.load(cu_q_lens_ptr + seq + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
-    first_key = 0  # the first key the query token sees
-    if USE_WINDOW:
-        first_key = tl.maximum(seq_len - window, 0)
-    first_chunk = first_key // CHUNK_KEYS
+    q_start, q_len, seq_len, first_key, first_chunk = decode_keys(
+        cu_q_lens_ptr, seq_lens_ptr, seq, window, USE_WINDOW, CHUNK_KEYS
+    )
     num_chunks = tl.cdiv(seq_len, CHUNK_KEYS) - first_chunk  # chunks holding keys it sees
     lo = chunk * CHUNK_KEYS
     if (q_len != 1) | (chunk < first_chunk) | (lo >= seq_len):
@@ -115,17 +123,9 @@ def _split_kv_partial_kernel(
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        s = fp32_dot(q, tl.trans(k), HALF_DOT) * scale
-        if USE_SOFTCAP:
-            s = capped(s, softcap)
+        s = scores(q, k, scale, softcap, USE_SOFTCAP, HALF_DOT)
         s = tl.where(row_ok[:, None] & key_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = fp32_dot(cast(p, v.dtype), v, HALF_DOT)  # the probabilities in the cache's dtype
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(s, v, m_i, l_i, acc, HALF_DOT)
 
     if num_chunks == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -158,13 +158,9 @@ def _split_kv_combine_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
 
-    q_start = tl.load(cu_q_lens_ptr + seq)
-    q_len = tl.load(cu_q_lens_ptr + seq + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
-    first_key = 0
-    if USE_WINDOW:
-        first_key = tl.maximum(seq_len - window, 0)
-    first_chunk = first_key // CHUNK_KEYS
+    q_start, q_len, seq_len, _, first_chunk = decode_keys(
+        cu_q_lens_ptr, seq_lens_ptr, seq, window, USE_WINDOW, CHUNK_KEYS
+    )
     end_chunk = tl.cdiv(seq_len, CHUNK_KEYS)
     if (q_len != 1) | (end_chunk - first_chunk <= 1):  # not a decode, or written by its one chunk
         return
