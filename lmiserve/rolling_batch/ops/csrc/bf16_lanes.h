@@ -1,6 +1,7 @@
 // One vector of bf16 values widened to fp32, with the few operations the element-wise kernels
-// (norms, rotary, prompt attention's sums) need, so each kernel is written once for AVX-512 (16
-// lanes) and AVX2 (8 lanes). bf16 loads and stores take a length, so a row's last partial vector
+// (norms, rotary, prompt attention's sums, the sampler's row) need, so each kernel is written
+// once for AVX-512 (16 lanes) and AVX2 (8 lanes): the fp32 operations of F32x16 or F32x8
+// (bf16_vec.h), and bf16 loads and stores, which take a length, so a row's last partial vector
 // needs no scalar tail; fp32 ones (load_f32, store_f32) are of whole vectors.
 
 #pragma once
@@ -11,9 +12,7 @@
 #define LMISERVE_BF16_LANES 1
 namespace lmiserve {
 
-struct Bf16Lanes {
-  using V = __m512;
-  static constexpr int64_t kWidth = 16;
+struct Bf16Lanes : F32x16 {
   static __mmask16 mask(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u); }
   // the first min(n, 16) values of p, the other lanes 0
   static V load(const uint16_t* p, int64_t n) {
@@ -29,15 +28,6 @@ struct Bf16Lanes {
 #endif
   }
   static V round(V v) { return round_bf16(v); }
-  static V load_f32(const float* p) { return _mm512_loadu_ps(p); }
-  static void store_f32(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float v) { return _mm512_set1_ps(v); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V fmsub(V a, V b, V c) { return _mm512_fmsub_ps(a, b, c); }
-  static float sum(V v) { return _mm512_reduce_add_ps(v); }
 };
 
 }  // namespace lmiserve
@@ -45,25 +35,10 @@ struct Bf16Lanes {
 #define LMISERVE_BF16_LANES 1
 namespace lmiserve {
 
-struct Bf16Lanes {
-  using V = __m256;
-  static constexpr int64_t kWidth = 8;
+struct Bf16Lanes : F32x8 {
   static V load(const uint16_t* p, int64_t n) { return load_bf16x8(p, n); }
   static void store(uint16_t* p, V v, int64_t n) { store_bf16x8(p, v, n); }
   static V round(V v) { return round_bf16x8(v); }
-  static V load_f32(const float* p) { return _mm256_loadu_ps(p); }
-  static void store_f32(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float v) { return _mm256_set1_ps(v); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V fmsub(V a, V b, V c) { return _mm256_fmsub_ps(a, b, c); }
-  static float sum(V v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-  }
 };
 
 }  // namespace lmiserve

@@ -16,6 +16,43 @@ namespace lmiserve {
 // masked lanes hold -1e30, whose e^x would underflow.
 constexpr float kMinExponent = -87.f;
 
+// The fp32 operations of one vector by the same names at both widths (mm: the intrinsics'
+// prefix, V: the vector type), so that a kernel is written once for F32x16 (AVX-512) and F32x8
+// (AVX2), each name one instruction.
+#define LMISERVE_F32_LANE_OPS(mm, Vec)                                   \
+  using V = Vec;                                                         \
+  static V zero() { return mm##_setzero_ps(); }                          \
+  static V set1(float v) { return mm##_set1_ps(v); }                     \
+  static V load_f32(const float* p) { return mm##_loadu_ps(p); }         \
+  static void store_f32(float* p, V v) { mm##_storeu_ps(p, v); }        \
+  static V add(V a, V b) { return mm##_add_ps(a, b); }                   \
+  static V sub(V a, V b) { return mm##_sub_ps(a, b); }                   \
+  static V mul(V a, V b) { return mm##_mul_ps(a, b); }                   \
+  static V max(V a, V b) { return mm##_max_ps(a, b); }                   \
+  static V min(V a, V b) { return mm##_min_ps(a, b); }                   \
+  static V fmadd(V a, V b, V c) { return mm##_fmadd_ps(a, b, c); }       \
+  static V fmsub(V a, V b, V c) { return mm##_fmsub_ps(a, b, c); }       \
+  static V fnmadd(V a, V b, V c) { return mm##_fnmadd_ps(a, b, c); }
+
+// e^x in each lane of F's vectors, within about one unit in the last place: x = n ln2 + r with
+// |r| <= ln2 / 2, e^r by Cephes' expf polynomial, then scaled by 2^n.
+template <class F>
+inline typename F::V exp_lanes(typename F::V x) {
+  using V = typename F::V;
+  x = F::max(F::min(x, F::set1(88.f)), F::set1(kMinExponent));
+  const V n = F::round_to_int(F::mul(x, F::set1(1.44269504088896341f)));
+  V r = F::fnmadd(n, F::set1(0.693359375f), x);  // ln2 in two parts
+  r = F::fnmadd(n, F::set1(-2.12194440e-4f), r);
+  V y = F::set1(1.9875691500e-4f);
+  y = F::fmadd(y, r, F::set1(1.3981999507e-3f));
+  y = F::fmadd(y, r, F::set1(8.3334519073e-3f));
+  y = F::fmadd(y, r, F::set1(4.1665795894e-2f));
+  y = F::fmadd(y, r, F::set1(1.6666665459e-1f));
+  y = F::fmadd(y, r, F::set1(5.0000001201e-1f));
+  y = F::fmadd(y, F::mul(r, r), F::add(r, F::set1(1.f)));
+  return F::scale_pow2(y, n);
+}
+
 }  // namespace lmiserve
 #endif
 
@@ -23,6 +60,28 @@ constexpr float kMinExponent = -87.f;
 namespace lmiserve {
 
 // The 8-lane forms of the AVX-512 helpers below, the same arithmetic (for AVX2-only CPUs).
+
+struct F32x8 {
+  static constexpr int64_t kWidth = 8;
+  LMISERVE_F32_LANE_OPS(_mm256, __m256)
+  static V round_to_int(V v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // v 2^n for whole n in [-126, 127]: a normal float's exponent field (scalef's exact product)
+  static V scale_pow2(V v, V n) {
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(v, _mm256_castsi256_ps(scale));
+  }
+  static float sum(V v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+  static float reduce_max(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  }
+  static int equal_lanes(V a, V b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }  // a bit a lane
+};
 
 // 8 bf16 lanes (as 16-bit integers) widened to fp32.
 inline __m256 widen_bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
@@ -63,23 +122,7 @@ inline __m256 load_bf16x8(const uint16_t* p, int64_t n) {
 }
 
 // exp16 below on 8 lanes: the same clamp, polynomial and scaling, operation for operation.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(kMinExponent));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // 2^n for n in [-126, 127]: a normal float's exponent field (scalef's exact product)
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
-}
+inline __m256 exp8(__m256 x) { return exp_lanes<F32x8>(x); }
 
 // swiglu16 below on 8 lanes: silu(gate) rounded to bf16, times up (not yet rounded).
 inline __m256 swiglu8(__m256 gate, __m256 up) {
@@ -92,6 +135,16 @@ inline __m256 swiglu8(__m256 gate, __m256 up) {
 
 #if defined(__AVX512F__)
 namespace lmiserve {
+
+struct F32x16 {
+  static constexpr int64_t kWidth = 16;
+  LMISERVE_F32_LANE_OPS(_mm512, __m512)
+  static V round_to_int(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scale_pow2(V v, V n) { return _mm512_scalef_ps(v, n); }  // v 2^n
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static int equal_lanes(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }  // a bit a lane
+};
 
 // 16 bf16 lanes (as 16-bit integers) widened to fp32: a bf16 is the top half of its float.
 inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
@@ -117,23 +170,8 @@ inline void split_bf16(const c10::BFloat16* p, __m512& even, __m512& odd) {
   odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-// e^x in each lane, within about one unit in the last place: x = n ln2 + r with |r| <= ln2 / 2,
-// e^r by Cephes' expf polynomial, then scaled by 2^n.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(kMinExponent));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(y, n);
-}
+// e^x in each lane (exp_lanes above).
+inline __m512 exp16(__m512 x) { return exp_lanes<F32x16>(x); }
 
 // tanh(x / cap) * cap in each lane (Gemma 2's capped attention scores), tanh from exp16:
 // 1 - 2 / (e^2y + 1), y clamped to +-9 where tanh is 1 to fp32's precision.

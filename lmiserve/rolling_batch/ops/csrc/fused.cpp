@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,12 +14,8 @@
 #include "bf16_lanes.h"
 #include "bf16_vec.h"
 #include "convert.h"
+#include "op_registration.h"
 #include "rotary.h"
-
-#ifndef LMISERVE_OPS_NS
-#define LMISERVE_OPS_NS lmiserve_cpu
-#endif
-#define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
 namespace {
 
@@ -117,6 +112,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
   });
   return {y, rstd};
 }
+LMISERVE_OP(rms_norm, "(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
 
 template <typename T>
 void add_in_place(T* res, const T* xs, int64_t n) {
@@ -143,6 +139,7 @@ at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Te
   });
   return y;
 }
+LMISERVE_OP(add_rms_norm_, "(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
 
 // x (tokens, heads, dim) rotated in place by cos/sin (tokens, dim), half-rotation layout:
 // x[i] <- x[i] cos[i] - x[i + dim/2] sin[i];  x[i + dim/2] <- x[i + dim/2] cos[i] + x[i] sin[i].
@@ -172,6 +169,7 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tens
                      k.size(2), k.stride(0), k.stride(1));
   });
 }
+LMISERVE_OP(rotary_, "(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
 
 #if !defined(__AVX512BF16__) && (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)))
 #define LMISERVE_SWIGLU_FMA 1
@@ -252,16 +250,6 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   });
   return out;
 }
+LMISERVE_OP(swiglu, "(Tensor gate_up) -> Tensor");
 
 }  // namespace
-
-LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
-  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
-  m.def("add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
-  m.impl("add_rms_norm_", c10::DispatchKey::CPU, &add_rms_norm_);
-  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
-  m.impl("rotary_", c10::DispatchKey::CPU, &rotary_);
-  m.def("swiglu(Tensor gate_up) -> Tensor");
-  m.impl("swiglu", c10::DispatchKey::CPU, &swiglu);
-}

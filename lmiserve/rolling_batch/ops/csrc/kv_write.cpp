@@ -5,10 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cstring>
 
+#include "op_registration.h"
 #include "rotary.h"
 
 namespace {
@@ -47,6 +47,7 @@ void write_kv_(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at
     }
   });
 }
+LMISERVE_OP(write_kv_, "(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 
 // qkv (tokens, (heads + 2 kv_heads) dim): q rotated into a new (tokens, heads, dim) tensor, k
 // rotated into its slot of k_cache, v copied into its slot of v_cache (slot -1: neither).
@@ -90,13 +91,7 @@ at::Tensor rotate_store_(const at::Tensor& qkv, const at::Tensor& cos, const at:
   });
   return q;
 }
+LMISERVE_OP(rotate_store_, "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+                           "Tensor slot_mapping, int heads) -> Tensor");
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("rotate_store_(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping, int heads) -> Tensor");
-  m.impl("rotate_store_", c10::DispatchKey::CPU, &rotate_store_);
-  m.def("write_kv_(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
-  m.impl("write_kv_", c10::DispatchKey::CPU, &write_kv_);
-}

@@ -25,7 +25,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,13 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "build_class.h"
+#include "count_dispatch.h"
 #include "linear_tile.h"
+#include "op_registration.h"
 #include "task_queue.h"
-
-#ifndef LMISERVE_OPS_NS
-#define LMISERVE_OPS_NS lmiserve_cpu
-#endif
-#define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
 namespace {
 
@@ -77,6 +74,7 @@ at::Tensor pack_linear_bf16(const at::Tensor& weight, bool gated) {
   });
   return packed;
 }
+LMISERVE_OP(pack_linear_bf16, "(Tensor weight, bool gated=False) -> Tensor");
 
 }  // namespace
 
@@ -119,16 +117,7 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
 
 template <bool PREFETCH>
 TileFn pick(int64_t rows) {
-  switch (rows) {
-    case 1: return &tile<1, PREFETCH>;
-    case 2: return &tile<2, PREFETCH>;
-    case 3: return &tile<3, PREFETCH>;
-    case 4: return &tile<4, PREFETCH>;
-    case 5: return &tile<5, PREFETCH>;
-    case 6: return &tile<6, PREFETCH>;
-    case 7: return &tile<7, PREFETCH>;
-    default: return &tile<8, PREFETCH>;
-  }
+  return lmiserve::for_count<kRows>(std::min(rows, kRows), [](auto n) -> TileFn { return &tile<n(), PREFETCH>; });
 }
 
 std::atomic<int64_t> g_fma_from_rows{0};
@@ -161,6 +150,7 @@ bool linear_bf16_supported() {
   return false;
 #endif
 }
+LMISERVE_ANY_OP(linear_bf16_supported, "() -> bool");
 
 // From how many rows of x a product runs on the FMA tiles (csrc/linear_fma.cpp) instead of
 // vdpbf16ps: 0 never, 1 always (the FMA-only builds, which have nothing else).
@@ -171,6 +161,7 @@ int64_t linear_bf16_fma_rows() {
   return 0;
 #endif
 }
+LMISERVE_ANY_OP(linear_bf16_fma_rows, "() -> int");
 
 // Sets that for an AVX512_BF16 build: the two give the same bits where the CPU's vdpbf16ps is
 // the two FMAs Intel documents, so only the speed changes (the caller measures both).
@@ -183,19 +174,15 @@ void set_linear_bf16_fma_rows(int64_t rows) {
   TORCH_CHECK(rows == linear_bf16_fma_rows(), "this build has one kind of tiles: it takes ", linear_bf16_fma_rows());
 #endif
 }
+LMISERVE_ANY_OP(set_linear_bf16_fma_rows, "(int rows) -> ()");
 
 // Which vector code this build's kernel runs: "avx512_bf16", "avx512", "avx2" or "none".
-std::string linear_bf16_isa() {
-#if defined(LMISERVE_LINEAR_AVX512BF16)
-  return "avx512_bf16";
-#elif defined(LMISERVE_LINEAR_AVX512)
-  return "avx512";
-#elif defined(LMISERVE_LINEAR_AVX2)
-  return "avx2";
-#else
-  return "none";
-#endif
-}
+std::string linear_bf16_isa() { return linear_bf16_supported() ? lmiserve::build_class() : "none"; }
+LMISERVE_ANY_OP(linear_bf16_isa, "() -> str");
+
+// Whether the kernel runs on AMX tiles here (csrc/linear_amx.cpp).
+bool linear_amx_usable() { return amx_usable(); }
+LMISERVE_ANY_OP(linear_amx_usable, "() -> bool");
 
 #if defined(LMISERVE_LINEAR_VECTOR)
 
@@ -290,6 +277,8 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const c10:
 #endif
   return y;
 }
+LMISERVE_OP(linear_bf16, "(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0, "
+                         "bool tiles=False) -> Tensor");
 
 // y (.., n) += x W^T for a plain packing: the product rounded to bf16, added to y, rounded again
 // (as a product in bf16 added to y), on the vector code.
@@ -311,24 +300,6 @@ void linear_bf16_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor
            nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), m, n, k, kAdd);
 #endif
 }
+LMISERVE_OP(linear_bf16_add_, "(Tensor(a!) y, Tensor x, Tensor packed) -> ()");
 
 }  // namespace
-
-LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
-  m.def("pack_linear_bf16(Tensor weight, bool gated=False) -> Tensor");
-  m.impl("pack_linear_bf16", c10::DispatchKey::CPU, &pack_linear_bf16);
-  m.def("linear_bf16_supported() -> bool");
-  m.impl("linear_bf16_supported", c10::DispatchKey::CatchAll, &linear_bf16_supported);
-  m.def("linear_bf16_isa() -> str");
-  m.impl("linear_bf16_isa", c10::DispatchKey::CatchAll, &linear_bf16_isa);
-  m.def("linear_bf16_fma_rows() -> int");
-  m.impl("linear_bf16_fma_rows", c10::DispatchKey::CatchAll, &linear_bf16_fma_rows);
-  m.def("set_linear_bf16_fma_rows(int rows) -> ()");
-  m.impl("set_linear_bf16_fma_rows", c10::DispatchKey::CatchAll, &set_linear_bf16_fma_rows);
-  m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features, int output=0, bool tiles=False) -> Tensor");
-  m.def("linear_amx_usable() -> bool");
-  m.impl("linear_amx_usable", c10::DispatchKey::CatchAll, &amx_usable);
-  m.impl("linear_bf16", c10::DispatchKey::CPU, &linear_bf16);
-  m.def("linear_bf16_add_(Tensor(a!) y, Tensor x, Tensor packed) -> ()");
-  m.impl("linear_bf16_add_", c10::DispatchKey::CPU, &linear_bf16_add_);
-}

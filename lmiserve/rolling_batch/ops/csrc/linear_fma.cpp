@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "count_dispatch.h"
 #include "linear_tile.h"
 
 #if defined(LMISERVE_LINEAR_VECTOR)
@@ -188,20 +189,16 @@ void tile(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t pairs, cons
   tile_f32<MR, PREFETCH>(xf[0], 2 * kPairsPerStretch, b, pairs, out, ahead);
 }
 
-template <bool PREFETCH, int MR = kMaxRows>
+template <bool PREFETCH>
 TileFn pick(int64_t rows) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return pick<PREFETCH, MR - 1>(rows);
-  }
-  return &tile<MR, PREFETCH>;
+  return lmiserve::for_count<kMaxRows>(std::min<int64_t>(rows, kMaxRows),
+                                       [](auto n) -> TileFn { return &tile<n(), PREFETCH>; });
 }
 
-template <bool PREFETCH, int MR = kMaxRows>
+template <bool PREFETCH>
 FloatTileFn pick_f32(int64_t rows) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return pick_f32<PREFETCH, MR - 1>(rows);
-  }
-  return &tile_f32<MR, PREFETCH>;
+  return lmiserve::for_count<kMaxRows>(std::min<int64_t>(rows, kMaxRows),
+                                       [](auto n) -> FloatTileFn { return &tile_f32<n(), PREFETCH>; });
 }
 
 }  // namespace

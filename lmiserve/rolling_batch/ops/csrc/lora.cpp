@@ -12,13 +12,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <type_traits>
 #include <vector>
 
 #include "bf16_vec.h"
 #include "convert.h"
+#include "op_registration.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -155,10 +155,6 @@ void lora_add_(at::Tensor y, const at::Tensor& x, const at::Tensor& a, const at:
                         rows, slots, bounds, in, out, width, width / parts);
   });
 }
+LMISERVE_OP(lora_add_, "(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor runs, Tensor part_cols) -> ()");
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor runs, Tensor part_cols) -> ()");
-  m.impl("lora_add_", c10::DispatchKey::CPU, &lora_add_);
-}

@@ -11,11 +11,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <vector>
 
 #include "linear_tile.h"
+#include "op_registration.h"
 
 namespace {
 
@@ -86,10 +86,6 @@ void lora_tiles_(at::Tensor y, const at::Tensor& x, const at::Tensor& a_packed, 
   });
 #endif
 }
+LMISERVE_OP(lora_tiles_, "(Tensor(a!) y, Tensor x, Tensor a_packed, Tensor b_packed, Tensor runs, int width) -> ()");
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("lora_tiles_(Tensor(a!) y, Tensor x, Tensor a_packed, Tensor b_packed, Tensor runs, int width) -> ()");
-  m.impl("lora_tiles_", c10::DispatchKey::CPU, &lora_tiles_);
-}

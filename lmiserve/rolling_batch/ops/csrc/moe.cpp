@@ -14,7 +14,10 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
+
+#include "op_registration.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -28,114 +31,92 @@ constexpr int kCols = 4;   // weight rows (output columns) a block multiplies at
 constexpr int kRows = 4;   // x rows a block multiplies at once
 constexpr int kTile = 32;  // output columns of one task
 
-// out[r][c] = dot(xs[r], w[c * ldw ...]) over K, for NR rows and kCols weight rows (a block
-// with fewer columns repeats its last one; the caller ignores those results).
-template <typename T, int NR>
-inline void block_dot(const T* const* xs, const T* const* ws, int64_t K, float out[kRows][kCols]) {
-  float acc[NR][kCols] = {};
-  for (int64_t k = 0; k < K; ++k) {
-    float wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = static_cast<float>(ws[c][k]);
-    for (int r = 0; r < NR; ++r) {
-      const float xv = static_cast<float>(xs[r][k]);
-      for (int c = 0; c < kCols; ++c) acc[r][c] += xv * wv[c];
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < kCols; ++c) out[r][c] = acc[r][c];
-}
-
 #if defined(__AVX512F__)
-template <int NR>
-inline void block_dot_f32(const float* const* xs, const float* const* ws, int64_t K, float out[kRows][kCols]) {
-  __m512 acc[NR][kCols];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_loadu_ps(ws[c] + k);
-    for (int r = 0; r < NR; ++r) {
-      const __m512 xv = _mm512_loadu_ps(xs[r] + k);
-      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
+// The vector code's steps along K: fp32 with FMAs, 16 values a step.
+struct F32Steps {
+  using T = float;
+  using V = __m512;
+  static constexpr int64_t kStep = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_first(const float* p, int64_t n) {  // the first n (< kStep) values, the other lanes 0
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
   }
-  if (k < K) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
-    __m512 wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_maskz_loadu_ps(m, ws[c] + k);
-    for (int r = 0; r < NR; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[r] + k);
-      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < kCols; ++c) out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-template <>
-inline void block_dot<float, 1>(const float* const* xs, const float* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_f32<1>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<float, 2>(const float* const* xs, const float* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_f32<2>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<float, 3>(const float* const* xs, const float* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_f32<3>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<float, 4>(const float* const* xs, const float* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_f32<4>(xs, ws, K, out);
-}
-#endif
+  static __m512 add_products(__m512 acc, V x, V w) { return _mm512_fmadd_ps(x, w, acc); }
+};
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-template <int NR>
-inline void block_dot_bf16(const bf16* const* xs, const bf16* const* ws, int64_t K, float out[kRows][kCols]) {
+// bf16 pairs with vdpbf16ps, 32 values a step.
+struct Bf16Steps {
+  using T = bf16;
+  using V = __m512bh;
+  static constexpr int64_t kStep = 32;
+  static V load(const bf16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static V load_first(const bf16* p, int64_t n) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1ull), p);
+  }
+  static __m512 add_products(__m512 acc, V x, V w) { return _mm512_dpbf16_ps(acc, x, w); }
+};
+#endif
+
+// block_dot's sums on the vector code S: lane sums over K a step at a time, the last step
+// masked, then each accumulator's lanes added.
+template <class S, int NR>
+inline void block_dot_vector(const typename S::T* const* xs, const typename S::T* const* ws, int64_t K,
+                             float out[kRows][kCols]) {
   __m512 acc[NR][kCols];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512bh wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(ws[c] + k);
+  for (; k + S::kStep <= K; k += S::kStep) {
+    typename S::V wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = S::load(ws[c] + k);
     for (int r = 0; r < NR; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[r] + k);
-      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+      const typename S::V xv = S::load(xs[r] + k);
+      for (int c = 0; c < kCols; ++c) acc[r][c] = S::add_products(acc[r][c], xv, wv[c]);
     }
   }
   if (k < K) {
-    const __mmask32 m = static_cast<__mmask32>((1ull << (K - k)) - 1ull);
-    __m512bh wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = (__m512bh)_mm512_maskz_loadu_epi16(m, ws[c] + k);
+    typename S::V wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = S::load_first(ws[c] + k, K - k);
     for (int r = 0; r < NR; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xs[r] + k);
-      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+      const typename S::V xv = S::load_first(xs[r] + k, K - k);
+      for (int c = 0; c < kCols; ++c) acc[r][c] = S::add_products(acc[r][c], xv, wv[c]);
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < kCols; ++c) out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
 }
-
-template <>
-inline void block_dot<bf16, 1>(const bf16* const* xs, const bf16* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_bf16<1>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<bf16, 2>(const bf16* const* xs, const bf16* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_bf16<2>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<bf16, 3>(const bf16* const* xs, const bf16* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_bf16<3>(xs, ws, K, out);
-}
-template <>
-inline void block_dot<bf16, 4>(const bf16* const* xs, const bf16* const* ws, int64_t K, float out[kRows][kCols]) {
-  block_dot_bf16<4>(xs, ws, K, out);
-}
 #endif
+
+// out[r][c] = dot(xs[r], ws[c]) over K, for NR rows and kCols weight rows (a block with fewer
+// columns repeats its last one; the caller ignores those results): on the vector code of this
+// build for T, else in plain C++.
+template <typename T, int NR>
+inline void block_dot(const T* const* xs, const T* const* ws, int64_t K, float out[kRows][kCols]) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    block_dot_vector<F32Steps, NR>(xs, ws, K, out);
+  } else
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    block_dot_vector<Bf16Steps, NR>(xs, ws, K, out);
+  } else
+#endif
+  {
+    float acc[NR][kCols] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      float wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = static_cast<float>(ws[c][k]);
+      for (int r = 0; r < NR; ++r) {
+        const float xv = static_cast<float>(xs[r][k]);
+        for (int c = 0; c < kCols; ++c) acc[r][c] += xv * wv[c];
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < kCols; ++c) out[r][c] = acc[r][c];
+  }
+}
 
 template <typename T>
 inline void dot_rows(const T* const* xs, int nr, const T* const* ws, int64_t K, float out[kRows][kCols]) {
@@ -290,10 +271,6 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weight
   }
   return y;
 }
+LMISERVE_OP(fused_moe, "(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor w2) -> Tensor");
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("fused_moe(Tensor x, Tensor topk_weights, Tensor topk_ids, Tensor w13, Tensor w2) -> Tensor");
-  m.impl("fused_moe", c10::DispatchKey::CPU, &fused_moe);
-}

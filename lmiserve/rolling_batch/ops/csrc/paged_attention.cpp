@@ -9,7 +9,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,8 @@
 
 #include "bf16_vec.h"
 #include "convert.h"
+#include "count_dispatch.h"
+#include "op_registration.h"
 #include "task_queue.h"
 
 namespace {
@@ -234,18 +235,33 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
         }
         return a;
       };
+      // stretch i's first token, and the lanes [lo, hi) of it that the query sees
+      struct Span {
+        int64_t t0;
+        int lo, hi;
+      };
+      auto span_of = [&](int64_t i) {
+        const int64_t t0 = base + i * kStretch;
+        return Span{t0, static_cast<int>(std::max(t0, first) - t0),
+                    static_cast<int>(std::min(t0 + kStretch, len) - t0)};
+      };
       // row s of that stretch, the part of head h (spread over the heads' loops, not in bursts)
       auto prefetch_row = [&](const Ahead& a, int s, int64_t h) {
         if (s >= a.count || h >= a.heads) return;
         const char* p = a.first + (s * slot_stride + h * dim) * 2;
         for (int w = 0; w < DW; ++w) _mm_prefetch(p + 64 * w, _MM_HINT_T0);
       };
+      // row s of a stretch (`rows`: its first row), head h's part, as 2 DW vectors of even and odd
+      // elements; the row of the stretch `ahead` asked for on the way
+      auto split_row = [&](const c10::BFloat16* rows, const Ahead& ahead, int s, int64_t h, __m512* out) {
+        prefetch_row(ahead, s, h - h0);
+        const c10::BFloat16* r = rows + s * slot_stride + (h - h0) * dim;
+        for (int w = 0; w < DW; ++w) lmiserve::split_bf16(r + 32 * w, out[2 * w], out[2 * w + 1]);
+      };
 
       // pass 1: every score, scaled; lanes before `first` or past the end hold kLowest
       for (int64_t i = 0; i < stretches; ++i) {
-        const int64_t t0 = base + i * kStretch;
-        const int lo = static_cast<int>(std::max(t0, first) - t0);
-        const int hi = static_cast<int>(std::min(t0 + kStretch, len) - t0);
+        const auto [t0, lo, hi] = span_of(i);
         const __mmask16 live = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
         const c10::BFloat16* kb = keys.stretch(t0);
         const Ahead next_rows = ahead_of(i);
@@ -258,10 +274,8 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
           for (int g = 0; g < G; ++g)
             for (int t = 0; t < 16; ++t) part[g][t] = _mm512_setzero_ps();
           for (int s = lo; s < hi; ++s) {
-            prefetch_row(next_rows, s, h - h0);
-            const c10::BFloat16* kr = kb + s * slot_stride + (h - h0) * dim;
             __m512 kv[2 * DW];
-            for (int w = 0; w < DW; ++w) lmiserve::split_bf16(kr + 32 * w, kv[2 * w], kv[2 * w + 1]);
+            split_row(kb, next_rows, s, h, kv);
             for (int g = 0; g < G; ++g) {
               __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
               for (int l = 1; l < 2 * DW; ++l) dot = _mm512_fmadd_ps(qv[g][l], kv[l], dot);
@@ -294,9 +308,7 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
       // pass 2: the probability-weighted values, kept as even and odd elements of each 32
       std::fill(acc.begin() + h0 * G * dim, acc.begin() + h1 * G * dim, 0.f);
       for (int64_t i = 0; i < stretches; ++i) {
-        const int64_t t0 = base + i * kStretch;
-        const int lo = static_cast<int>(std::max(t0, first) - t0);
-        const int hi = static_cast<int>(std::min(t0 + kStretch, len) - t0);
+        const auto [t0, lo, hi] = span_of(i);
         const c10::BFloat16* vb = values.stretch(t0);
         const Ahead next_rows = ahead_of(stretches + i);
         for (int64_t h = h0; h < h1; ++h) {
@@ -305,10 +317,8 @@ void decode_bf16_avx512(c10::BFloat16* out, const c10::BFloat16* q, const c10::B
             for (int l = 0; l < 2 * DW; ++l) a[g][l] = _mm512_loadu_ps(acc.data() + (h * G + g) * dim + 16 * l);
           const float* p = scores.data() + h * G * row + i * kStretch;
           for (int s = lo; s < hi; ++s) {
-            prefetch_row(next_rows, s, h - h0);
-            const c10::BFloat16* vr = vb + s * slot_stride + (h - h0) * dim;
             __m512 vv[2 * DW];
-            for (int w = 0; w < DW; ++w) lmiserve::split_bf16(vr + 32 * w, vv[2 * w], vv[2 * w + 1]);
+            split_row(vb, next_rows, s, h, vv);
             for (int g = 0; g < G; ++g) {
               const __m512 pg = _mm512_set1_ps(p[g * row + s]);
               for (int l = 0; l < 2 * DW; ++l) a[g][l] = _mm512_fmadd_ps(pg, vv[l], a[g][l]);
@@ -336,19 +346,10 @@ using Bf16Kernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFl
                             const int32_t*, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, float, int64_t, float);
 
+// G query heads per KV head, 1 to 8; nullptr past 8
 template <int DW>
 Bf16Kernel pick_group(int64_t group) {
-  switch (group) {
-    case 1: return &decode_bf16_avx512<1, DW>;
-    case 2: return &decode_bf16_avx512<2, DW>;
-    case 3: return &decode_bf16_avx512<3, DW>;
-    case 4: return &decode_bf16_avx512<4, DW>;
-    case 5: return &decode_bf16_avx512<5, DW>;
-    case 6: return &decode_bf16_avx512<6, DW>;
-    case 7: return &decode_bf16_avx512<7, DW>;
-    case 8: return &decode_bf16_avx512<8, DW>;
-    default: return nullptr;
-  }
+  return lmiserve::for_count<8>(group, [](auto g) -> Bf16Kernel { return &decode_bf16_avx512<g(), DW>; });
 }
 
 Bf16Kernel pick_bf16_kernel(int64_t group, int64_t dim, int64_t block_size) {
@@ -394,11 +395,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   });
   return out;
 }
+LMISERVE_OP(paged_attention_decode, "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+                                    "Tensor seq_lens, float scale, int window, float softcap=0.0) -> Tensor");
 
 }  // namespace
-
-TORCH_LIBRARY(lmiserve_cpu, m) {
-  m.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, float scale, int window, float softcap=0.0) -> Tensor");
-  m.impl("paged_attention_decode", c10::DispatchKey::CPU, &paged_attention_decode);
-}

@@ -12,7 +12,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,12 +19,9 @@
 
 #include "bf16_lanes.h"
 #include "convert.h"
+#include "op_registration.h"
 #include "prefill_task.h"
 #include "task_queue.h"
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -125,70 +121,32 @@ inline void update_lanes(const Stretch& st, int64_t qi, float* sc, int64_t lo, i
 }
 #endif
 
-#if defined(__AVX512F__) && defined(LMISERVE_BF16_LANES)
-// Four queries at a time: four independent chains of fused multiply-adds build their 16
-// scores each from the transposed keys (one vector of keys per dimension, shared by the four).
+#if defined(LMISERVE_BF16_LANES)
+// Four queries at a time: four independent chains of fused multiply-adds build their 16 scores
+// each (in 16 / L::kWidth vectors) from the transposed keys (the vectors of one dimension's keys
+// shared by the four), one FMA per dimension and vector, in the order of the dimensions.
 template <int DV>
-void attend_avx512(const Stretch& st, int64_t count, const float* qf, const float* kt, const float* vf, float* acc,
-                   float* run_max, float* run_sum) {
-  constexpr int64_t dim = 16 * DV;
+void attend_lanes(const Stretch& st, int64_t count, const float* qf, const float* kt, const float* vf, float* acc,
+                  float* run_max, float* run_sum) {
+  using L = lmiserve::Bf16Lanes;
+  constexpr int64_t dim = L::kWidth * DV, nv = kBlock / L::kWidth;
   alignas(64) float sc[4][kBlock];
-  const __m512 scale = _mm512_set1_ps(st.scale);
+  const L::V scale = L::set1(st.scale);
   for (int64_t q0 = 0; q0 < count; q0 += 4) {  // qf has room past `count` up to a multiple of 4 (unused results)
     const float* q = qf + q0 * dim;
-    __m512 d0 = _mm512_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+    L::V dots[4][nv];
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < nv; ++v) dots[j][v] = L::zero();
     for (int64_t d = 0; d < dim; ++d) {
-      const __m512 kd = _mm512_loadu_ps(kt + d * kBlock);
-      d0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), kd, d0);
-      d1 = _mm512_fmadd_ps(_mm512_set1_ps(q[dim + d]), kd, d1);
-      d2 = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * dim + d]), kd, d2);
-      d3 = _mm512_fmadd_ps(_mm512_set1_ps(q[3 * dim + d]), kd, d3);
+      L::V kd[nv];
+      for (int v = 0; v < nv; ++v) kd[v] = L::load_f32(kt + d * kBlock + v * L::kWidth);
+      for (int j = 0; j < 4; ++j) {
+        const L::V x = L::set1(q[j * dim + d]);
+        for (int v = 0; v < nv; ++v) dots[j][v] = L::fmadd(x, kd[v], dots[j][v]);
+      }
     }
-    _mm512_store_ps(sc[0], _mm512_mul_ps(d0, scale));
-    _mm512_store_ps(sc[1], _mm512_mul_ps(d1, scale));
-    _mm512_store_ps(sc[2], _mm512_mul_ps(d2, scale));
-    _mm512_store_ps(sc[3], _mm512_mul_ps(d3, scale));
-    for (int j = 0; j < 4 && q0 + j < count; ++j) {
-      int64_t lo, hi;
-      st.bounds((q0 + j) / st.group, lo, hi);
-      if (hi > lo) update_lanes<DV>(st, q0 + j, sc[j], lo, hi, vf, acc, run_max, run_sum);
-    }
-  }
-}
-#elif defined(LMISERVE_BF16_LANES)
-#define LMISERVE_PREFILL_AVX2 1
-// As attend_avx512: four queries at a time, their 16 scores each in two vectors (eight
-// accumulators), one FMA per dimension and key, in the order of the dimensions.
-template <int DV>
-void attend_avx2(const Stretch& st, int64_t count, const float* qf, const float* kt, const float* vf, float* acc,
-                 float* run_max, float* run_sum) {
-  constexpr int64_t dim = 8 * DV;
-  alignas(32) float sc[4][kBlock];
-  const __m256 scale = _mm256_set1_ps(st.scale);
-  for (int64_t q0 = 0; q0 < count; q0 += 4) {  // qf has room past `count` up to a multiple of 4 (unused results)
-    const float* q = qf + q0 * dim;
-    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m256 kl = _mm256_loadu_ps(kt + d * kBlock), kh = _mm256_loadu_ps(kt + d * kBlock + 8);
-      const __m256 x0 = _mm256_broadcast_ss(q + d), x1 = _mm256_broadcast_ss(q + dim + d);
-      const __m256 x2 = _mm256_broadcast_ss(q + 2 * dim + d), x3 = _mm256_broadcast_ss(q + 3 * dim + d);
-      l0 = _mm256_fmadd_ps(x0, kl, l0);
-      h0 = _mm256_fmadd_ps(x0, kh, h0);
-      l1 = _mm256_fmadd_ps(x1, kl, l1);
-      h1 = _mm256_fmadd_ps(x1, kh, h1);
-      l2 = _mm256_fmadd_ps(x2, kl, l2);
-      h2 = _mm256_fmadd_ps(x2, kh, h2);
-      l3 = _mm256_fmadd_ps(x3, kl, l3);
-      h3 = _mm256_fmadd_ps(x3, kh, h3);
-    }
-    _mm256_store_ps(sc[0], _mm256_mul_ps(l0, scale));
-    _mm256_store_ps(sc[0] + 8, _mm256_mul_ps(h0, scale));
-    _mm256_store_ps(sc[1], _mm256_mul_ps(l1, scale));
-    _mm256_store_ps(sc[1] + 8, _mm256_mul_ps(h1, scale));
-    _mm256_store_ps(sc[2], _mm256_mul_ps(l2, scale));
-    _mm256_store_ps(sc[2] + 8, _mm256_mul_ps(h2, scale));
-    _mm256_store_ps(sc[3], _mm256_mul_ps(l3, scale));
-    _mm256_store_ps(sc[3] + 8, _mm256_mul_ps(h3, scale));
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < nv; ++v) L::store_f32(sc[j] + v * L::kWidth, L::mul(dots[j][v], scale));
     for (int j = 0; j < 4 && q0 + j < count; ++j) {
       int64_t lo, hi;
       st.bounds((q0 + j) / st.group, lo, hi);
@@ -247,16 +205,11 @@ void prefill(scalar_t* out, const scalar_t* q, const scalar_t* k_cache, const sc
           }
         }
         const Stretch stretch{t0, width, pos0, sh.window, sh.scale, dim, group, sh.softcap};
-#if defined(__AVX512F__) && defined(LMISERVE_BF16_LANES)
+#if defined(LMISERVE_BF16_LANES)
         if (dim == 64 || dim == 128) {
-          (dim == 64 ? attend_avx512<4> : attend_avx512<8>)(stretch, count, qf.data(), kt.data(), vf.data(),
-                                                            acc.data(), run_max.data(), run_sum.data());
-          continue;
-        }
-#elif defined(LMISERVE_PREFILL_AVX2)
-        if (dim == 64 || dim == 128) {
-          (dim == 64 ? attend_avx2<8> : attend_avx2<16>)(stretch, count, qf.data(), kt.data(), vf.data(), acc.data(),
-                                                         run_max.data(), run_sum.data());
+          constexpr int w = lmiserve::Bf16Lanes::kWidth;
+          (dim == 64 ? attend_lanes<64 / w> : attend_lanes<128 / w>)(stretch, count, qf.data(), kt.data(), vf.data(),
+                                                                    acc.data(), run_max.data(), run_sum.data());
           continue;
         }
 #endif
@@ -330,11 +283,8 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
   });
   return out;
 }
+LMISERVE_OP(paged_attention_prefill, "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+                                     "Tensor cu_q_lens, Tensor seq_lens, float scale, int window, "
+                                     "float softcap=0.0, bool tiles=False) -> Tensor");
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(lmiserve_cpu, m) {
-  m.def("paged_attention_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor cu_q_lens, Tensor seq_lens, float scale, int window, float softcap=0.0, bool tiles=False) -> Tensor");
-  m.impl("paged_attention_prefill", c10::DispatchKey::CPU, &paged_attention_prefill);
-}

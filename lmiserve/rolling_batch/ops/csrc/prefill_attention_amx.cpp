@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "aligned_vector.h"
+#include "count_dispatch.h"
 #include "linear_tile.h"
 #include "prefill_task.h"
 #include "task_queue.h"
@@ -230,8 +231,8 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
 PrefillKernel amx_prefill_kernel(int64_t dim, int64_t group) {
 #if defined(LMISERVE_AMX)
   if (!lmiserve_linear::amx_usable()) return nullptr;
-  if (dim == 64) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2>; });
-  if (dim == 128) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4>; });
+  if (dim == 64) return for_count<8>(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2>; });
+  if (dim == 128) return for_count<8>(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4>; });
 #endif
   (void)dim, (void)group;
   return nullptr;

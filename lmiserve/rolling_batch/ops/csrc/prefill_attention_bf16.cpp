@@ -16,6 +16,7 @@
 
 #include "bf16_vec.h"
 #include "convert.h"
+#include "count_dispatch.h"
 #include "prefill_task.h"
 #include "task_queue.h"
 
@@ -176,8 +177,8 @@ void prefill_tasks(c10::BFloat16* out, const c10::BFloat16* q, const c10::BFloat
 
 PrefillKernel bf16_prefill_kernel(int64_t dim, int64_t group) {
 #if defined(__AVX512BF16__)
-  if (dim == 64) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2, 4>; });
-  if (dim == 128) return for_group(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4, 2>; });
+  if (dim == 64) return for_count<8>(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 2, 4>; });
+  if (dim == 128) return for_count<8>(group, [](auto g) -> PrefillKernel { return &prefill_tasks<g(), 4, 2>; });
 #endif
   (void)dim, (void)group;
   return nullptr;

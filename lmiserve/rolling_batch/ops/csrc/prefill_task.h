@@ -6,7 +6,6 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace lmiserve {
@@ -47,23 +46,7 @@ using PrefillKernel = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::
                                const int32_t*, const int32_t*, const int32_t*, const std::vector<PrefillTask>&,
                                const PrefillShape&);
 
-// pick(std::integral_constant<int, G>) for G query heads per KV head, 1 to 8; nullptr past 8.
-template <typename Pick>
-PrefillKernel for_group(int64_t group, const Pick& pick) {
-  switch (group) {
-    case 1: return pick(std::integral_constant<int, 1>{});
-    case 2: return pick(std::integral_constant<int, 2>{});
-    case 3: return pick(std::integral_constant<int, 3>{});
-    case 4: return pick(std::integral_constant<int, 4>{});
-    case 5: return pick(std::integral_constant<int, 5>{});
-    case 6: return pick(std::integral_constant<int, 6>{});
-    case 7: return pick(std::integral_constant<int, 7>{});
-    case 8: return pick(std::integral_constant<int, 8>{});
-    default: return nullptr;
-  }
-}
-
-// The bf16 prompt kernel for head_dim `dim` and `group` query heads per KV head (caches in
+// The bf16 prompt kernel for head_dim `dim` and `group` (1 to 8) query heads per KV head (caches in
 // blocks of a multiple of 16 tokens): with vdpbf16ps (prefill_attention_bf16.cpp), or on AMX tiles
 // where the operating system grants them (prefill_attention_amx.cpp); nullptr where this CPU
 // build does not cover those shapes (the caller then runs the fp32 path).

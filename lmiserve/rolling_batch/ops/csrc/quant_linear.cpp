@@ -18,7 +18,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,18 +26,16 @@
 #include <vector>
 
 #include "bf16_vec.h"
+#include "build_class.h"
 #include "convert.h"
+#include "count_dispatch.h"
 #include "gguf_layout.h"
+#include "op_registration.h"
 #include "task_queue.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-
-#ifndef LMISERVE_OPS_NS
-#define LMISERVE_OPS_NS lmiserve_cpu
-#endif
-#define LMISERVE_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 
 namespace lmiserve_gguf {
 bool amx_gguf(const uint16_t* x, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias,
@@ -87,6 +84,7 @@ at::Tensor pack_gguf(const at::Tensor& blocks, int64_t kind, int64_t k) {
   });
   return out;
 }
+LMISERVE_OP(pack_gguf, "(Tensor blocks, int kind, int k) -> Tensor");
 
 #if defined(__AVX512BF16__)
 template <int64_t KIND, int R, int MR>
@@ -251,16 +249,7 @@ void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int6
 #endif
     }
   };
-  switch (mr) {
-    case 1: call(std::integral_constant<int, 1>{}); break;
-#if defined(__AVX512F__)
-    case 2: call(std::integral_constant<int, 2>{}); break;
-    case 3: call(std::integral_constant<int, 3>{}); break;
-    default: call(std::integral_constant<int, 4>{}); break;
-#else
-    default: call(std::integral_constant<int, 2>{}); break;
-#endif
-  }
+  lmiserve::for_count<kM>(mr, call);
 }
 
 // y (m, n) = x W^T from arranged x (A: float, or bf16 bits).
@@ -300,17 +289,8 @@ void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t
   });
 }
 
-std::string quant_linear_isa() {
-#if defined(__AVX512BF16__)
-  return "avx512_bf16";
-#elif defined(__AVX512F__)
-  return "avx512";
-#elif defined(__AVX2__)
-  return "avx2";
-#else
-  return "portable";
-#endif
-}
+std::string quant_linear_isa() { return lmiserve::build_class(); }
+LMISERVE_ANY_OP(quant_linear_isa, "() -> str");
 
 template <bool BF16W, typename A, typename Y>
 void dispatch(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n, const float* bias, Y* y) {
@@ -372,14 +352,6 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
   }
   return y.to(out_dtype).view(shape);
 }
+LMISERVE_OP(linear_gguf, "(Tensor x, Tensor packed, int kind, Tensor? bias=None, int tile_rows=0) -> Tensor");
 
 }  // namespace
-
-LMISERVE_FRAGMENT(LMISERVE_OPS_NS, m) {
-  m.def("pack_gguf(Tensor blocks, int kind, int k) -> Tensor");
-  m.impl("pack_gguf", c10::DispatchKey::CPU, &pack_gguf);
-  m.def("linear_gguf(Tensor x, Tensor packed, int kind, Tensor? bias=None, int tile_rows=0) -> Tensor");
-  m.impl("linear_gguf", c10::DispatchKey::CPU, &linear_gguf);
-  m.def("quant_linear_isa() -> str");
-  m.impl("quant_linear_isa", c10::DispatchKey::CatchAll, &quant_linear_isa);
-}
