@@ -55,7 +55,7 @@ def linear_bytes(w: LinearWeight) -> int:
 
 def weight_bytes(obj: Any) -> int:
     """The bytes of the weights in ``obj``: a tensor, a prepared weight, or a dataclass / list of them
-    (a packed copy of a weight is not counted again)."""
+    (a packed copy of a weight, or a field that is another field's tensor, is not counted again)."""
     if isinstance(obj, torch.Tensor):
         return 0 if obj.is_meta else obj.nbytes
     if isinstance(obj, LinearWeight):
@@ -65,7 +65,11 @@ def weight_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(weight_bytes(x) for x in obj)
     if dataclasses.is_dataclass(obj):
-        return sum(weight_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "packed")
+        values = [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "packed"]
+        # a field that names another field's tensor (a layer's MLP norm that is its post-attention norm)
+        # is read once
+        distinct = [v for i, v in enumerate(values) if all(v is not u for u in values[:i])]
+        return sum(weight_bytes(v) for v in distinct)
     return 0
 
 
