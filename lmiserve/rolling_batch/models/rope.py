@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import torch
@@ -22,6 +23,13 @@ _ROTARY_CLASSES = {
     "gemma2": ("transformers.models.gemma2.modeling_gemma2", "Gemma2RotaryEmbedding"),
     "gemma3": ("transformers.models.gemma3.modeling_gemma3", "Gemma3RotaryEmbedding"),
 }
+PLAIN_DEFAULT = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "granite"}
+"""Families whose rotary class, for unscaled ("default") RoPE, is the plain one: inverse frequencies
+``1 / theta ** (2i / head_dim)`` over the whole head, no scaling. Their tables are computed here
+by the same fp32 operations, without importing the family's modelling code (seconds at every
+engine start); tests/unit/engine/test_rope_default.py holds them to transformers' bits."""
+HEAD_DIM_DEFAULTS = {"qwen3", "qwen3_moe"}
+"""Families whose config class has a ``head_dim`` default of its own when config.json names none."""
 LAYER_TYPES = {"gemma3": ("full_attention", "sliding_attention")}
 """Families whose layers' rotations differ by layer type: their tables stack one per type, in this order."""
 
@@ -40,6 +48,12 @@ def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch
     for every prompt longer than the original length, and for every sequence when ``max_len``
     does not exceed it; a shorter prompt that generates past it differs (no mid-sequence switch).
     Dynamic NTK scaling, which transformers recomputes from each pass's length, is refused."""
+    plain = plain_default_tables(model_dir, architecture, max_len)
+    return plain if plain is not None else transformers_tables(model_dir, architecture, max_len)
+
+
+def transformers_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_tables` from the family's own rotary class."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -58,3 +72,36 @@ def rope_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch
             return torch.stack([c[0] for c, _ in tables]), torch.stack([s[0] for _, s in tables])
         cos, sin = rotary(probe, positions)
     return cos[0].contiguous(), sin[0].contiguous()
+
+
+def plain_default_tables(model_dir: Path, architecture: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The tables of unscaled RoPE for a family in :data:`PLAIN_DEFAULT`, from config.json alone;
+    None when the config leaves anything to the family's config class (no ``rope_theta``, a
+    scaling, a partial rotation, a ``head_dim`` its class would default)."""
+    if architecture not in PLAIN_DEFAULT:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        return None
+    if (
+        params.get("rope_type", "default") != "default"
+        or scaling.get("rope_type", scaling.get("type", "default")) != "default"
+    ):
+        return None
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    head_dim = config.get("head_dim")
+    if architecture in HEAD_DIM_DEFAULTS and head_dim is None:
+        return None
+    if head_dim is None:
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    if not isinstance(theta, (int, float)) or config.get("partial_rotary_factor", 1.0) != 1.0:
+        return None
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    freqs = torch.arange(max_len).float()[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * 1.0).contiguous(), (emb.sin() * 1.0).contiguous()
