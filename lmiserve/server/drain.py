@@ -65,10 +65,25 @@ class DrainMiddleware(HttpMiddleware):
         if scope.get("path") == "/ping":  # a health check has nothing to drain: not counted
             return await self.app(scope, receive, send)
         self.drain.in_flight += 1
+        counted = True
+
+        def done() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.drain.in_flight -= 1
+
+        async def counting_send(message):  # type: ignore[no-untyped-def]
+            # the last byte ends the request before it is sent: a client that has its whole answer
+            # is never counted as in flight
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                done()
+            await send(message)
+
         try:
-            return await self.app(scope, receive, send)
+            return await self.app(scope, receive, counting_send)
         finally:
-            self.drain.in_flight -= 1
+            done()
 
 
 class DrainingServer(uvicorn.Server):
