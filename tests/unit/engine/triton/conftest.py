@@ -9,6 +9,10 @@ import torch
 
 if importlib.util.find_spec("triton") is None:
     collect_ignore_glob = ["test_*.py"]
+else:
+    from .interpreter_patching import skip_nested_patches
+
+    skip_nested_patches()
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,9 @@ from tests.unit.engine.recording_graphs import RecordingBackend
 PROMPTS = [[5, 17, 42, 9, 100, 3], list(range(60, 84))]
 
 
-def _greedy(model_dir, **engine) -> dict:
+def _greedy(engine) -> dict:
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    tokens, _, _ = run(make_engine(model_dir, **engine), {0: [(str(i), p, params) for i, p in enumerate(PROMPTS)]})
+    tokens, _, _ = run(engine, {0: [(str(i), p, params) for i, p in enumerate(PROMPTS)]})
     return {rid: t[0] for rid, t in tokens.items()}
 
 
@@ -41,8 +41,7 @@ def test_quantized_checkpoints_through_the_triton_kernels(
     engine = make_engine(quantized, ops="cuda", device=kernel_device, dtype=dtype, max_num_seqs=4)
     qkv = engine.runner.model.layers[0].qkv
     assert isinstance(qkv.quant, layout) and engine.runner.graphs is not None
-    ours = _greedy(quantized, ops="cuda", device=kernel_device, dtype=dtype, max_num_seqs=4)
-    if fmt == "fp8":  # the reference ops' W8A8 (activations quantized per token) on the checkpoint
-        assert ours == _greedy(quantized, ops="reference", dtype=dtype, max_num_seqs=4)
-    else:
-        assert ours == _greedy(reference, ops="reference", dtype=dtype, max_num_seqs=4)
+    ours = _greedy(engine)
+    # FP8: the reference ops' W8A8 (activations quantized per token) on the checkpoint itself
+    expected_from = quantized if fmt == "fp8" else reference
+    assert ours == _greedy(make_engine(expected_from, ops="reference", dtype=dtype, max_num_seqs=4))
