@@ -12,13 +12,17 @@ install-test:
 serve: install
 	HF_HUB_OFFLINE=1 .venv/bin/lmiserve serve --port $(PORT)
 
-# the unit tests on both cores (pytest-xdist), then the servers, containers and SmolLM2 one at a time;
-# each part lists its 25 slowest tests; the status is the first part's that failed
+# the unit tests on both cores (pytest-xdist); the servers, containers and SmolLM2 on both cores too,
+# a module to a worker; then the tests marked `serial` (timing, load, signals) one at a time. Each
+# part lists its 25 slowest tests; the status is the first part's that failed
 UNIT_TESTS ?= tests/unit tests/fuzz
+SERVER_TESTS = $(addprefix --ignore=,$(UNIT_TESTS))
 test: install-test
 	@rc=0; \
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -n 2 --durations=25 $(UNIT_TESTS) || rc=$$?; \
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25 $(addprefix --ignore=,$(UNIT_TESTS)) || \
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 -m "not serial" $(SERVER_TESTS) || \
+	  { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25 -m serial $(SERVER_TESTS) || \
 	  { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
 	exit $$rc
 

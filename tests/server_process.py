@@ -31,9 +31,18 @@ def sse_data(body: bytes, space: bool = False) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now. Under pytest-xdist, one of this worker's own (the port modulo the number of
+    workers is the worker's index), so two workers never pick the same port between the check
+    and the server binding it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if workers <= 1 or port % workers == index:
+            return port
 
 
 class ServerProcess:

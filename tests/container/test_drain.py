@@ -15,6 +15,8 @@ import pytest
 
 from tests.container.serve_process import ContainerServe, wait_gone
 
+pytestmark = pytest.mark.serial
+
 SLOW_HANDLER = """
 import time
 from pathlib import Path

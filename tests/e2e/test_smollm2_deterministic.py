@@ -8,7 +8,7 @@ import pytest
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine, run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
 COUNTS = [f"Count to {n}:" for n in range(3, 11)]
 

@@ -20,6 +20,8 @@ import pytest
 from tests.integration.engine_server import start
 from tests.lora_adapters import build_adapter
 
+pytestmark = pytest.mark.serial
+
 PROCESSES = 3
 PROMPT = "What is Deep Learning?"
 N = 16

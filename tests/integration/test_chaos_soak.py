@@ -15,7 +15,7 @@ import pytest
 from tests.integration.engine_server import start
 from tests.server_process import free_port
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.serial]
 
 CHAOS = Path(__file__).resolve().parents[2] / "scripts" / "chaos_soak.py"
 SECONDS = float(os.environ.get("LMISERVE_CHAOS_SECONDS", "60"))

@@ -12,6 +12,8 @@ import pytest
 
 from tests.server_process import ServerProcess, free_port
 
+pytestmark = pytest.mark.serial
+
 HANDLERS = Path(__file__).parent / "handlers"
 
 

@@ -13,6 +13,8 @@ import pytest
 from tests.integration.engine_server import start
 from tests.integration.test_engine_faults import wait_for
 
+pytestmark = pytest.mark.serial
+
 LONG = {"max_new_tokens": 15000, "ignore_eos_token": True}
 """Long enough to outlast every deadline below on a fast machine."""
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.integration.engine_server import start
 
+pytestmark = pytest.mark.serial
+
 LONG = {"max_new_tokens": 15000, "ignore_eos_token": True}
 ERROR_WAIT = 5.0
 """Seconds within which each request in flight must have received its error."""

@@ -16,6 +16,8 @@ import pytest
 
 from tests.integration.engine_server import start
 
+pytestmark = pytest.mark.serial
+
 TOKENS = 300
 GREEDY = {"max_new_tokens": TOKENS, "ignore_eos_token": True, "details": True}
 SEEDED = {**GREEDY, "do_sample": True, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 11}

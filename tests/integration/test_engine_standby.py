@@ -9,8 +9,11 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from tests.integration.engine_server import start
+
+pytestmark = pytest.mark.serial
 
 
 def alive(pid: int) -> bool:

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .engine_server import start
 
+pytestmark = pytest.mark.serial
+
 PROMPTS = ["What is Deep Learning?", "The quick brown fox jumps over the lazy dog.", "Numbers: 1 2 3"]
 LONG_PROMPT = "A paged KV cache shares the blocks of a common prompt prefix between requests. " * 4
 GENERATION_FAMILIES = (

@@ -22,6 +22,8 @@ from tests.tiny_models import build_model
 
 from .engine_server import Reference
 
+pytestmark = pytest.mark.serial
+
 HANDLERS = Path(__file__).parent / "handlers"
 PROMPT = "What is Deep Learning?"
 TOKENS = 6

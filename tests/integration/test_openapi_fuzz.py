@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.integration.engine_server import start
 
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.serial]
 
 CASES = 200 if os.environ.get("LMISERVE_FUZZ_FULL") == "1" else int(os.environ.get("LMISERVE_FUZZ_CASES", "40"))
 EXCLUDED = {("POST", "/models"), ("PUT", "/models/{model_name}"), ("DELETE", "/models/{model_name}")}

@@ -12,6 +12,8 @@ import pytest
 from tests.integration.engine_server import start
 from tests.integration.test_engine_faults import wait_for
 
+pytestmark = pytest.mark.serial
+
 LONG = {"max_new_tokens": 15000, "ignore_eos_token": True}
 """Long enough to hold the one batch slot for as long as a test needs it."""
 SHORT = {"X-Request-Timeout": "2"}

@@ -5,8 +5,11 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from tests.server_process import ServerProcess
+
+pytestmark = pytest.mark.serial
 
 
 def test_bad_setting_stops_startup_with_one_line(tmp_path):

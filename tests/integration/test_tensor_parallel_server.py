@@ -9,6 +9,8 @@ import pytest
 
 from tests.integration.engine_server import Reference, start
 
+pytestmark = pytest.mark.serial
+
 PROMPTS = ["What is Deep Learning?", "The quick brown fox jumps over the lazy dog.", "Numbers: 1 2 3"]
 BODY = {"parameters": {"max_new_tokens": 20}}
 

@@ -25,9 +25,12 @@ from .vllm_server import (
     serving_dir,
 )
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None, reason="a real vllm is installed; these tests need it absent"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is not None, reason="a real vllm is installed; these tests need it absent"
+    ),
+    pytest.mark.serial,
+]
 
 
 # --- an engine that dies, then starts again ----------------------------------------------------
