@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,19 +31,30 @@ def sse_data(body: bytes, space: bool = False) -> list[str]:
     return [e[len(prefix) :].strip() for e in events]
 
 
+PORTS = range(10000, 30000)
+"""Where test servers listen: below Linux's ephemeral range (32768 and up), so no socket that
+binds port 0 or connects out is ever handed a port a test server is about to take."""
+_pick = random.Random()  # its own generator: a test that seeds ``random`` does not fix the ports
+
+
 def free_port() -> int:
-    """A port free now. Under pytest-xdist, one of this worker's own (the port modulo the number of
-    workers is the worker's index), so two workers never pick the same port between the check
-    and the server binding it."""
+    """A free port of :data:`PORTS`, picked at random. Under pytest-xdist each worker picks in a
+    slice of its own, so two workers never pick the same port between the check and the server
+    binding it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-    while True:
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) % workers if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = len(PORTS) // workers
+    first = PORTS.start + index * size
+    for _ in range(1000):
+        port = _pick.randrange(first, first + size)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if workers <= 1 or port % workers == index:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {first}..{first + size - 1}")
 
 
 class ServerProcess:
