@@ -117,8 +117,10 @@ def test_deterministic_mode_adapter_tokens_do_not_depend_on_the_batch(
     params = SamplingParams(max_new_tokens=4)
 
     def target(budget, others):
+        # four sequences at most (the target and three others): the start-up captures the graphs of
+        # batch buckets up to 4, not 8
         engine = _engine(tiny_model_dirs["llama"], four_adapters, kernel_device, dtype="bf16", deterministic=True,
-                         max_num_batched_tokens=budget)  # fmt: skip
+                         max_num_batched_tokens=budget, max_num_seqs=4)  # fmt: skip
         assert engine.runner.graphs is not None
         for i, name in enumerate(others):
             engine.add_request(f"o{i}", tiny_tokenizer(PROMPTS[i])["input_ids"], params, name)
