@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import torch
+
+from .spec import read_config
 
 _ROTARY_CLASSES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding"),
@@ -81,7 +82,7 @@ def plain_default_tables(model_dir: Path, architecture: str, max_len: int) -> tu
     if architecture not in PLAIN_DEFAULT:
         return None
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = read_config(model_dir)
     except (OSError, ValueError):
         return None
     params = config.get("rope_parameters") or {}
@@ -104,4 +105,4 @@ def plain_default_tables(model_dir: Path, architecture: str, max_len: int) -> tu
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     freqs = torch.arange(max_len).float()[:, None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * 1.0).contiguous(), (emb.sin() * 1.0).contiguous()
+    return emb.cos(), emb.sin()
