@@ -17,13 +17,13 @@ serve: install
 # part lists its 25 slowest tests; the status is the first part's that failed
 UNIT_TESTS ?= tests/unit tests/fuzz
 SERVER_TESTS = $(addprefix --ignore=,$(UNIT_TESTS))
+PYTEST = HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25
+KEEP_FIRST_FAILURE = { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }
 test: install-test
 	@rc=0; \
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -n 2 --durations=25 $(UNIT_TESTS) || rc=$$?; \
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 -m "not serial" $(SERVER_TESTS) || \
-	  { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25 -m serial $(SERVER_TESTS) || \
-	  { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	$(PYTEST) -n 2 $(UNIT_TESTS) || $(KEEP_FIRST_FAILURE); \
+	$(PYTEST) -n 2 --dist loadfile -m "not serial" $(SERVER_TESTS) || $(KEEP_FIRST_FAILURE); \
+	$(PYTEST) -m serial $(SERVER_TESTS) || $(KEEP_FIRST_FAILURE); \
 	exit $$rc
 
 # the soaks at full length: the chaos soak for five minutes instead of the 60 s of `make test`

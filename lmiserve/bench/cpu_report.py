@@ -65,11 +65,10 @@ def weight_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(weight_bytes(x) for x in obj)
     if dataclasses.is_dataclass(obj):
-        values = [getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "packed"]
-        # a field that names another field's tensor (a layer's MLP norm that is its post-attention norm)
-        # is read once
-        distinct = [v for i, v in enumerate(values) if all(v is not u for u in values[:i])]
-        return sum(weight_bytes(v) for v in distinct)
+        # by identity: a field that names another field's tensor (a layer's MLP norm that is its
+        # post-attention norm) is read once
+        fields = {id(v): v for v in (getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "packed")}
+        return sum(weight_bytes(v) for v in fields.values())
     return 0
 
 
