@@ -32,10 +32,9 @@ Q4_1 = 1
 
 def build_other(rev: str, out: Path) -> None:
     """The C++ kernels of ``rev``, their op library renamed ``lmiserve_ab``, built and loaded."""
-    from torch.utils.cpp_extension import load
-
     from lmiserve.cpu_isa import isa_class
     from lmiserve.rolling_batch.ops.cpu_kernels import kernel_cflags
+    from lmiserve.rolling_batch.ops.kernel_build import build_library
 
     archive = out / "csrc.tar"
     with archive.open("wb") as f:
@@ -48,12 +47,8 @@ def build_other(rev: str, out: Path) -> None:
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
     ).stdout.strip()
-    load(
-        name=f"lmiserve_ab_{commit}_{isa_class()}",
-        sources=sorted(str(p) for p in src.glob("*.cpp")),
-        extra_cflags=kernel_cflags(isa_class()),
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
+    build_library(
+        f"lmiserve_ab_{commit}_{isa_class()}", sorted(src.glob("*.cpp")), kernel_cflags(isa_class()), ["-fopenmp"]
     )
 
 

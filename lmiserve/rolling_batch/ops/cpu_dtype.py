@@ -264,8 +264,8 @@ def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowe
 
     from ...cpu_isa import cpu_info, cpu_model_name, isa_class
     from ...model_store import cache_root
-    from .cpu_kernels import sources_digest
     from .cpu_linear_tiles import default_rows
+    from .kernel_build import sources_digest
 
     key = json.dumps(
         [

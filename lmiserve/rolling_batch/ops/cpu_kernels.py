@@ -1,33 +1,27 @@
 """The CPU ops' C++ kernels: building and loading them, and what this CPU can run.
 
 The kernels (``csrc/``) are compiled on first use for the CPU class in use (``lmiserve.cpu_isa``:
-the CPU's own, or a lower one forced by ``LMISERVE_CPU_ISA``) and cached; the probes below say
-which linear-layer path
-a bf16 weight takes here: oneDNN's packed layout, or the C++ kernel's own on its vector code or
+the CPU's own, or a lower one forced by ``LMISERVE_CPU_ISA``) and cached (:mod:`.kernel_build`);
+the probes below say which linear-layer path a bf16 weight takes here: oneDNN's packed layout, or the C++ kernel's own on its vector code or
 on AMX tiles.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
 import os
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
 from ...cpu_isa import compile_flags, describe, isa_class
+from .kernel_build import CSRC, build_library, sources_digest
 
 log = logging.getLogger("lmiserve.ops")
 
-_CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
-    _CSRC / name
+    CSRC / name
     for name in (
         "paged_attention.cpp",
         "prefill_attention.cpp",
@@ -51,35 +45,19 @@ PACK_BATCH_HINT = 32
 """The batch size oneDNN's blocked weight layout is chosen for."""
 
 
-@contextlib.contextmanager
-def build_guard(build_dir: Path) -> Iterator[None]:
-    """Held while this process builds or loads the kernels in ``build_dir``. Builders take it in
-    turn, and the operating system releases it when its holder dies (an ``flock``), so torch's
-    build lock, found while this is held, was left by a build that was killed (an engine stopped
-    while it compiled): it is removed, or every later loader would wait on it forever."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / "lmiserve-build.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            lock = build_dir / "lock"
-            if lock.exists():
-                log.warning("removing a kernel build lock left by an interrupted build: %s", lock)
-                lock.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
-
-
-@functools.cache
-def sources_digest() -> str:
-    """A hash of every kernel source and header: what a build, or a measurement of the kernels,
-    is for."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()
-
-
 def kernel_cflags(cls: str) -> list[str]:
     """The C++ kernels' compile flags for a CPU class."""
     return ["-O3", "-fopenmp", "-ffast-math", *compile_flags(cls)]
+
+
+def library_name(flags: list[str]) -> str:
+    """The kernels' op library built with ``flags``. The name carries a hash of every source and
+    header, of the flags and of where the sources are, so an edit, or a switch between two CPU
+    classes, always rebuilds, and two copies of the sources (two installs, two checkouts) keep a
+    build each instead of rebuilding the shared one in turn (its build file names the sources'
+    paths)."""
+    digest = hashlib.sha256(f"{sources_digest()} {' '.join(flags)} {CSRC}".encode()).hexdigest()[:10]
+    return f"lmiserve_cpu_kernels_{digest}"
 
 
 @functools.cache
@@ -90,32 +68,9 @@ def load_kernels() -> bool:
     cls = isa_class()  # a forced class this CPU lacks is refused here, not turned into a fallback
     log.info("%s", describe())
     try:
-        from torch.utils.cpp_extension import load
-
-        # ninja may be installed next to this Python rather than on PATH
-        bindir = os.path.dirname(sys.executable)
-        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
         flags = kernel_cflags(cls)
-        log.info("loading CPU attention kernels (compiled on first use, about 15 s)")
-        # the name carries a hash of every source and header, of the flags and of where the
-        # sources are, so an edit, or a switch between two CPU classes, always rebuilds, and two
-        # copies of the sources (two installs, two checkouts) keep a build each instead of
-        # rebuilding the shared one in turn (its build file names the sources' paths)
-        digest = hashlib.sha256(f"{sources_digest()} {' '.join(flags)} {_CSRC}".encode()).hexdigest()[:10]
-        name = f"lmiserve_cpu_kernels_{digest}"
-        from torch.utils.cpp_extension import _get_build_directory
-
-        with build_guard(Path(_get_build_directory(name, False))):
-            load(
-                name=name,
-                sources=[str(p) for p in _SOURCES],
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
+        log.info("loading the CPU kernels (compiled on first use: about a minute on two cores)")
+        build_library(library_name(flags), _SOURCES, flags, ldflags=["-fopenmp"])
         return hasattr(torch.ops.lmiserve_cpu, "paged_attention_decode")
     except Exception as exc:  # noqa: BLE001 - no compiler, no headers: use the reference ops
         log.warning("CPU attention kernels unavailable (%s); using the reference implementation", exc)

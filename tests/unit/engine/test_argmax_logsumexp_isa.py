@@ -22,18 +22,15 @@ BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
 
 @functools.cache
 def build(isa: str):  # type: ignore[no-untyped-def]
-    from torch.utils.cpp_extension import load
-
-    from lmiserve.rolling_batch.ops.cpu_kernels import _CSRC
+    from lmiserve.rolling_batch.ops.kernel_build import CSRC, build_library
 
     namespace = f"lmiserve_sampling_{isa}"
-    load(
-        name=f"lmiserve_sampling_kernels_{isa}",
-        sources=[str(_CSRC / "sampling.cpp")],
-        extra_cflags=["-O3", "-fopenmp", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa]],
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=False,
+    build_library(
+        f"lmiserve_sampling_kernels_{isa}",
+        [CSRC / "sampling.cpp"],
+        ["-O3", "-fopenmp", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa]],
+        ldflags=["-fopenmp"],
+        precompiled=False,
     )
     return getattr(torch.ops, namespace).argmax_logsumexp
 

@@ -30,17 +30,14 @@ BUILDS = {
 
 
 def build(isa: str):  # type: ignore[no-untyped-def]
-    from torch.utils.cpp_extension import load
-
-    from lmiserve.rolling_batch.ops.cpu_kernels import _CSRC
+    from lmiserve.rolling_batch.ops.kernel_build import CSRC, build_library
 
     namespace = f"lmiserve_quant_{isa}"
-    load(
-        name=f"lmiserve_quant_kernels_{isa}",
-        sources=[str(_CSRC / name) for name in ("quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")],
-        extra_cflags=["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],  # load_kernels' flags
-        is_python_module=False,
-        verbose=False,
+    build_library(
+        f"lmiserve_quant_kernels_{isa}",
+        [CSRC / name for name in ("quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")],
+        ["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],  # load_kernels' flags
+        precompiled=False,
     )
     return getattr(torch.ops, namespace)
 

@@ -30,17 +30,14 @@ PLAIN, GATE_UP, SWIGLU = 0, 1, 2
 
 @functools.cache
 def build(isa: str):  # type: ignore[no-untyped-def]
-    from torch.utils.cpp_extension import load
-
-    from lmiserve.rolling_batch.ops.cpu_kernels import _CSRC
+    from lmiserve.rolling_batch.ops.kernel_build import CSRC, build_library
 
     namespace = f"lmiserve_linear_{isa}"
-    load(
-        name=f"lmiserve_linear_kernels_{isa}",
-        sources=[str(_CSRC / name) for name in KERNEL_SOURCES],
-        extra_cflags=["-O3", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],
-        is_python_module=False,
-        verbose=False,
+    build_library(
+        f"lmiserve_linear_kernels_{isa}",
+        [CSRC / name for name in KERNEL_SOURCES],
+        ["-O3", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],
+        precompiled=False,
     )
     return getattr(torch.ops, namespace)
 

@@ -188,7 +188,7 @@ def test_a_kernel_build_lock_left_by_a_killed_build_is_removed_once_no_builder_h
     import subprocess
     import sys
 
-    from lmiserve.rolling_batch.ops.cpu_kernels import build_guard
+    from lmiserve.rolling_batch.ops.kernel_build import build_guard
 
     (tmp_path / "lock").touch()  # left by a killed build: no process holds the guard
     with build_guard(tmp_path):
@@ -209,7 +209,7 @@ def test_a_kernel_build_lock_left_by_a_killed_build_is_removed_once_no_builder_h
 
 HOLD_GUARD = """
 import pathlib, sys, time
-from lmiserve.rolling_batch.ops.cpu_kernels import build_guard
+from lmiserve.rolling_batch.ops.kernel_build import build_guard
 root = pathlib.Path(sys.argv[1])
 with build_guard(root):
     (root / "lock").touch()

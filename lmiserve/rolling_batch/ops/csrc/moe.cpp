@@ -10,8 +10,8 @@
 // Every dot product runs over its row alone in a fixed order, so a row's result never depends
 // on the other rows of the step. fp32 and bf16 (AVX512_BF16 dot products where the CPU has them).
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <cmath>
 #include <type_traits>
@@ -238,12 +238,12 @@ void fused_moe_impl(const T* x, const float* weights, const int32_t* ids, const 
   });
 }
 
-torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weights, const torch::Tensor& topk_ids,
-                        const torch::Tensor& w13, const torch::Tensor& w2) {
+at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+                        const at::Tensor& w13, const at::Tensor& w2) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "fused_moe: x must be a contiguous (T, H) tensor");
-  TORCH_CHECK(topk_weights.scalar_type() == torch::kFloat32 && topk_weights.is_contiguous(),
+  TORCH_CHECK(topk_weights.scalar_type() == at::kFloat && topk_weights.is_contiguous(),
               "fused_moe: topk_weights must be contiguous fp32");
-  TORCH_CHECK(topk_ids.scalar_type() == torch::kInt32 && topk_ids.is_contiguous(),
+  TORCH_CHECK(topk_ids.scalar_type() == at::kInt && topk_ids.is_contiguous(),
               "fused_moe: topk_ids must be contiguous int32");
   TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.is_contiguous() && w2.is_contiguous(),
               "fused_moe: w13 and w2 must be contiguous 3-D tensors");
@@ -258,12 +258,12 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& topk_weight
   const int32_t* ids = topk_ids.data_ptr<int32_t>();
   for (int64_t p = 0; p < tokens * k; ++p)
     TORCH_CHECK(ids[p] >= 0 && ids[p] < experts, "fused_moe: expert id out of range");
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   if (tokens == 0) return y;
-  if (x.scalar_type() == torch::kFloat32) {
+  if (x.scalar_type() == at::kFloat) {
     fused_moe_impl<float>(x.data_ptr<float>(), topk_weights.data_ptr<float>(), ids, w13.data_ptr<float>(),
                           w2.data_ptr<float>(), y.data_ptr<float>(), tokens, k, hidden, inter, experts);
-  } else if (x.scalar_type() == torch::kBFloat16) {
+  } else if (x.scalar_type() == at::kBFloat16) {
     fused_moe_impl<bf16>(x.data_ptr<bf16>(), topk_weights.data_ptr<float>(), ids, w13.data_ptr<bf16>(),
                          w2.data_ptr<bf16>(), y.data_ptr<bf16>(), tokens, k, hidden, inter, experts);
   } else {
