@@ -5,6 +5,7 @@ hold more than two tokens: on an AVX512_BF16 Xeon without AMX, five tokens tied 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,17 +25,20 @@ def bf16_margin(logit: float) -> float:
     return TIE_ULPS * 2.0 ** (math.floor(math.log2(max(abs(logit), 1e-30))) - 7)
 
 
-def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[str] = TEXTS, **engine_args) -> None:
+@functools.cache
+def transformers_greedy(
+    model_dir, device: str, texts: tuple[str, ...]
+) -> list[tuple[list[int], list[int], torch.Tensor]]:
+    """Per text: its prompt's ids, transformers' greedy new tokens in bf16, and the logits of each
+    step (fp32, on the CPU); computed once per model, device and texts, for every engine setting
+    checked against them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tok(t)["input_ids"] for t in texts]
-    engine = make_engine(model_dir, device=device, dtype="bf16", max_model_len=512, max_num_seqs=8, **engine_args)
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    tokens, _, _ = run(engine, {0: [(str(i), p, params) for i, p in enumerate(prompts)]})
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
-    for i, prompt in enumerate(prompts):
-        ours = tokens[str(i)][0]
+    greedy = []
+    for text in texts:
+        prompt = tok(text)["input_ids"]
         out = hf.generate(
             torch.tensor([prompt], device=device),
             max_new_tokens=NEW_TOKENS,
@@ -43,12 +47,23 @@ def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[
             output_logits=True,
             return_dict_in_generate=True,
         )
-        want = out.sequences[0, len(prompt) :].tolist()
+        logits = torch.stack([step[0].float().cpu() for step in out.logits])
+        greedy.append((prompt, out.sequences[0, len(prompt) :].tolist(), logits))
+    return greedy
+
+
+def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[str] = TEXTS, **engine_args) -> None:
+    reference = transformers_greedy(model_dir, device, tuple(texts))
+    engine = make_engine(model_dir, device=device, dtype="bf16", max_model_len=512, max_num_seqs=8, **engine_args)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    tokens, _, _ = run(engine, {0: [(str(i), prompt, params) for i, (prompt, _, _) in enumerate(reference)]})
+    for i, (_, want, step_logits) in enumerate(reference):
+        ours = tokens[str(i)][0]
         first = next((j for j, (a, b) in enumerate(zip(ours, want)) if a != b), None)
         if first is None:
             assert ours == want
             continue
-        logits = out.logits[first][0].float()
+        logits = step_logits[first]
         top2 = logits.topk(2)
         gap = float(top2.values[0] - top2.values[1])
         assert gap <= bf16_margin(float(top2.values[0])), (texts[i], first, gap)
