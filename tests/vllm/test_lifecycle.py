@@ -1,6 +1,8 @@
-"""A real vLLM in bf16 with tgi_compat: TGI's shapes from the LMI routes, then vLLM's engine
-processes killed under a request: the request fails in its protocol's shape, the model reports
-Unhealthy, lmiserve starts vLLM again and serves."""
+"""A real vLLM in bf16 with tgi_compat, eager (``option.enforce_eager=true`` reaches vLLM: no
+compilation at each of its starts, a minute less each): TGI's shapes from the LMI routes, then
+vLLM's engine processes killed under a request: the request fails in its protocol's shape, the
+model reports Unhealthy, lmiserve starts vLLM again and serves. The protocols' module runs vLLM
+as it runs by default, compiled."""
 
 from __future__ import annotations
 
@@ -20,11 +22,16 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir, tmp_path_factory):
-    with start(tmp_path_factory.mktemp("vllm") / "m", smollm2_dir, "option.dtype=bf16\noption.tgi_compat=true\n") as s:
+    with start(
+        tmp_path_factory.mktemp("vllm") / "m",
+        smollm2_dir,
+        "option.dtype=bf16\noption.tgi_compat=true\noption.enforce_eager=true\n",
+    ) as s:
         yield s
 
 
 def test_tgi_compat_shapes(server):
+    assert "enforce_eager=True" in server.log()  # vLLM's own account of its configuration
     with server.client() as c:
         r = c.post("/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 5}})
         assert r.status_code == 200
