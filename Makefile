@@ -21,7 +21,7 @@ PYTEST = HF_HUB_OFFLINE=1 .venv/bin/python -m pytest --durations=25
 KEEP_FIRST_FAILURE = { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }
 test: install-test
 	@rc=0; \
-	$(PYTEST) -n 2 --dist loadgroup $(UNIT_TESTS) || $(KEEP_FIRST_FAILURE); \
+	$(PYTEST) -n 2 $(UNIT_TESTS) || $(KEEP_FIRST_FAILURE); \
 	$(PYTEST) -n 2 --dist loadfile -m "not serial" $(SERVER_TESTS) || $(KEEP_FIRST_FAILURE); \
 	$(PYTEST) -m serial $(SERVER_TESTS) || $(KEEP_FIRST_FAILURE); \
 	exit $$rc

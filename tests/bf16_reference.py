@@ -5,8 +5,11 @@ hold more than two tokens: on an AVX512_BF16 Xeon without AMX, five tokens tied 
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import math
+from pathlib import Path
 
 import torch
 
@@ -25,13 +28,26 @@ def bf16_margin(logit: float) -> float:
     return TIE_ULPS * 2.0 ** (math.floor(math.log2(max(abs(logit), 1e-30))) - 7)
 
 
+Greedy = list[tuple[list[int], list[int], torch.Tensor]]
+
+
+def shared_transformers_greedy(model_dir, device: str, texts: tuple[str, ...], shared: Path) -> Greedy:
+    """:func:`transformers_greedy`, computed by the first of the test run's processes (pytest-xdist's
+    workers) that asks, in ``shared`` (a directory they all see), and read there by the others."""
+    key = hashlib.sha256(repr((str(model_dir), device, texts)).encode()).hexdigest()[:16]
+    path = shared / f"bf16-greedy-{key}.pt"
+    shared.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            torch.save(transformers_greedy(model_dir, device, texts), path)
+    return torch.load(path)
+
+
 @functools.cache
-def transformers_greedy(
-    model_dir, device: str, texts: tuple[str, ...]
-) -> list[tuple[list[int], list[int], torch.Tensor]]:
+def transformers_greedy(model_dir, device: str, texts: tuple[str, ...]) -> Greedy:
     """Per text: its prompt's ids, transformers' greedy new tokens in bf16, and the logits of each
-    step (fp32, on the CPU); computed once per model, device and texts, for every engine setting
-    checked against them."""
+    step (fp32, on the CPU); computed once per process, model, device and texts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -52,8 +68,15 @@ def transformers_greedy(
     return greedy
 
 
-def assert_bf16_greedy_matches_transformers(model_dir, device: str, texts: list[str] = TEXTS, **engine_args) -> None:
-    reference = transformers_greedy(model_dir, device, tuple(texts))
+def assert_bf16_greedy_matches_transformers(
+    model_dir, device: str, texts: list[str] = TEXTS, shared: Path | None = None, **engine_args
+) -> None:
+    """``shared``: a directory every process of the test run sees, where the reference is computed
+    once for all of them."""
+    if shared is None:
+        reference = transformers_greedy(model_dir, device, tuple(texts))
+    else:
+        reference = shared_transformers_greedy(model_dir, device, tuple(texts), shared)
     engine = make_engine(model_dir, device=device, dtype="bf16", max_model_len=512, max_num_seqs=8, **engine_args)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     tokens, _, _ = run(engine, {0: [(str(i), prompt, params) for i, (prompt, _, _) in enumerate(reference)]})

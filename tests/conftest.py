@@ -49,6 +49,18 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
+def run_shared_tmp_path(tmp_path_factory) -> Path:
+    """A directory this test run's processes all see (pytest-xdist's workers each have a temporary
+    directory of their own beside it), and no other run."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return tmp_path_factory.getbasetemp()
+    shared = tmp_path_factory.getbasetemp().parent / f"run-{run}"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     from tests.tiny_models import build_model
 
