@@ -5,11 +5,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests.server_process import ServerProcess
-
-pytestmark = pytest.mark.serial
 
 
 def test_bench_writes_report_and_plot(tiny_llama_dir, tmp_path):

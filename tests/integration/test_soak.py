@@ -10,7 +10,7 @@ import pytest
 
 from tests.integration.engine_server import start
 
-pytestmark = [pytest.mark.soak, pytest.mark.serial]
+pytestmark = pytest.mark.soak
 
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
 
