@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -88,6 +89,17 @@ def precompile_prelude(name: str, prelude: Path, cflags: Sequence[str]) -> Path 
     return gch
 
 
+def stale(build_dir: Path) -> bool:
+    """Whether the build in ``build_dir`` has anything to compile: no build yet, or ninja, asked
+    for a dry run of the last build, has work to do (sources newer than their objects, as in a
+    fresh checkout of the same files)."""
+    ninja = shutil.which("ninja")
+    if ninja is None or not (build_dir / "build.ninja").is_file():
+        return True
+    dry = subprocess.run([ninja, "-C", str(build_dir), "-n"], capture_output=True, text=True)
+    return dry.returncode != 0 or "no work to do" not in dry.stdout
+
+
 def build_library(
     name: str,
     sources: Sequence[Path],
@@ -96,8 +108,8 @@ def build_library(
     precompiled: bool = True,
 ) -> None:
     """Compile ``sources`` into the op library ``name`` (once: torch caches the build under its
-    name) and load it. ``precompiled``: compile the prelude first when the library is not built
-    yet (worth it from about four sources)."""
+    name) and load it. ``precompiled``: compile the prelude first when the library has sources to
+    compile (worth it from about four)."""
     from torch.utils.cpp_extension import _get_build_directory, load
 
     # ninja may be installed next to this Python rather than on PATH
@@ -111,7 +123,7 @@ def build_library(
         if not prelude.exists() or prelude.read_bytes() != text:
             prelude.write_bytes(text)
         gch = None
-        if precompiled and not (build_dir / f"{name}.so").exists():
+        if precompiled and stale(build_dir):
             gch = precompile_prelude(name, prelude, cflags)
         try:
             load(
