@@ -2,8 +2,8 @@
 
 The kernels (``csrc/``) are compiled on first use for the CPU class in use (``lmiserve.cpu_isa``:
 the CPU's own, or a lower one forced by ``LMISERVE_CPU_ISA``) and cached (:mod:`.kernel_build`);
-the probes below say which linear-layer path a bf16 weight takes here: oneDNN's packed layout, or the C++ kernel's own on its vector code or
-on AMX tiles.
+the probes below say which linear-layer path a bf16 weight takes here: oneDNN's packed layout, or
+the C++ kernel's own on its vector code or on AMX tiles.
 """
 
 from __future__ import annotations
