@@ -103,7 +103,6 @@ RUN (getent group "${LMISERVE_GID}" >/dev/null || groupadd --gid "${LMISERVE_GID
 COPY --from=builder /opt/lmiserve/venv /opt/lmiserve/venv
 COPY --chmod=755 container/serve /usr/local/bin/serve
 ENV PATH=/opt/lmiserve/venv/bin:${PATH} \
-    HF_HUB_OFFLINE=1 \
     LMISERVE_CACHE=/opt/lmiserve/cache \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

@@ -114,7 +114,8 @@ def run_child(
 
 
 def child_env(threads: int | None = None, **extra: str) -> dict[str, str]:
-    """A child's environment: this one, offline (nothing is downloaded at run time), tokenizers
+    """A child's environment: this one, offline (a child reads the files the server fetched, and
+    nothing else is downloaded at run time), tokenizers
     without threads of their own, ``threads`` OpenMP threads unless set, and ``extra``."""
     env = dict(os.environ)
     env["HF_HUB_OFFLINE"] = "1"

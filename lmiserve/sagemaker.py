@@ -76,7 +76,8 @@ class LmiServeModel(Model):
     """The SDK's ``Model`` for the lmiserve image.
 
     ``model_data``: the ``s3://.../model.tar.gz`` of a model directory (``serving.properties`` and
-    weights), an ``s3://.../prefix/`` of uncompressed files, or nothing with ``model_id`` /
+    weights), an ``s3://.../prefix/`` of uncompressed files, or nothing with ``model_id`` (a Hub id
+    or an ``s3://`` prefix the container downloads; ``hf_token`` for a gated repository) /
     ``serving_properties`` naming the model. ``serving_properties``: keys as in ``serving.properties``
     (``{"option.max_model_len": 4096}``); ``env`` is added last and wins.
     """
@@ -88,6 +89,7 @@ class LmiServeModel(Model):
         role: str | None = None,
         *,
         model_id: str | None = None,
+        hf_token: str | None = None,
         serving_properties: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         multi_model: bool = False,
@@ -97,6 +99,8 @@ class LmiServeModel(Model):
         environment = serving_environment(serving_properties or {})
         if model_id:
             environment["HF_MODEL_ID"] = model_id
+        if hf_token:
+            environment["HF_TOKEN"] = hf_token
         if multi_model:
             environment["SAGEMAKER_MULTI_MODEL"] = "true"
         environment.update(env or {})

@@ -92,10 +92,26 @@ class ModelSettings(Area):
     )
     model_id: str | None = optional_setting(
         "option.model_id",
-        "The model to load: a local Hugging Face directory, a .gguf file, a Hugging Face id already in "
-        "the local cache, or pkg://PACKAGE/PATH for weights shipped in an installed Python package. "
-        "Empty: the model directory itself, else the embedded SmolLM2-135M-Instruct.",
+        "The model to load: a local Hugging Face directory or .gguf file; a Hugging Face Hub id (org/name, "
+        "org/name:QUANT for one GGUF file of a repository), downloaded unless HF_HUB_OFFLINE=1; an S3 prefix "
+        "(s3://bucket/prefix/), downloaded; or pkg://PACKAGE/PATH for weights shipped in an installed Python "
+        "package. Empty: the model directory itself, else the embedded SmolLM2-135M-Instruct.",
         env_aliases=("HF_MODEL_ID",),
+    )
+    revision: str | None = optional_setting(
+        "option.revision",
+        "The Hub revision of a Hub model id: a branch, tag or commit. Empty: main.",
+        env_aliases=("HF_REVISION",),
+    )
+    gguf_file: str | None = optional_setting(
+        "option.gguf_file",
+        "The GGUF file to take from a Hub repository that holds several (else the :QUANT suffix of the id, "
+        "else Q4_K_M, else the first).",
+    )
+    download_dir: str | None = optional_setting(
+        "option.download_dir",
+        "Where downloaded models go. Empty: Hub ids in the Hugging Face cache (HF_HOME, HF_HUB_CACHE), S3 "
+        "prefixes under lmiserve's cache (LMISERVE_CACHE, else ~/.cache/lmiserve) in downloads/.",
     )
     entry_point: str | None = optional_setting(
         "option.entryPoint",

@@ -36,7 +36,14 @@ def _model_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     source.add_argument(
         "--model-data", metavar="S3_URI", help="model already in S3: s3://.../model.tar.gz, or s3://.../prefix/"
     )
-    source.add_argument("--hf-model-id", metavar="ID", help="no model data: the container loads HF_MODEL_ID")
+    source.add_argument(
+        "--model-id",
+        "--hf-model-id",
+        dest="hf_model_id",
+        metavar="ID",
+        help="no model data: the container downloads HF_MODEL_ID (a Hub id, or s3://...); "
+        "give a gated repository's token with --env HF_TOKEN=...",
+    )
     parser.add_argument("--image", required=required, metavar="URI", help="the lmiserve image in ECR")
     parser.add_argument("--instance-type", required=required, metavar="T", help="e.g. ml.g5.2xlarge")
     parser.add_argument("--instance-count", type=int, default=1 if required else None, metavar="N")

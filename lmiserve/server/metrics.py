@@ -27,7 +27,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ..generation.request import RequestOutput
-from .metrics_collectors import ApiCpuCollector, ModelStateCollector
+from .metrics_collectors import ApiCpuCollector, DownloadCollector, ModelStateCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format."""
@@ -220,6 +220,7 @@ class ServerMetrics:
         )
         r.register(ModelStateCollector(models))
         r.register(ApiCpuCollector())
+        r.register(DownloadCollector())
         self._series: dict[str, _ModelSeries] = {}
 
     def expose(self) -> bytes:

@@ -1,4 +1,5 @@
-"""Metrics read when ``/metrics`` is scraped: each served model's state, and the API process's CPU."""
+"""Metrics read when ``/metrics`` is scraped: each served model's state, the API process's CPU, and
+the bytes downloaded for models."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..model_fetch.progress import downloaded_bytes
 from ..serving import ModelSnapshot
 
 
@@ -28,6 +30,22 @@ class ApiCpuCollector(Collector):
             labels=["model"],
         )
         family.add_metric([""], time.process_time())  # a server-level series: no model
+        yield family
+
+
+class DownloadCollector(Collector):
+    """Bytes this process has downloaded for models and adapters (Hub ids, ``s3://`` prefixes)."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "lmiserve_model_download_bytes",
+            "Bytes downloaded for models and adapters named by a Hugging Face Hub id or an s3:// prefix.",
+            labels=["model"],
+        )
+        family.add_metric([""], downloaded_bytes())  # a server-level series: no model
         yield family
 
 

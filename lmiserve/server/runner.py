@@ -12,7 +12,16 @@ import uvicorn
 
 from .. import __version__
 from ..config import ConfigError, Settings
-from ..serving import MIB, ModelLoadError, ModelRegistry, build_model, memory_budget
+from ..serving import (
+    MIB,
+    FetchingModel,
+    ModelLoadError,
+    ModelRegistry,
+    ServedModel,
+    build_model,
+    memory_budget,
+    needs_fetch,
+)
 from .api_processes import ApiProcesses
 from .app import StartupHook, create_app
 from .drain import DrainingServer
@@ -37,8 +46,10 @@ def run(settings: Settings, argv: list[str] | None = None) -> int:
         root, budget = settings.server.multi_model_root, memory_budget(settings) // MIB
         log.info("multi-model mode: the models under %s load on demand, within %d MiB", root, budget)
         return _serve(settings, registry, None, lambda: False, f"multi-model, models under {root}", processes=processes)
+    model: ServedModel
     try:
-        model = build_model(settings)
+        # a Hub id or an s3:// prefix is fetched once the server is up (/ping says Loading meanwhile)
+        model = FetchingModel(settings) if needs_fetch(settings) else build_model(settings)
     except ModelLoadError as exc:
         log.error("cannot start model %s: %s", settings.model_name, exc)
         if processes is not None:
@@ -49,9 +60,13 @@ def run(settings: Settings, argv: list[str] | None = None) -> int:
     servers: list[DrainingServer] = []
 
     async def load_models() -> None:
+        nonlocal model
         started = time.monotonic()
-        log.info("loading model %s: %s", model.name, _what(settings, model))
         try:
+            if isinstance(model, FetchingModel):
+                log.info("fetching model %s: option.model_id=%s", model.name, settings.model.model_id)
+                model = await model.build(registry)
+            log.info("loading model %s: %s", model.name, _what(settings, model))
             await model.start()
         except ModelLoadError as exc:
             failures.append(str(exc))

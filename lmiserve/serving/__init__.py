@@ -8,10 +8,12 @@ their :class:`Reply` into responses.
 from .attached_models import AttachedModels
 from .engine_model import EngineModel
 from .engine_sockets import share_in as share_engine_sockets
+from .fetching_model import FetchingModel
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
 from .model_pool import MIB, Lease, ModelPool, memory_budget
+from .model_sources import needs_fetch
 from .registry import ModelRegistry, ServedModel
 from .respond import Reply, Responder, error_reply, respond
 from .shared_state import VersionFile, describe_models
@@ -26,6 +28,7 @@ __all__ = [
     "MIB",
     "TEXT_GENERATION_HANDLER",
     "EngineModel",
+    "FetchingModel",
     "HandlerModel",
     "Lease",
     "ModelAdmin",
@@ -39,5 +42,6 @@ __all__ = [
     "build_model",
     "error_reply",
     "memory_budget",
+    "needs_fetch",
     "respond",
 ]

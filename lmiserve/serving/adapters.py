@@ -19,7 +19,9 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import BadRequest, Conflict, Forbidden, InsufficientMemory, LmiServeError, NotFound, ValidationFailed
+from ..model_fetch import FetchError, is_remote
 from .model_paths import model_roots
+from .model_sources import fetch
 
 log = logging.getLogger("lmiserve.adapters")
 
@@ -102,6 +104,16 @@ class ModelAdapters:
             raise Forbidden(f"src {src!r}: adapters can only be loaded from the model_roots directories")
         return resolved
 
+    async def _located(self, src: str) -> Path:
+        """The adapter's directory: a local one under the model roots, or a Hub id's or an
+        ``s3://`` prefix's files, fetched."""
+        if not is_remote(src, self.settings.model_dir):
+            return self._path(src)
+        try:
+            return await asyncio.to_thread(fetch, src, self.settings, of_model=False)
+        except FetchError as exc:
+            raise BadRequest(f"src {src!r}: {exc}") from None
+
     # --- management -----------------------------------------------------------------------
     async def register(self, client: Any, name: str, src: str, preload: bool = True, pin: bool = False) -> AdapterInfo:
         self.check_enabled()
@@ -111,7 +123,7 @@ class ModelAdapters:
             )
         if not src:
             raise BadRequest("src is required: the adapter's directory")
-        path = self._path(src)
+        path = await self._located(src)
         async with self._lock:
             if name in self.entries:
                 raise Conflict(f"Adapter {name} is already registered")

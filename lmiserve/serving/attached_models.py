@@ -80,7 +80,10 @@ def _settings_for(entry: dict[str, Any], settings: Settings) -> Settings | None:
     if registration is None:
         return settings if entry["name"] == settings.model_name else None
     try:
-        return registration_settings(registration["url"], registration["params"], settings)
+        fetched = registration.get("fetched")
+        return registration_settings(
+            registration["url"], registration["params"], settings, Path(fetched) if fetched else None
+        )
     except Exception:  # noqa: BLE001 - served by the main process instead
         return None
 

@@ -2,7 +2,8 @@
 
 A model is registered from a ``url``: a local model directory (with or without
 ``serving.properties``), a ``file://`` URL of one, or a model file (``.gguf``) whose directory
-becomes the model directory, under one of the ``model_roots`` directories. Query parameters override the directory's ``serving.properties``
+becomes the model directory, under one of the ``model_roots`` directories; or a Hugging Face Hub
+id or an ``s3://`` prefix, fetched first (its files are then the model directory). Query parameters override the directory's ``serving.properties``
 the way command-line flags do; the server's own settings (log level, ports) stay the server's.
 """
 
@@ -11,15 +12,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ..config import ConfigError, Settings, load_settings
 from ..errors import BadRequest, Conflict, LmiServeError
+from ..model_fetch import FetchError, is_remote
 from .engine_model import EngineModel
+from .fetching_model import fetched_settings
 from .handler_model import HandlerModel, ModelLoadError
 from .model_factory import build_model
 from .model_paths import check_model_path, model_roots
+from .model_sources import fetch, needs_fetch
 from .registry import ModelRegistry, ServedModel
 
 log = logging.getLogger("lmiserve.management")
@@ -55,14 +60,21 @@ def model_location(url: str, roots: list[Path]) -> tuple[Path, str | None]:
     raise BadRequest(f"url {url!r}: no such model directory or file")
 
 
-def registration_settings(url: str, params: dict[str, str], server: Settings) -> Settings:
-    directory, model_file = model_location(url, model_roots(server))
+def registration_settings(url: str, params: dict[str, str], server: Settings, fetched: Path | None = None) -> Settings:
+    """The settings of a model registered from ``url`` (``fetched``: where a Hub id's or an
+    ``s3://`` prefix's files were fetched to, which is its model directory)."""
+    if fetched is not None:
+        directory, model_file = (fetched, None) if fetched.is_dir() else (fetched.parent, str(fetched))
+    else:
+        directory, model_file = model_location(url, model_roots(server))
     cli: dict[str, str] = {}
     for name, key in REGISTER_PARAMETERS.items():
         if params.get(name) not in (None, ""):
             cli[key] = params[name]
     if model_file is not None:
         cli["option.model_id"] = model_file
+    if fetched is not None and "model_name" not in cli:  # named as the URL's last part, not the download's
+        cli["model_name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", url.rstrip("/").rsplit("/", 1)[-1].split(":")[0])
     try:
         settings = load_settings(directory, env={}, cli=cli)
     except ConfigError as exc:
@@ -79,7 +91,18 @@ class ModelAdmin:
         self._loading: set[asyncio.Task[None]] = set()
 
     async def register(self, url: str, params: dict[str, str], synchronous: bool = True) -> ServedModel:
-        settings = registration_settings(url, params, self.server)
+        fetched = None
+        if is_remote(url):  # a Hub id or an s3:// prefix: its files, with serving.properties if it has one
+            try:
+                fetched = await asyncio.to_thread(fetch, url, self.server, of_model=False)
+            except FetchError as exc:
+                raise BadRequest(f"url {url!r}: {exc}") from None
+        settings = registration_settings(url, params, self.server, fetched)
+        if needs_fetch(settings):  # its serving.properties names a Hub id or an s3:// prefix
+            try:
+                settings = await fetched_settings(settings)
+            except FetchError as exc:
+                raise BadRequest(f"model {settings.model_name!r}: {exc}") from None
         if settings.model_name in self.registry.models:
             raise Conflict(f"model {settings.model_name!r} is already registered")
         try:
@@ -87,6 +110,8 @@ class ModelAdmin:
         except ModelLoadError as exc:
             raise BadRequest(f"model {settings.model_name!r} cannot be served: {exc}") from None
         model.registration = {"url": url, "params": dict(params)}  # type: ignore[attr-defined]
+        if fetched is not None:
+            model.registration["fetched"] = str(fetched)  # type: ignore[attr-defined]
         self.registry.add(model)
         log.info("registering model %s from %s", model.name, settings.model_dir)
         if synchronous:

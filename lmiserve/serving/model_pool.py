@@ -31,11 +31,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..config import Settings
-from ..errors import Conflict, InsufficientMemory, LmiServeError, ModelLoadFailed, NotFound
+from ..errors import BadRequest, Conflict, InsufficientMemory, LmiServeError, ModelLoadFailed, NotFound
+from ..model_fetch import FetchError, is_remote
 from ..model_store import ModelNotFound, package_file
+from .fetching_model import fetched_settings
 from .handler_model import ModelLoadError
 from .model_admin import registration_settings
 from .model_factory import build_model
+from .model_sources import fetch, needs_fetch
 from .registry import ModelRegistry, ServedModel
 
 log = logging.getLogger("lmiserve.models")
@@ -171,7 +174,15 @@ class ModelPool:
         """Load ``url`` as ``name`` (SageMaker's load call): 409 when that name is loaded already."""
         if name in self._entries:
             raise Conflict(f"model {name!r} is already loaded")
-        entry = self._start_load(name, url, params or {})
+        fetched = None
+        if is_remote(url):  # a Hub id or an s3:// prefix: its files are the model directory
+            try:
+                fetched = await asyncio.to_thread(fetch, url, self.settings, of_model=False)
+            except FetchError as exc:
+                raise BadRequest(f"url {url!r}: {exc}") from None
+            if name in self._entries:
+                raise Conflict(f"model {name!r} is already loaded")
+        entry = self._start_load(name, url, params or {}, fetched)
         return await self._ready(entry)
 
     async def unload(self, name: str) -> None:
@@ -193,8 +204,8 @@ class ModelPool:
         await asyncio.gather(*(e.task for e in self._entries.values() if e.task), return_exceptions=True)
         self._entries.clear()
 
-    def _start_load(self, name: str, url: str, params: dict[str, str]) -> _Entry:
-        settings = registration_settings(url, {**params, "model_name": name}, self.settings)
+    def _start_load(self, name: str, url: str, params: dict[str, str], fetched: Path | None = None) -> _Entry:
+        settings = registration_settings(url, {**params, "model_name": name}, self.settings, fetched)
         entry = _Entry(name=name, need=required_memory(settings), url=str(settings.model_dir))
         self._entries[name] = entry  # from here on, concurrent requests for it wait on this one load
         entry.task = asyncio.create_task(self._load(entry, settings))
@@ -209,6 +220,8 @@ class ModelPool:
         try:
             async with self._room:
                 await self._make_room(entry)
+            if needs_fetch(settings):  # its serving.properties names a Hub id or an s3:// prefix
+                settings = await fetched_settings(settings)
             model = build_model(settings)
             self.registry.add(model)
             log.info("loading model %s from %s (%d MiB)", entry.name, entry.url, entry.need // MIB)
@@ -217,7 +230,7 @@ class ModelPool:
             self._forget(entry)
             self._metrics.loaded(entry.name, "insufficient_memory")
             raise
-        except (ModelLoadError, LmiServeError) as exc:
+        except (ModelLoadError, LmiServeError, FetchError) as exc:
             self._forget(entry)
             self._metrics.loaded(entry.name, "failed")
             log.error("model %s failed to load: %s", entry.name, exc)

@@ -10,7 +10,7 @@ BASE = ["--image", IMAGE, "--instance-type", "ml.g4dn.xlarge", "--endpoint", "ll
 
 
 def _hub(*extra):
-    return main(["deploy", "sagemaker", "--hf-model-id", "org/model", "--role", ROLE, *BASE, *extra])
+    return main(["deploy", "sagemaker", "--model-id", "org/model", "--role", ROLE, *BASE, *extra])
 
 
 def test_hub_model_has_no_model_data_and_no_upload(aws, emulator):

@@ -1,0 +1,77 @@
+"""A model named by a Hugging Face Hub id or an ``s3://`` prefix, while its files are fetched: in
+the registry under its name, ``Loading`` in ``/ping`` and ``GET /models`` (``Failed``, with why, if the
+fetch fails), then replaced by the model built on the fetched files. ``model_loading_timeout``
+covers the download and the load together."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from ..config import Settings
+from ..model_fetch import FetchError
+from ..model_fetch.progress import downloaded_bytes
+from .handler_model import ModelLoadError
+from .model_factory import build_model
+from .model_sources import fetch
+from .registry import ModelRegistry, ServedModel
+
+
+async def fetched_settings(settings: Settings) -> Settings:
+    """``settings`` with ``option.model_id`` the fetched files' local path, and what is left of
+    ``model_loading_timeout`` for the load."""
+    timeout = float(settings.model.model_loading_timeout)
+    started = time.monotonic()
+    assert settings.model.model_id is not None
+    path = await asyncio.to_thread(fetch, settings.model.model_id, settings, started + timeout)
+    left = max(1, int(timeout - (time.monotonic() - started)))
+    model = settings.model.model_copy(update={"model_id": str(path), "model_loading_timeout": left})
+    return dataclasses.replace(settings, model=model)
+
+
+class FetchingModel:
+    """A model whose files are being fetched: in the registry under its name until it is built."""
+
+    kind = "download"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.name = settings.model_name
+        self.failure: str | None = None
+        self._bytes_at_start = downloaded_bytes()
+
+    @property
+    def status(self) -> str:
+        return "Failed" if self.failure is not None else "Loading"
+
+    def describe(self) -> dict[str, Any]:
+        described: dict[str, Any] = {
+            "modelName": self.name,
+            "status": self.status,
+            "modelId": self.settings.model.model_id,
+            "downloadedBytes": downloaded_bytes() - self._bytes_at_start,
+        }
+        if self.failure is not None:
+            described["error"] = self.failure
+        return described
+
+    async def start(self) -> None:
+        raise ModelLoadError("a model being fetched is built by build(), not started")
+
+    async def stop(self) -> None:
+        pass
+
+    async def build(self, registry: ModelRegistry) -> ServedModel:
+        """Fetch the files, build the model on them and put it in the registry in this one's place.
+        Raises ModelLoadError (and stays in the registry as Failed) when either fails."""
+        try:
+            settings = await fetched_settings(self.settings)
+            model = build_model(settings)
+        except (FetchError, ModelLoadError) as exc:
+            self.failure = str(exc)
+            registry.changed()
+            raise ModelLoadError(self.failure) from None
+        registry.add(model)
+        return model
