@@ -46,6 +46,10 @@ def fetch_model(model_id: str, base: Path | None, options: FetchOptions) -> Path
 
 def _download(plan: FetchPlan, options: FetchOptions) -> None:
     unique = {dest: remote for remote, dest in plan.files}  # one blob may have two names
+    for dest, remote in unique.items():
+        if remote.size == 0 and not dest.is_file():  # nothing to fetch, but the file must be there
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.touch()
     pending = [(remote, dest) for dest, remote in unique.items() if remaining_bytes(remote, dest)]
     needed = sum(remaining_bytes(remote, dest) for remote, dest in pending)
     if not needed:

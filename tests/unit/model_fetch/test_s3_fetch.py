@@ -27,7 +27,7 @@ def _sent(s3, bucket: str) -> int:
 
 
 def test_a_prefix_lands_in_the_download_directory_and_unchanged_files_are_not_fetched_again(s3, tmp_path: Path):
-    files = {"config.json": b"{}", "model.safetensors": WEIGHTS, "sub/tokenizer.json": b'{"a": 1}'}
+    files = {"config.json": b"{}", "model.safetensors": WEIGHTS, "sub/tokenizer.json": b'{"a": 1}', "empty.txt": b""}
     _publish(s3, "models", "llama", files)
     _publish(s3, "models", "llama-v2/x", {"config.json": b"other"})  # a sibling prefix is not taken
     path = fetch_model("s3://models/llama/", None, FetchOptions(download_dir=tmp_path))
