@@ -123,7 +123,7 @@ def test_bytes_that_do_not_match_the_sha256_never_get_the_files_name(hub_env, tm
 
     def served_then_corrupted(ref, revision):  # the listing is right; the bytes that come are not
         listing = info(ref, revision)
-        hub_env.repos["org/corrupt"].files["model.safetensors"] = b"x" + real[1:]
+        hub_env.repos["org/corrupt"].files["model.safetensors"] = bytes([real[0] ^ 0xFF]) + real[1:]  # one byte flipped
         return listing
 
     monkeypatch.setattr(hub_module, "_model_info", served_then_corrupted)
