@@ -6,7 +6,8 @@ It serves the two routes a download takes, as the Hub does:
 - ``GET``/``HEAD /ORG/NAME/resolve/REV/PATH``, with ``Range``.
 
 A repository may require a token (``Authorization: Bearer``): without it, or with another, both
-routes answer 401 with ``X-Error-Code: RepoNotFound``, as the Hub answers for a private repository.
+routes answer 401 with ``X-Error-Code: RepoNotFound``, as the Hub answers for a private repository
+(403 ``GatedRepo`` for a gated one).
 An unknown repository or revision is a 404 with the Hub's error code. The server counts the bytes
 it sends per file and can send them slowly (``bytes_per_s``).
 """
@@ -34,6 +35,8 @@ class Repo:
     token: str | None = None
     revisions: dict[str, str] = field(default_factory=dict)
     """Branch or tag -> commit."""
+    gated: bool = False
+    """Refused with the Hub's ``GatedRepo`` error (403) rather than as private (401)."""
 
 
 def git_blob_id(data: bytes) -> str:
@@ -109,6 +112,8 @@ class HubServer:
         if repo is None:
             return self._error(handler, 404, "RepoNotFound", "Repository not found")
         if repo.token is not None and handler.headers.get("Authorization") != f"Bearer {repo.token}":
+            if repo.gated:
+                return self._error(handler, 403, "GatedRepo", f"Access to model {repo_id} is restricted.")
             return self._error(handler, 401, "RepoNotFound", "Invalid credentials in Authorization header")
         commit = repo.revisions.get(revision, revision if revision in repo.revisions.values() else None)
         if commit is None:

@@ -91,6 +91,20 @@ def test_a_private_repository_needs_the_token_and_no_message_shows_it(hub_env, t
     assert (fetch_model("org/private", None, options) / "config.json").read_bytes() == CONFIG
 
 
+def test_a_gated_repository_says_to_accept_its_terms(hub_env, tmp_path: Path, monkeypatch):
+    hub_env.add("org/gated", _files(), token="hf_granted")
+    hub_env.repos["org/gated"].gated = True
+    options = FetchOptions(download_dir=tmp_path)
+    with pytest.raises(FetchError) as missing:
+        fetch_model("org/gated", None, options)
+    assert str(missing.value) == (
+        "org/gated is a gated repository: set HF_TOKEN to a token of an account that accepted its terms on the Hub"
+    )
+    monkeypatch.setenv("HF_TOKEN", "hf_not_granted")
+    with pytest.raises(FetchError, match="the HF_TOKEN given has no access to it; accept its terms"):
+        fetch_model("org/gated", None, options)
+
+
 def test_an_unknown_repository_or_revision_is_a_404_said_so(hub_env, tmp_path: Path):
     options = FetchOptions(download_dir=tmp_path)
     with pytest.raises(FetchError, match=r"^org/missing: no such repository on http://127.0.0.1:\d+ \(HTTP 404\)"):
