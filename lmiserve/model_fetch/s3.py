@@ -29,7 +29,8 @@ def _client() -> Any:
         from botocore.config import Config
     except ImportError:
         raise FetchError("s3:// model ids need boto3 (pip install boto3)") from None
-    config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=STREAMS)
+    # boto3's standard retries, with backoff (AWS_MAX_ATTEMPTS, else 3 attempts)
+    config = Config(retries={"mode": "standard"}, max_pool_connections=STREAMS)
     return boto3.session.Session().client("s3", config=config)  # the credential chain read afresh
 
 

@@ -72,6 +72,16 @@ def test_no_credentials_says_what_to_set(s3, tmp_path: Path, monkeypatch):
         fetch_model("s3://models/x", None, FetchOptions(download_dir=tmp_path))
 
 
+def test_an_unreachable_endpoint_fails_after_boto3s_retries(s3, tmp_path: Path, monkeypatch):
+    from tests.server_process import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+    with pytest.raises(FetchError, match=r"^s3://models/m: cannot reach S3 after retries \(.*\); check the network"):
+        fetch_model("s3://models/m", None, FetchOptions(download_dir=tmp_path))
+
+
 def test_too_little_disk_stops_before_downloading_and_names_the_directory(s3, tmp_path: Path, monkeypatch):
     _publish(s3, "disk", "m", {"model.safetensors": WEIGHTS})
     monkeypatch.setattr(fetch_module.shutil, "disk_usage", lambda path: _Usage(1000))
