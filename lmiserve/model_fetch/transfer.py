@@ -22,6 +22,7 @@ from pathlib import Path
 
 import urllib3
 
+from .connections import Connections
 from .errors import FetchError
 from .progress import Progress
 
@@ -112,7 +113,7 @@ class Transfer:
         self.progress = progress
         self.deadline = deadline
         self.streams = streams
-        self.pool = urllib3.PoolManager(maxsize=streams, block=True, retries=False, timeout=urllib3.Timeout(30, 120))
+        self.connections = Connections(streams)
         self._stop = threading.Event()
         self._local = threading.local()
 
@@ -182,7 +183,8 @@ class Transfer:
 
     def _get(self, part: _OpenPart, url: str, offset: int, end: int) -> int:
         headers = dict(part.remote.headers, Range=f"bytes={offset}-{end - 1}")
-        response = self.pool.request("GET", url, headers=headers, preload_content=False, redirect=True)
+        pool = self.connections.pool(url)
+        response = pool.request("GET", url, headers=headers, preload_content=False, redirect=True)
         try:
             if response.status == 200 and offset == 0 and end == part.remote.size:
                 pass  # a server that sends the whole file for the only range
