@@ -35,9 +35,9 @@ STREAMS = 8
 ATTEMPTS = 5
 BACKOFF_S = 0.5
 READ_BYTES = 64 * 1024
-"""One read from the socket, and one write to the file. Small on purpose: on Linux 6.18 (ext4), 1-4
-MiB writes made the page cache take large folios and the kernel spend 2-3x the CPU on a 2 GB download
-(sys 3 s against 1 s at 64-256 KiB, on a 2-core VM)."""
+"""One read from the socket, and one write to the file. Small on purpose: on Linux 6.18 (ext4, a
+2-core VM), 1-4 MiB reads and writes cost the kernel 2-3x the CPU time of a 2 GB download (sys 3-5 s
+against 0.7-1 s at 64-256 KiB; the page cache's large folios, probably)."""
 RETRIED_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 
 
