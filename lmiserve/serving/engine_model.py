@@ -82,6 +82,8 @@ class EngineModel:
         """How many engines have started: the running one's number."""
         self.replays = Replays()
         self.engine_waiters = EngineWaiters()
+        self.first_load_timeout: float | None = None
+        """The first engine's limit when a download took part of model_loading_timeout; restarts get it whole."""
 
     @functools.cached_property
     def admission(self) -> AdmissionControl:
@@ -138,13 +140,12 @@ class EngineModel:
     async def _start_engine(self) -> None:
         assert self.path is not None
         client = engine_client(self.settings, self.path, self.backend)
-        timeout = float(self.settings.model.model_loading_timeout)
+        timeout = self.first_load_timeout or float(self.settings.model.model_loading_timeout)
         if isinstance(client, ProcessEngineClient):
             await client.start(timeout, self.standby.take() if self.standby is not None else None)
         else:
             await client.start(timeout=timeout)
-        client.on_exit = self._on_exit
-        client.on_deltas = self._decode_step
+        client.on_exit, client.on_deltas, self.first_load_timeout = self._on_exit, self._decode_step, None
         if self._ever_ready:  # a restarted engine: the adapters registered so far, again
             await self.adapters.replay(client)
         else:  # adapters/<name>/ next to the model

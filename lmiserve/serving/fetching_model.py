@@ -19,16 +19,24 @@ from .model_sources import fetch
 from .registry import ModelRegistry, ServedModel
 
 
-async def fetched_settings(settings: Settings) -> Settings:
-    """``settings`` with ``option.model_id`` the fetched files' local path, and what is left of
+async def fetched_settings(settings: Settings) -> tuple[Settings, float]:
+    """``settings`` with ``option.model_id`` the fetched files' local path, and the seconds left of
     ``model_loading_timeout`` for the load."""
     timeout = float(settings.model.model_loading_timeout)
     started = time.monotonic()
     assert settings.model.model_id is not None
     path = await asyncio.to_thread(fetch, settings.model.model_id, settings, started + timeout)
-    left = max(1, int(timeout - (time.monotonic() - started)))
-    model = settings.model.model_copy(update={"model_id": str(path), "model_loading_timeout": left})
-    return dataclasses.replace(settings, model=model)
+    left = max(1.0, timeout - (time.monotonic() - started))
+    model = settings.model.model_copy(update={"model_id": str(path)})
+    return dataclasses.replace(settings, model=model), left
+
+
+def fetched_model(settings: Settings, left: float) -> ServedModel:
+    """The model built on fetched files, its first start held to what the download ``left``."""
+    model = build_model(settings)
+    if hasattr(model, "first_load_timeout"):
+        model.first_load_timeout = left
+    return model
 
 
 class FetchingModel:
@@ -67,8 +75,7 @@ class FetchingModel:
         """Fetch the files, build the model on them and put it in the registry in this one's place.
         Raises ModelLoadError (and stays in the registry as Failed) when either fails."""
         try:
-            settings = await fetched_settings(self.settings)
-            model = build_model(settings)
+            model = fetched_model(*await fetched_settings(self.settings))
         except (FetchError, ModelLoadError) as exc:
             self.failure = str(exc)
             registry.changed()

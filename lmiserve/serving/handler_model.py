@@ -55,6 +55,8 @@ class HandlerModel:
         self._tasks: set[asyncio.Task[None]] = set()
         self.running = 0
         """Requests handed to workers and not done yet."""
+        self.first_load_timeout: float | None = None
+        """The first workers' limit when a download took part of model_loading_timeout; later ones get it whole."""
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -87,7 +89,7 @@ class HandlerModel:
         worker = WorkerProcess(self._init_message(next(self._worker_ids)), env=child_env(threads))
         self._spawning += 1
         try:
-            await worker.start(timeout=self.config.model_loading_timeout)
+            await worker.start(timeout=self.first_load_timeout or self.config.model_loading_timeout)
         finally:
             self._spawning -= 1
         if self._closing:
@@ -103,6 +105,7 @@ class HandlerModel:
     async def start(self) -> None:
         """Start ``minWorkers`` workers; raise ModelLoadError if the model cannot be loaded."""
         results = await asyncio.gather(*(self._spawn() for _ in range(self.config.min_workers)), return_exceptions=True)
+        self.first_load_timeout = None
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             self.failure = str(errors[0])

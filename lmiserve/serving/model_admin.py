@@ -20,7 +20,7 @@ from ..config import ConfigError, Settings, load_settings
 from ..errors import BadRequest, Conflict, LmiServeError
 from ..model_fetch import FetchError, is_remote
 from .engine_model import EngineModel
-from .fetching_model import fetched_settings
+from .fetching_model import fetched_model, fetched_settings
 from .handler_model import HandlerModel, ModelLoadError
 from .model_factory import build_model
 from .model_paths import check_model_path, model_roots
@@ -98,15 +98,16 @@ class ModelAdmin:
             except FetchError as exc:
                 raise BadRequest(f"url {url!r}: {exc}") from None
         settings = registration_settings(url, params, self.server, fetched)
+        left = None
         if needs_fetch(settings):  # its serving.properties names a Hub id or an s3:// prefix
             try:
-                settings = await fetched_settings(settings)
+                settings, left = await fetched_settings(settings)
             except FetchError as exc:
                 raise BadRequest(f"model {settings.model_name!r}: {exc}") from None
         if settings.model_name in self.registry.models:
             raise Conflict(f"model {settings.model_name!r} is already registered")
         try:
-            model = build_model(settings)
+            model = build_model(settings) if left is None else fetched_model(settings, left)
         except ModelLoadError as exc:
             raise BadRequest(f"model {settings.model_name!r} cannot be served: {exc}") from None
         model.registration = {"url": url, "params": dict(params)}  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ from ..config import Settings
 from ..errors import BadRequest, Conflict, InsufficientMemory, LmiServeError, ModelLoadFailed, NotFound
 from ..model_fetch import FetchError, is_remote
 from ..model_store import ModelNotFound, package_file
-from .fetching_model import fetched_settings
+from .fetching_model import fetched_model, fetched_settings
 from .handler_model import ModelLoadError
 from .model_admin import registration_settings
 from .model_factory import build_model
@@ -221,8 +221,9 @@ class ModelPool:
             async with self._room:
                 await self._make_room(entry)
             if needs_fetch(settings):  # its serving.properties names a Hub id or an s3:// prefix
-                settings = await fetched_settings(settings)
-            model = build_model(settings)
+                model = fetched_model(*await fetched_settings(settings))
+            else:
+                model = build_model(settings)
             self.registry.add(model)
             log.info("loading model %s from %s (%d MiB)", entry.name, entry.url, entry.need // MIB)
             await model.start()
