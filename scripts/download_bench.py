@@ -56,7 +56,9 @@ def _ready_s(model_dir: Path, model_id: str, env: dict[str, str]) -> float:
         elapsed = time.perf_counter() - started
         if os.environ.get("DOWNLOAD_BENCH_LOG"):
             keys = ("fetching", "downloaded", "loading model", "engine ready in", "ready in", "on http")
-            print("\n".join("    " + line[11:160] for line in server.log().splitlines() if any(k in line for k in keys)))
+            print(
+                "\n".join("    " + line[11:160] for line in server.log().splitlines() if any(k in line for k in keys))
+            )
         return elapsed
 
 
