@@ -18,8 +18,6 @@ other backends load the copy.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -27,8 +25,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from .file_lock import file_lock
 
 log = logging.getLogger("lmiserve.model_store")
 
@@ -150,24 +149,13 @@ def _cache_dir_for(gguf: Path) -> Path:
     return cache_root() / "models" / f"{gguf.stem}-{digest}"
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def gguf_to_hf(gguf: Path) -> Path:
     """Dequantize a GGUF file into a cached Hugging Face directory (once) and return it."""
     target = _cache_dir_for(gguf)
     if (target / "config.json").is_file():
         _link_source(target, gguf)
         return target
-    with _locked(target.with_suffix(".lock")):
+    with file_lock(target.with_suffix(".lock")):
         if (target / "config.json").is_file():  # another process converted it meanwhile
             return target
         log.info("converting %s to safetensors in %s (first start only)", gguf.name, target)

@@ -5,7 +5,6 @@ hold more than two tokens: on an AVX512_BF16 Xeon without AMX, five tokens tied 
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import math
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from lmiserve.file_lock import file_lock
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine, run
 
@@ -36,9 +36,7 @@ def shared_transformers_greedy(model_dir, device: str, texts: tuple[str, ...], s
     workers) that asks, in ``shared`` (a directory they all see), and read there by the others."""
     key = hashlib.sha256(repr((str(model_dir), device, texts)).encode()).hexdigest()[:16]
     path = shared / f"bf16-greedy-{key}.pt"
-    shared.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(path.with_suffix(".lock")):
         if not path.exists():
             torch.save(transformers_greedy(model_dir, device, texts), path)
     return torch.load(path)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from ..file_lock import file_lock
 from . import hub, s3
 from .errors import FetchError, human_bytes
 from .plan import FetchOptions, FetchPlan
@@ -36,7 +33,9 @@ def fetch_model(model_id: str, base: Path | None, options: FetchOptions) -> Path
     if root is None:
         raise FetchError(f"{model_id}: no download directory")
     key = f"{model_id}@{options.revision or ''}:{options.gguf_file or ''}"
-    with _locked(Path(root) / ".locks" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".lock")):
+    lock = Path(root) / ".locks" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".lock")
+    # one process fetches a model at a time; the others wait, then find its files in place
+    with file_lock(lock, on_wait=lambda: log.info("another process is downloading this model; waiting for it")):
         plan = hub.plan(ref, options) if isinstance(ref, HubRef) else s3.plan(ref, options)
         _download(plan, options)
         path = plan.finish()
@@ -88,24 +87,6 @@ def _remove_parts(files: list) -> None:  # type: ignore[type-arg]
     for _, dest in files:
         for path in part_paths(dest):
             path.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One process fetches a model at a time; the others wait, then find its files in place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another process is downloading this model; waiting for it (%s)", path)
-            started = time.monotonic()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            log.info("the other download finished after %.1f s", time.monotonic() - started)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 __all__ = ["FetchOptions", "fetch_model", "is_remote", "FetchError", "S3Ref", "HubRef"]

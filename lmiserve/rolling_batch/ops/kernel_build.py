@@ -13,7 +13,6 @@ text, so a build never depends on it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
@@ -24,6 +23,8 @@ import sys
 import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from ...file_lock import file_lock
 
 log = logging.getLogger("lmiserve.ops")
 
@@ -37,17 +38,12 @@ def build_guard(build_dir: Path) -> Iterator[None]:
     turn, and the operating system releases it when its holder dies (an ``flock``), so torch's
     build lock, found while this is held, was left by a build that was killed (an engine stopped
     while it compiled): it is removed, or every later loader would wait on it forever."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / "lmiserve-build.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            lock = build_dir / "lock"
-            if lock.exists():
-                log.warning("removing a kernel build lock left by an interrupted build: %s", lock)
-                lock.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+    with file_lock(build_dir / "lmiserve-build.flock"):
+        lock = build_dir / "lock"
+        if lock.exists():
+            log.warning("removing a kernel build lock left by an interrupted build: %s", lock)
+            lock.unlink(missing_ok=True)
+        yield
 
 
 @functools.cache
