@@ -49,8 +49,9 @@ def _download(plan: FetchPlan, options: FetchOptions) -> None:
         if remote.size == 0 and not dest.is_file():  # nothing to fetch, but the file must be there
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.touch()
-    pending = [(remote, dest) for dest, remote in unique.items() if remaining_bytes(remote, dest)]
-    needed = sum(remaining_bytes(remote, dest) for remote, dest in pending)
+    missing = {dest: remaining_bytes(remote, dest) for dest, remote in unique.items()}
+    pending = [(remote, dest) for dest, remote in unique.items() if missing[dest]]
+    needed = sum(missing.values())
     if not needed:
         if plan.files:
             log.info("%s: every file is in %s already", plan.what, plan.directory)

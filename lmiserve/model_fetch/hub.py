@@ -145,7 +145,11 @@ def _model_info(ref: HubRef, revision: str) -> Any:
                     else "set HF_TOKEN to a token of an account that accepted its terms on the Hub"
                 )
             ) from None
-        except hub_errors.RepositoryNotFoundError as exc:
+        except hub_errors.RevisionNotFoundError:
+            raise FetchError(
+                f"{ref.repo_id}: no revision {revision!r} (option.revision or HF_REVISION names a branch, tag or commit)"
+            ) from None
+        except hub_errors.HfHubHTTPError as exc:  # RepositoryNotFoundError among them
             status = _status(exc)
             if status in (401, 403):
                 raise FetchError(
@@ -156,20 +160,10 @@ def _model_info(ref: HubRef, revision: str) -> Any:
                         else "the repository is private or gated; set HF_TOKEN to a token with read access"
                     )
                 ) from None
-            raise FetchError(
-                f"{ref.repo_id}: no such repository on {constants.ENDPOINT} (HTTP {status}); check option.model_id"
-                + ("" if given else ", and set HF_TOKEN if it is private")
-            ) from None
-        except hub_errors.RevisionNotFoundError:
-            raise FetchError(
-                f"{ref.repo_id}: no revision {revision!r} (option.revision or HF_REVISION names a branch, tag or commit)"
-            ) from None
-        except hub_errors.HfHubHTTPError as exc:
-            status = _status(exc)
-            if status in (401, 403):
+            if isinstance(exc, hub_errors.RepositoryNotFoundError):
                 raise FetchError(
-                    f"{ref.repo_id}: the Hub refused the request (HTTP {status}): "
-                    + ("the HF_TOKEN given is not accepted" if given else "set HF_TOKEN")
+                    f"{ref.repo_id}: no such repository on {constants.ENDPOINT} (HTTP {status}); check option.model_id"
+                    + ("" if given else ", and set HF_TOKEN if it is private")
                 ) from None
             if status is not None and status < 500 and status != 429:
                 raise FetchError(f"{ref.repo_id}: the Hub answered HTTP {status}") from None
