@@ -62,13 +62,28 @@ class S3Server:
             region_name="us-east-1",
         )
 
-    def upload_dir(self, directory: Path, bucket: str, prefix: str) -> None:
+    def _bucket(self, bucket: str):  # type: ignore[no-untyped-def]
         client = self.client()
         if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
             client.create_bucket(Bucket=bucket)
+        return client
+
+    def upload_dir(self, directory: Path, bucket: str, prefix: str) -> None:
+        client = self._bucket(bucket)
         for path in sorted(directory.rglob("*")):
             if path.is_file():
                 client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(directory)}")
+
+    def put(self, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
+        """``files`` (name -> bytes) under ``s3://bucket/prefix/``, the bucket made if need be."""
+        client = self._bucket(bucket)
+        for name, data in files.items():
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+
+    def sent_from(self, bucket: str) -> int:
+        """Object bytes sent from ``bucket`` so far."""
+        with self._lock:
+            return sum(n for path, n in self.sent.items() if path.startswith(f"/{bucket}/"))
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -26,15 +26,8 @@ def _settings(tmp_path: Path, model_id: str):
     return load_settings(tmp_path, env={"OPTION_DOWNLOAD_DIR": str(tmp_path / "downloads")})
 
 
-def _publish(s3, bucket: str, files: dict[str, bytes]) -> None:
-    client = s3.client()
-    client.create_bucket(Bucket=bucket)
-    for name, data in files.items():
-        client.put_object(Bucket=bucket, Key=f"m/{name}", Body=data)
-
-
 def test_the_fetched_model_takes_the_place_of_the_loading_one(s3, tmp_path: Path):
-    _publish(s3, "built", {"config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode()})
+    s3.put("built", "m", {"config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode()})
     settings = _settings(tmp_path, "s3://built/m/")
     assert needs_fetch(settings)
     registry = ModelRegistry()
@@ -66,7 +59,7 @@ def test_a_fetch_that_fails_leaves_the_model_failed_with_the_reason(s3, tmp_path
 
 
 def test_a_download_past_its_deadline_stops_and_keeps_what_it_fetched(s3, tmp_path: Path):
-    _publish(s3, "late", {"model.safetensors": os.urandom(16 * MIB)})
+    s3.put("late", "m", {"model.safetensors": os.urandom(16 * MIB)})
     s3.bytes_per_s = 1024 * 1024  # a connection: 8 MiB/s in all, about two seconds
     with pytest.raises(FetchError, match="did not finish within model_loading_timeout; what was fetched is kept"):
         fetch_model("s3://late/m", None, FetchOptions(download_dir=tmp_path, deadline=time.monotonic() + 0.5))

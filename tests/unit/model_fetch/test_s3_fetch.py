@@ -14,45 +14,33 @@ from lmiserve.model_fetch import fetch as fetch_module
 WEIGHTS = os.urandom(5 * 1024 * 1024 + 3)
 
 
-def _publish(s3, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
-    client = s3.client()
-    if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
-        client.create_bucket(Bucket=bucket)
-    for name, data in files.items():
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
-
-
-def _sent(s3, bucket: str) -> int:
-    return sum(n for path, n in s3.sent.items() if path.startswith(f"/{bucket}/"))
-
-
 def test_a_prefix_lands_in_the_download_directory_and_unchanged_files_are_not_fetched_again(s3, tmp_path: Path):
     files = {"config.json": b"{}", "model.safetensors": WEIGHTS, "sub/tokenizer.json": b'{"a": 1}', "empty.txt": b""}
-    _publish(s3, "models", "llama", files)
-    _publish(s3, "models", "llama-v2/x", {"config.json": b"other"})  # a sibling prefix is not taken
+    s3.put("models", "llama", files)
+    s3.put("models", "llama-v2/x", {"config.json": b"other"})  # a sibling prefix is not taken
     path = fetch_model("s3://models/llama/", None, FetchOptions(download_dir=tmp_path))
     assert path == tmp_path / "s3" / "models" / "llama"
     assert {
         str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file() and p.name[0] != "."
     } == files
-    first = _sent(s3, "models")
+    first = s3.sent_from("models")
     assert first == sum(map(len, files.values()))
     assert fetch_model("s3://models/llama", None, FetchOptions(download_dir=tmp_path)) == path
-    assert _sent(s3, "models") == first  # size and ETag unchanged: nothing fetched
-    _publish(s3, "models", "llama", {"config.json": b"[]"})  # same size, new ETag
+    assert s3.sent_from("models") == first  # size and ETag unchanged: nothing fetched
+    s3.put("models", "llama", {"config.json": b"[]"})  # same size, new ETag
     fetch_model("s3://models/llama", None, FetchOptions(download_dir=tmp_path))
     assert (path / "config.json").read_bytes() == b"[]"
-    assert _sent(s3, "models") == first + 2
+    assert s3.sent_from("models") == first + 2
 
 
 def test_one_object_named_by_its_key(s3, tmp_path: Path):
-    _publish(s3, "files", "gguf", {"m.Q4_0.gguf": b"g" * 1000})
+    s3.put("files", "gguf", {"m.Q4_0.gguf": b"g" * 1000})
     path = fetch_model("s3://files/gguf/m.Q4_0.gguf", None, FetchOptions(download_dir=tmp_path))
     assert path == tmp_path / "s3" / "files" / "gguf" / "m.Q4_0.gguf" and path.read_bytes() == b"g" * 1000
 
 
 def test_a_missing_prefix_or_bucket_and_a_denied_bucket_say_so(s3, tmp_path: Path):
-    _publish(s3, "models", "here", {"config.json": b"{}"})
+    s3.put("models", "here", {"config.json": b"{}"})
     options = FetchOptions(download_dir=tmp_path)
     with pytest.raises(FetchError, match=r"^s3://models/gone/: no objects under this prefix in bucket 'models'"):
         fetch_model("s3://models/gone/", None, options)
@@ -83,7 +71,7 @@ def test_an_unreachable_endpoint_fails_after_boto3s_retries(s3, tmp_path: Path, 
 
 
 def test_too_little_disk_stops_before_downloading_and_names_the_directory(s3, tmp_path: Path, monkeypatch):
-    _publish(s3, "disk", "m", {"model.safetensors": WEIGHTS})
+    s3.put("disk", "m", {"model.safetensors": WEIGHTS})
     monkeypatch.setattr(fetch_module.shutil, "disk_usage", lambda path: _Usage(1000))
     with pytest.raises(FetchError) as error:
         fetch_model("s3://disk/m", None, FetchOptions(download_dir=tmp_path))
@@ -91,11 +79,11 @@ def test_too_little_disk_stops_before_downloading_and_names_the_directory(s3, tm
     assert str(error.value).startswith(
         f"s3://disk/m: not enough disk space in {where}: 5.2 MB ({len(WEIGHTS)} bytes) more are needed and 1.0 KB are free"
     )
-    assert _sent(s3, "disk") == 0
+    assert s3.sent_from("disk") == 0
 
 
 def test_a_disk_that_fills_during_the_download_removes_the_partial_files(s3, tmp_path: Path, monkeypatch):
-    _publish(s3, "full", "m", {"model.safetensors": WEIGHTS})
+    s3.put("full", "m", {"model.safetensors": WEIGHTS})
     real = os.pwrite
     written = [0]
 
