@@ -12,7 +12,7 @@ from . import hub, s3
 from .errors import FetchError, human_bytes
 from .plan import FetchOptions, FetchPlan
 from .progress import Progress
-from .source import HubRef, S3Ref, parse
+from .source import HubRef, parse
 from .transfer import DiskFull, Transfer, part_paths, remaining_bytes
 
 log = logging.getLogger("lmiserve.download")
@@ -88,6 +88,3 @@ def _remove_parts(files: list) -> None:  # type: ignore[type-arg]
     for _, dest in files:
         for path in part_paths(dest):
             path.unlink(missing_ok=True)
-
-
-__all__ = ["FetchOptions", "fetch_model", "is_remote", "FetchError", "S3Ref", "HubRef"]
