@@ -6,6 +6,7 @@ as it runs by default, compiled."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -52,6 +53,19 @@ def vllm_processes(server) -> list[psutil.Process]:
     return psutil.Process(server.proc.pid).children(recursive=True)
 
 
+def vllm_engines(server) -> list[psutil.Process]:
+    """The server's ``VLLM::`` processes; a child that exits while they are listed (vLLM starts
+    short-lived helpers) is none of them."""
+    found = []
+    for process in vllm_processes(server):
+        try:
+            if process.name().startswith("VLLM"):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def wait_for_ping(c, status: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while c.get("/ping").status_code != status and time.monotonic() < deadline:
@@ -68,7 +82,8 @@ def test_engine_death_fails_the_request_then_vllm_starts_again(server):
             children = vllm_processes(server)
             assert children, "vLLM runs its engine in processes of its own"
             for child in children:
-                child.send_signal(signal.SIGKILL)
+                with contextlib.suppress(psutil.NoSuchProcess):  # a helper that has exited meanwhile
+                    child.send_signal(signal.SIGKILL)
             rest = [line for line in lines if line]
         last = json.loads(rest[-1].removeprefix("data:"))
         assert "error" in last and last["error_type"] == "generation"
@@ -97,7 +112,7 @@ def test_a_server_stopped_while_vllm_starts_leaves_none_of_its_processes(smollm2
         deadline = time.monotonic() + 120
         started = []
         while not started and time.monotonic() < deadline and server.proc.poll() is None:
-            started = [p for p in vllm_processes(server) if p.name().startswith("VLLM")]
+            started = vllm_engines(server)
             time.sleep(0.2)
         assert started, "vLLM started no engine process"
         server.proc.send_signal(signal.SIGTERM)
