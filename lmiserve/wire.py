@@ -1,8 +1,6 @@
-"""Every message that crosses a process boundary, and how it is framed.
-
-Messages are small msgspec structs encoded as MessagePack, each frame prefixed with its
-length (4 bytes, big-endian). No pickle: a worker can only ever receive these types.
-"""
+"""Every message that crosses a process boundary, and how it is framed: small msgspec structs as
+MessagePack, each frame prefixed with its length (4 bytes, big-endian). No pickle: a worker can
+only ever receive these types."""
 
 from __future__ import annotations
 
@@ -11,6 +9,8 @@ import socket
 import struct
 
 import msgspec
+
+from .wire_media import ImageInput
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 2**31
@@ -144,17 +144,17 @@ class GenerateRequest(Msg):
     adapter: str = ""
     """The LoRA adapter the request uses ("" for the base model)."""
     output_ids: list[int] = []
-    """Tokens this request already generated in an engine that has since died (a replay): the
-    engine continues as if it had generated them itself. They count towards ``max_new_tokens``
-    and ``min_new_tokens``, the penalties see them as output, a seeded generator is advanced
-    past them, and only the tokens after them are emitted. One sequence only (``n``, ``best_of``
-    and ``num_beams`` 1)."""
+    """Tokens this request already generated in an engine that has since died (a replay): the engine
+    continues as if it had generated them. They count towards ``max_new_tokens`` and ``min_new_tokens``,
+    the penalties see them, a seeded generator is advanced past them, and only later tokens are
+    emitted. One sequence only (``n``, ``best_of`` and ``num_beams`` 1)."""
     cumulative_logprob: float = 0.0
     """The log-probability of ``output_ids`` (a replay continues the sum)."""
     deadline: float = 0.0
     """``time.monotonic()`` (the host's CLOCK_MONOTONIC, the same in every process) after which the
     request is no longer worth starting: one still waiting then is never scheduled and ends with
     ``error_kind`` "deadline". 0: none."""
+    images: list[ImageInput] = []  # the prompt's pictures, in prompt order
 
 
 class AdapterCommand(Msg):

@@ -9,6 +9,7 @@ from ... import wire
 from ..lora.engine_adapters import EngineAdapters
 from ..runner import replay
 from ..runner.guided import GuidedDecoder
+from ..runner.image_rows import ImageRows
 from ..scheduling.sequence import Group, Sequence
 from .beam_search import BeamSearch
 
@@ -21,7 +22,16 @@ class Admission:
     """Requests made into groups for an engine with this vocabulary, ``max_model_len``, grammar
     decoder and adapters."""
 
-    def __init__(self, vocab_size: int, max_model_len: int, guided: GuidedDecoder, lora: EngineAdapters):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_model_len: int,
+        guided: GuidedDecoder,
+        lora: EngineAdapters,
+        images: ImageRows | None = None,
+    ):
+        self.images = images
+        """The vision model's step inputs, which check a request's pictures (None: text only)."""
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.guided = guided
@@ -36,6 +46,7 @@ class Admission:
         output_ids: list[int] | tuple[int, ...],
         cumulative_logprob: float,
         deadline: float,
+        images: list[wire.ImageInput] | tuple[wire.ImageInput, ...] = (),
     ) -> Group:
         """The request's group, or :class:`RequestRejected` with the reason."""
         if not prompt_ids:
@@ -46,7 +57,11 @@ class Admission:
             raise RequestRejected("the prompt holds token ids outside the vocabulary")
         if params.num_beams > 1 and params.n > params.num_beams:
             raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
-        group = Group(request_id, params, deadline=deadline)
+        if images or self.images is not None and self.images.image_token_id in prompt_ids:
+            why = "this model takes no images" if self.images is None else self.images.check(prompt_ids, list(images))
+            if why:
+                raise RequestRejected(why)
+        group = Group(request_id, params, deadline=deadline, images=tuple(images))
         try:
             if output_ids:
                 replay.check(prompt_ids, output_ids, params, self.vocab_size, self.max_model_len)

@@ -47,7 +47,9 @@ class Engine:
         )
         self.scheduler = Scheduler(limits, self.blocks, self.lora.book)
         self.groups: dict[str, Group] = {}
-        self._admission = Admission(self.spec.vocab_size, self.max_model_len, self.guided, self.lora)
+        self._admission = Admission(
+            self.spec.vocab_size, self.max_model_len, self.guided, self.lora, self.runner.images
+        )
         self._phases = StepPhases(loaded, self.scheduler, self.blocks, self.groups)
         self.outputs = self._phases.outputs
         self.overlap = (
@@ -72,6 +74,7 @@ class Engine:
             output_ids=request.output_ids,
             cumulative_logprob=request.cumulative_logprob,
             deadline=request.deadline,
+            images=request.images,
         )
 
     def add_request(
@@ -84,13 +87,16 @@ class Engine:
         output_ids: list[int] | tuple[int, ...] = (),
         cumulative_logprob: float = 0.0,
         deadline: float = 0.0,
+        images: list[wire.ImageInput] | tuple[wire.ImageInput, ...] = (),
     ) -> None:
         """Queue a request. ``output_ids``: the tokens it already generated before the engine that
         ran it died (:mod:`..runner.replay`), with their ``cumulative_logprob``; ``deadline``: the
         ``time.monotonic()`` after which it is not started (0: none)."""
         if request_id in self.groups:
             raise RequestRejected(f"request id {request_id!r} is already running")
-        group = self._admission.group(request_id, prompt_ids, params, adapter, output_ids, cumulative_logprob, deadline)
+        group = self._admission.group(
+            request_id, prompt_ids, params, adapter, output_ids, cumulative_logprob, deadline, images
+        )
         self.groups[request_id] = group
         self.scheduler.add(group)
 

@@ -161,11 +161,16 @@ class DecoderModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``(T, hidden)`` after the final norm, for every token of the step."""
+        """Hidden states ``(T, hidden)`` after the final norm, for every token of the step.
+        ``inserts``: ``(rows, embeddings)``, input embeddings that take the place of those rows'
+        token embeddings (an image's, at its placeholder tokens)."""
         ops, spec = self.ops, self.spec
         rope = self._rope(positions)
         h = self._embed(input_ids)
+        if inserts is not None:
+            h = h.index_copy(0, inserts[0], inserts[1].to(h.dtype))
         tokens = h.shape[0]
         residual = h
         x = h if self.layers[0].input_norm is None else self._norm(h, self.layers[0].input_norm)

@@ -57,7 +57,7 @@ def transformers_tables(model_dir: Path, architecture: str, max_len: int) -> tup
     """:func:`rope_tables` from the family's own rotary class."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir).get_text_config()
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     per_type = [rope.get(t) or {} for t in LAYER_TYPES.get(architecture, ())] if isinstance(rope, dict) else []
     for params in [rope, *per_type]:

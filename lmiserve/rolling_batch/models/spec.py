@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ class ModelSpec:
     """Attention scores capped as ``tanh(s / c) * c`` before the softmax; 0: none."""
     final_softcap: float = 0.0
     """Logits capped likewise; 0: none."""
+    vision: str = ""
+    """The family of the vision tower that feeds images into the prompt (``llava``); "": text only."""
+    image_token_id: int = -1
+    """The placeholder token each image embedding takes the place of (-1: none)."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -235,6 +240,22 @@ def _gemma(config: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _llava(config: dict[str, Any]) -> ModelSpec:
+    """LLaVA and LLaVA-NeXT: the language model of their ``text_config`` (Llama, Mistral or Qwen2)
+    fed by a CLIP tower."""
+    text_type = config.get("model_type", "llama")
+    readers = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2}
+    if text_type not in readers:
+        raise UnsupportedModel(f"LLaVA over a {text_type} language model is not supported")
+    whole = config["multimodal"]
+    return dataclasses.replace(
+        readers[text_type](config),
+        vision="llava_next" if "LlavaNextForConditionalGeneration" in whole["architectures"] else "llava",
+        image_token_id=int(whole.get("image_token_index", whole.get("image_token_id", -1))),
+        tp_refusal="vision-language models do not run tensor parallel yet",
+    )
+
+
 FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -246,12 +267,24 @@ FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "OlmoeForCausalLM": _olmoe,
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
+    "LlavaForConditionalGeneration": _llava,
+    "LlavaNextForConditionalGeneration": _llava,
 }
 """The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
 
 
+VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
+"""Vision-language models whose language model the decoder runs (their ``text_config``)."""
+
+
 def read_config(model_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(model_dir) / "config.json").read_text())
+    """config.json; for a vision-language model its language model's ``text_config``, with the
+    whole configuration under ``multimodal`` and the top level's ``architectures``."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    text = config.get("text_config")
+    if isinstance(text, dict) and set(config.get("architectures") or ()) & set(VISION_ARCHITECTURES):
+        return {**text, "architectures": config["architectures"], "multimodal": config}
+    return config
 
 
 def eos_token_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:

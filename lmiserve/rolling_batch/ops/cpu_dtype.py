@@ -92,6 +92,7 @@ def model_layers(model_dir: Path, quantize: str | None = None) -> tuple[list[Lay
     from ...model_store import GGUF_SOURCE
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config") or config  # a vision-language model's language model
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)

@@ -106,6 +106,7 @@ class EngineClient:
         output_ids: list[int] | None = None,
         cumulative_logprob: float = 0.0,
         deadline: float = 0.0,
+        images: list[wire.ImageInput] | tuple[wire.ImageInput, ...] = (),
     ) -> RequestStream:
         """Hand a request to the engine; ``output_ids`` (where :attr:`resumes`) continues one that a
         dead engine had started, and ``deadline`` (``time.monotonic()``) is when it stops being
@@ -125,6 +126,7 @@ class EngineClient:
                 output_ids=list(output_ids or []),
                 cumulative_logprob=cumulative_logprob,
                 deadline=deadline,
+                images=list(images),
             )
         )
         return stream

@@ -12,10 +12,12 @@ import torch
 from ..models.registry import decoder_class
 from ..models.rope import rope_tables
 from ..models.spec import ModelSpec
+from ..models.vision.registry import split_vision
 from ..ops import select_ops
 from ..quant.loading import load_weights
 from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
+from .image_rows import ImageRows
 from .lora_buffers import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .parallel import StepChannel, TensorParallelError
@@ -48,6 +50,8 @@ class ModelRunner:
         ``gguf_dense_rows``: :attr:`..engine_config.EngineConfig.gguf_dense_rows`."""
         self.device = device
         self.dtype = dtype
+        self.images: ImageRows | None = None
+        """A vision-language model's image embeddings (None: text only)."""
         self.deterministic = deterministic
         self.block_size = block_size
         phases = PhaseLog(log, "engine start")
@@ -61,6 +65,9 @@ class ModelRunner:
             self.spec = spec
             tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
             phases.done("weights read")
+            vision, tensors = split_vision(spec, model_dir, tensors, dtype, device)
+            if vision is not None:
+                self.images = ImageRows(vision, spec.image_token_id, deterministic)
             self.model = decoder_class(spec)(spec, tensors, self.ops, cos, sin)
             phases.done("layers built")
         else:
@@ -165,10 +172,11 @@ class ModelRunner:
         self.lora_buffers = LoraBuffers(pool.slots, rows, widest, self.device)
         return self.lora_buffers
 
-    def run_eager(self, arrays: StepArrays) -> torch.Tensor:
-        """Hidden states of every token of the step, without a graph."""
+    def run_eager(self, arrays: StepArrays, inserts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states of every token of the step, without a graph (``inserts``: image
+        embeddings in place of rows' token embeddings)."""
         input_ids, positions, meta = step_tensors(arrays, self.device)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches, inserts)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -240,6 +248,10 @@ class ModelRunner:
             out.copies = []  # a retried step must not copy again
         arrays = build_step_arrays(out, self.block_size, not self.deterministic)
         arrays.fill = fill
+        inserts = self.images.inserts(out) if self.images is not None and out.prefills else None
+        if inserts is not None:  # a step with images' embeddings runs eagerly
+            self.steps[eager_key(arrays)] += 1
+            return self.run_eager(arrays, inserts)
         if self.graphs is not None and self.graphs.fits(arrays):
             self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1
             return self.graphs.run(arrays)

@@ -29,7 +29,7 @@ class Block:
     tokens: tuple[int, ...] | None = None
 
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+def chain_hash(parent: int | None, tokens: tuple) -> int:
     return hash((parent, tokens))
 
 
@@ -116,13 +116,23 @@ class BlockManager:
             seq.block_table.append(self._take_free())
 
     # --- prefix caching ---------------------------------------------------------------
-    def _hashes(self, seq: Sequence, count: int) -> list[tuple[int, tuple[int, ...]]]:
-        token_ids = seq.token_ids
+    def _content(self, seq: Sequence, i: int) -> tuple:
+        """What block ``i`` of ``seq`` holds: its tokens, and the digests of the pictures whose
+        placeholder tokens it holds (two prompts with different pictures never share KV)."""
+        bs = self.block_size
+        tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        images = seq.group.images
+        if images:
+            digests = tuple(m.digest for m in images if m.offset < (i + 1) * bs and m.offset + m.length > i * bs)
+            if digests:
+                return (*tokens, digests)
+        return tokens
+
+    def _hashes(self, seq: Sequence, count: int) -> list[tuple[int, tuple]]:
         out = []
         parent = seq.group.cache_key
-        bs = self.block_size
         for i in range(count):
-            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            tokens = self._content(seq, i)
             parent = chain_hash(parent, tokens)
             out.append((parent, tokens))
         return out
@@ -172,9 +182,8 @@ class BlockManager:
             if seq.num_hashed_blocks
             else seq.group.cache_key
         )
-        bs = self.block_size
         for i in range(seq.num_hashed_blocks, full):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            tokens = self._content(seq, i)
             parent = chain_hash(parent, tokens)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:

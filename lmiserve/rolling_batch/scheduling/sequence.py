@@ -38,6 +38,8 @@ class Group:
     """``time.monotonic()`` after which the request is not started (0: none)."""
     holds_slot: bool = False
     """Whether the request holds its adapter's device slot (while a sequence of it runs)."""
+    images: tuple[Any, ...] = ()
+    """The prompt's pictures (``wire.ImageInput``: a run of placeholder tokens and its pixels)."""
 
     @property
     def cache_key(self) -> int | None:

@@ -1,0 +1,72 @@
+"""LLaVA (1.5 and models of its layout): a CLIP tower, features from one or more of its layers
+(the class token dropped by the ``default`` strategy), and a two-layer projector into the
+language model's embeddings. Each image is one run of placeholder tokens, as many as its
+features."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..spec import UnsupportedModel
+from .activations import activation
+from .clip import ClipVisionTower
+
+PREFIXES = ("model.vision_tower.", "vision_tower.")
+PROJECTOR = ("model.multi_modal_projector.", "multi_modal_projector.")
+
+
+def _prefix(tensors: dict[str, Any], options: tuple[str, ...]) -> str:
+    for p in options:
+        if any(name.startswith(p) for name in tensors):
+            return p
+    raise KeyError(f"no weights under {' or '.join(options)}")
+
+
+class LlavaVision:
+    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]):
+        vision = config["vision_config"]
+        if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+            raise UnsupportedModel(f"LLaVA with a {vision.get('model_type')} vision tower is not supported")
+        layer = config.get("vision_feature_layer", -2)
+        total = int(vision["num_hidden_layers"])
+        # indices into transformers' hidden states (the embeddings, then each layer's output)
+        self.feature_layers = [i if i >= 0 else total + 1 + i for i in ([layer] if isinstance(layer, int) else layer)]
+        self.strategy = config.get("vision_feature_select_strategy", "default")
+        if self.strategy not in ("default", "full"):
+            raise UnsupportedModel(f"vision_feature_select_strategy {self.strategy!r} is not supported")
+        self.tower = ClipVisionTower(vision, tensors, _prefix(tensors, PREFIXES), max(self.feature_layers))
+        p = _prefix(tensors, PROJECTOR)
+        self.linear_1 = (tensors.pop(p + "linear_1.weight"), tensors.pop(p + "linear_1.bias", None))
+        self.linear_2 = (tensors.pop(p + "linear_2.weight"), tensors.pop(p + "linear_2.bias", None))
+        self.act = activation(config.get("projector_hidden_act", "gelu"))
+        self.tokens_per_image = (self.tower.image_size // self.tower.patch) ** 2 + (self.strategy == "full")
+
+    def encode(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
+        """Each image's embeddings ``(tokens, text hidden)`` from ``(images, 3, H, W)``."""
+        states = self.tower.hidden_states(pixel_values)
+        picked = [states[i] for i in self.feature_layers]
+        if self.strategy == "default":
+            picked = [s[:, 1:] for s in picked]
+        features = picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
+        x = F.linear(self.act(F.linear(features, *self.linear_1)), *self.linear_2)
+        return list(x)
+
+
+def language_model_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The language model's weights under the names a text-only checkpoint gives them
+    (``model.layers...``, ``lm_head.weight``), from either LLaVA layout: transformers' older
+    ``language_model.model.`` / ``language_model.lm_head.`` and its newer ``model.language_model.``."""
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        if name.startswith("language_model.model."):
+            out["model." + name[len("language_model.model.") :]] = t
+        elif name.startswith("language_model.lm_head."):
+            out[name[len("language_model.") :]] = t
+        elif name.startswith("model.language_model."):
+            out["model." + name[len("model.language_model.") :]] = t
+        elif name.startswith("lm_head."):
+            out[name] = t
+    return out

@@ -1,0 +1,112 @@
+"""A step's image embeddings: which rows of the step are an image's placeholder tokens, and the
+embeddings that take their place.
+
+Each image is encoded once: its embeddings are kept by the picture's digest (an encoder cache
+bounded in bytes), so a prompt chunked over several steps, a preempted sequence that recomputes
+its prompt and a later request with the same picture all read them again. The pictures a step
+needs and the cache does not hold are encoded in one batch (one at a time in deterministic
+mode, so an image's embeddings never depend on what else the step holds)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from ...wire import ImageInput
+from ..models.vision.registry import VisionModel
+from ..scheduling.scheduler import SchedulerOutput
+
+CACHE_BYTES = 256 << 20
+"""What the encoder cache may hold; the least recently used images leave first."""
+
+
+class ImageRows:
+    def __init__(self, vision: VisionModel, image_token_id: int, deterministic: bool, cache_bytes: int = CACHE_BYTES):
+        self.vision = vision
+        self.image_token_id = image_token_id
+        self.deterministic = deterministic
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._held = 0
+        self.encoded = 0
+        """Images run through the tower."""
+        self.hits = 0
+        """Images served from the encoder cache."""
+
+    def check(self, prompt_ids: list[int], images: list[ImageInput]) -> str:
+        """Why these images cannot go with this prompt ("" when they can): each is one run of
+        placeholder tokens inside the prompt, as long as the tower's output, in order."""
+        end = 0
+        for i, image in enumerate(images):
+            span = prompt_ids[image.offset : image.offset + image.length]
+            tokens = self.vision.tokens_for(image.width, image.height)
+            if image.offset < end or image.offset + image.length > len(prompt_ids):
+                return f"image {i} is not a run of the prompt after the one before it"
+            if image.length != tokens:
+                return f"image {i} takes {image.length} placeholder tokens; this model gives {tokens} for a {image.width}x{image.height} picture"
+            if any(t != self.image_token_id for t in span):
+                return f"image {i}'s placeholder tokens are not the model's image token {self.image_token_id}"
+            end = image.offset + image.length
+        if prompt_ids.count(self.image_token_id) != sum(image.length for image in images):
+            return "the prompt holds image placeholder tokens that no image fills"
+        return ""
+
+    def inserts(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(rows, embeddings)`` for the step's placeholder tokens, or None when it has none.
+        The step's rows are its decodes, then each prompt chunk's tokens in order."""
+        row = len(out.decodes)
+        runs: list[tuple[int, ImageInput, int, int]] = []
+        for item in out.prefills:
+            for image in item.seq.group.images:
+                lo = max(image.offset, item.start)
+                hi = min(image.offset + image.length, item.start + item.num_tokens)
+                if lo < hi:
+                    runs.append((row + lo - item.start, image, lo - image.offset, hi - image.offset))
+            row += item.num_tokens
+        if not runs:
+            return None
+        embeddings = self._embeddings([image for _, image, _, _ in runs])
+        device = self.vision.device
+        rows = torch.cat([torch.arange(r, r + hi - lo) for r, _, lo, hi in runs]).to(device)
+        values = torch.cat([embeddings[image.digest][lo:hi] for _, image, lo, hi in runs])
+        return rows, values
+
+    def _embeddings(self, images: list[ImageInput]) -> dict[str, torch.Tensor]:
+        found: dict[str, torch.Tensor] = {}
+        missing: dict[str, ImageInput] = {}
+        for image in images:
+            if image.digest in found or image.digest in missing:
+                continue
+            cached = self._cache.get(image.digest)
+            if cached is None:
+                missing[image.digest] = image
+            else:
+                self._cache.move_to_end(image.digest)
+                found[image.digest] = cached
+                self.hits += 1
+        batches = [[m] for m in missing.values()] if self.deterministic else [list(missing.values())]
+        for batch in batches:
+            if batch:
+                for image, emb in zip(batch, self.vision.encode([_picture(m) for m in batch])):
+                    found[image.digest] = emb
+                    self._keep(image.digest, emb)
+                self.encoded += len(batch)
+        return found
+
+    def _keep(self, digest: str, emb: torch.Tensor) -> None:
+        size = emb.numel() * emb.element_size()
+        if size > self.cache_bytes:
+            return
+        self._cache[digest] = emb
+        self._held += size
+        while self._held > self.cache_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._held -= old.numel() * old.element_size()
+
+
+def _picture(image: ImageInput) -> Any:
+    from PIL import Image
+
+    return Image.frombytes("RGB", (image.width, image.height), image.pixels)
