@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from .fields import KeySpec, describe_allowed, key_specs, normalize_key
 from .properties import read_properties
-from .schema import AREAS, EngineSettings, ModelSettings, ServerSettings
+from .schema import AREAS, EngineSettings, MediaSettings, ModelSettings, ServerSettings
 
 PROPERTIES_FILE = "serving.properties"
 
@@ -51,6 +51,7 @@ class Settings:
     raw: dict[str, str] = field(default_factory=dict)
     unknown: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    media: MediaSettings = field(default_factory=MediaSettings)
 
     def area(self, name: str) -> Any:
         return getattr(self, name)
@@ -262,6 +263,7 @@ def load_settings(
         server=built["server"],
         model=model_settings,
         engine=built["engine"],
+        media=built["media"],
         model_dir=directory.resolve(),
         properties_file=props_path.resolve() if props_path else None,
         model_name=name,

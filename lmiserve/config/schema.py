@@ -15,9 +15,10 @@ from pydantic import ValidationInfo, field_validator, model_validator
 
 from .engine_settings import EngineSettings
 from .fields import Area, optional_setting, setting
+from .media_settings import MediaSettings
 from .server_settings import ServerSettings
 
-__all__ = ["AREAS", "EngineSettings", "ModelSettings", "ServerSettings"]
+__all__ = ["AREAS", "EngineSettings", "MediaSettings", "ModelSettings", "ServerSettings"]
 
 _DTYPES = {
     "auto": "auto",
@@ -283,4 +284,9 @@ class ModelSettings(Area):
         return self
 
 
-AREAS: dict[str, type[Area]] = {"server": ServerSettings, "model": ModelSettings, "engine": EngineSettings}
+AREAS: dict[str, type[Area]] = {
+    "server": ServerSettings,
+    "model": ModelSettings,
+    "engine": EngineSettings,
+    "media": MediaSettings,
+}

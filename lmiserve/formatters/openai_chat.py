@@ -18,6 +18,7 @@ from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding
 from . import tool_calls
+from .media_parts import PART_KINDS, chat_refs, template_content
 from .openai_common import OPENAI_CHAT, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
 from .validation import validated
 
@@ -38,16 +39,18 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, v: Any) -> Any:
+    def _known_parts(cls, v: Any) -> Any:
         if isinstance(v, list):
             for part in v:
-                if part.type != "text":
-                    raise ValueError(f"content parts of type {part.type!r} are not supported (text only)")
+                if part.type != "text" and part.type not in PART_KINDS:
+                    raise ValueError(f"content parts of type {part.type!r} are not supported")
         return v
 
     def template_dict(self) -> dict[str, Any]:
-        content = self.content
-        if isinstance(content, list):
+        content: Any = self.content
+        if isinstance(content, list) and any(p.type in PART_KINDS for p in content):
+            content = template_content([p.model_dump() for p in content])
+        elif isinstance(content, list):
             content = "".join(p.text or "" for p in content)
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
         if self.tool_calls:
@@ -188,6 +191,7 @@ def generation_request(req: ChatRequest, prompt: str, default_max_tokens: int) -
         skip_special_tokens=req.skip_special_tokens,
         token_strings=req.logprobs,
         add_special_tokens=False,
+        media=chat_refs(req.messages),
     )
 
 

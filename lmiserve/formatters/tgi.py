@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, m
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
+from ..media import MediaRef
 from ..wire import GuidedDecoding, SamplingParams
 from . import errors, tokens
+from .media_parts import inputs_parts
 from .shapes import json_object
 from .validation import validated, without_nulls
 
@@ -140,29 +142,6 @@ class TgiRequest(BaseModel):
         return {} if v is None else v
 
 
-MEDIA_PARTS = ("image_url", "video_url", "audio_url")
-
-
-def text_from_parts(parts: list[Any]) -> str:
-    """MindIE's multimodal ``inputs``: the text parts joined with newlines (as vLLM joins a
-    message's text parts). Media parts are refused: every model served here reads text only."""
-    texts = []
-    for i, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            text = part.get("text")
-            if not isinstance(text, str) or not text:
-                raise ValidationFailed(f"inputs[{i}]: a text part needs a non-empty 'text'")
-            texts.append(text)
-        elif kind in MEDIA_PARTS:
-            raise ValidationFailed(f"inputs[{i}]: this model reads text only; it cannot take a part of type {kind!r}")
-        else:
-            raise ValidationFailed(f"inputs[{i}]: type must be one of text, {', '.join(MEDIA_PARTS)} (got {kind!r})")
-    if not texts:
-        raise ValidationFailed("inputs: the list holds no text part")
-    return "\n".join(texts)
-
-
 class ParsedTgi:
     def __init__(self, request: TgiRequest, stream: bool, cap_max_new_tokens: bool = False):
         self.request = request
@@ -200,8 +179,11 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
     MindIE's ``/``, where ``max_new_tokens`` is lowered to what the server allows
     (``min(max_iter_times, max_new_tokens)``, and what fits in the context) instead of refused."""
     data = json_object(body, what="a JSON object with 'inputs'")
-    if isinstance(data.get("inputs"), list):
-        data = {**data, "inputs": text_from_parts(data["inputs"])}
+    refs: list[MediaRef] = []
+    offsets: list[int] = []
+    if isinstance(data.get("inputs"), list):  # MindIE's multimodal inputs
+        prompt, refs, offsets = inputs_parts(data["inputs"])
+        data = {**data, "inputs": prompt}
     request = validated(TgiRequest, data)
     wants_stream = request.stream if stream is None else stream
     p = request.parameters
@@ -209,7 +191,12 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
         raise ValidationFailed("decoder_input_details == true is not supported when streaming tokens")
     if wants_stream and (p.best_of or 1) > 1:
         raise ValidationFailed("best_of > 1 is not supported when streaming tokens")
-    return ParsedTgi(request, wants_stream, cap_max_new_tokens=mindie)
+    parsed = ParsedTgi(request, wants_stream, cap_max_new_tokens=mindie)
+    if refs:
+        parsed.generation.media, parsed.generation.media_at = refs, offsets
+    else:  # TGI's markdown images, taken out of the text where the model takes images
+        parsed.generation.markdown_images = True
+    return parsed
 
 
 # --- responses ---------------------------------------------------------------------------

@@ -18,9 +18,10 @@ from typing import Any
 import msgspec
 
 from ..errors import ValidationFailed
-from ..wire import SamplingParams
+from ..wire import ImageInput, SamplingParams
 from . import limits
 from .request import GenerationRequest
+from .vision_prompt import VisionPrompt
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Admitted:
 
     request: GenerationRequest
     prompt_ids: tuple[int, ...]
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's pictures and their placeholder runs in ``prompt_ids``."""
 
     @property
     def params(self) -> SamplingParams:
@@ -45,9 +48,13 @@ class Admission:
     max_iter_times: int | None = None
     max_new_tokens_limit: int | None = None
     vocab_size: int | None = None
+    vision: VisionPrompt | None = None
+    """How the model's prompt holds pictures (None: it reads text only)."""
 
     @classmethod
-    def for_model(cls, engine: Any, max_model_len: int, vocab_size: int | None = None) -> Admission:
+    def for_model(
+        cls, engine: Any, max_model_len: int, vocab_size: int | None = None, vision: VisionPrompt | None = None
+    ) -> Admission:
         return cls(
             limits=limits.RequestLimits.from_settings(engine, max_model_len),
             max_model_len=max_model_len,
@@ -55,20 +62,26 @@ class Admission:
             max_iter_times=engine.max_iter_times,
             max_new_tokens_limit=engine.max_new_tokens_limit,
             vocab_size=vocab_size,
+            vision=vision,
         )
 
     def admit(self, request: GenerationRequest, tokenizer: Any) -> Admitted:
         limits.check(request, self.limits)
-        ids = self._prompt_ids(request, tokenizer)
+        if request.images and request.media_at is not None and self.vision is not None:
+            request = _with_image_tokens(request, self.vision.image_token)
+        ids, images = self._prompt_ids(request, tokenizer)
         params = self._params(request, len(ids))
         prompt = request.prompt or tokenizer.decode(ids)
         final = dataclasses.replace(request, prompt=prompt, prompt_ids=list(ids), params=params)
-        return Admitted(final, tuple(ids))
+        return Admitted(final, tuple(ids), tuple(images))
 
-    def _prompt_ids(self, request: GenerationRequest, tokenizer: Any) -> list[int]:
+    def _prompt_ids(self, request: GenerationRequest, tokenizer: Any) -> tuple[list[int], list[ImageInput]]:
         ids = request.prompt_ids
+        images: list[ImageInput] = []
         if ids is None:
             ids = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
+            if self.vision is not None:  # each image token widened into its picture's placeholders
+                ids, images = self.vision.expand(ids, request.images)
         elif self.vocab_size is not None and any(i >= self.vocab_size for i in ids):
             raise ValidationFailed(f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})")
         if request.truncate is not None and len(ids) > request.truncate:
@@ -83,7 +96,7 @@ class Admission:
             raise ValidationFailed(
                 f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len}) allows"
             )
-        return list(ids)
+        return list(ids), images
 
     def _params(self, request: GenerationRequest, prompt_len: int) -> SamplingParams:
         wanted = request.params.max_new_tokens
@@ -103,3 +116,12 @@ class Admission:
         if wanted == request.params.max_new_tokens:
             return request.params
         return msgspec.structs.replace(request.params, max_new_tokens=wanted)
+
+
+def _with_image_tokens(request: GenerationRequest, token: str) -> GenerationRequest:
+    """The prompt with the model's image token at each picture's place."""
+    prompt, last = [], 0
+    for at in request.media_at or []:
+        prompt += [request.prompt[last:at], token]
+        last = at
+    return dataclasses.replace(request, prompt="".join([*prompt, request.prompt[last:]]), media_at=None)

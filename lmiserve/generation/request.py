@@ -7,6 +7,7 @@ the engine's token ids into :class:`RequestOutput` updates; formatters turn thos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..wire import SamplingParams
 
@@ -39,6 +40,15 @@ class GenerationRequest:
     (otherwise generation just ends when the context is full)."""
     adapter: str | None = None
     """The LoRA adapter to generate with (a registered name); None or "": the base model."""
+    media: list[Any] = field(default_factory=list)
+    """The pictures (and other media) the request names (``media.MediaRef``), in prompt order."""
+    media_at: list[int] | None = None
+    """Where in ``prompt`` each of ``media`` goes (character offsets), for a prompt no chat template
+    rendered; None: the prompt holds the model's image token where each goes (a template wrote it)."""
+    markdown_images: bool = False
+    """TGI: ``![](url)`` in the prompt is a picture where the model takes images (text otherwise)."""
+    images: list[Any] = field(default_factory=list)
+    """``media`` fetched, decoded and checked (``media.DecodedImage``), before admission."""
 
 
 @dataclass

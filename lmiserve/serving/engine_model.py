@@ -32,6 +32,7 @@ from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
 from .engine_launch import engine_client, engine_env
 from .handler_model import ModelLoadError
+from .model_media import ModelMedia
 from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
 
@@ -56,8 +57,7 @@ class EngineModel:
         """From the model's config (None for vLLM, which checks prompts itself)."""
         self.architecture = ""
         self.standby: Standby | None = None
-        """The engine process waiting to be the next engine (option.engine_standby), once the
-        first engine has started."""
+        """The next engine process, waiting (option.engine_standby), once the first has started."""
         self._ever_ready = False
         self._closing = False
         self._restarts = 0
@@ -70,20 +70,18 @@ class EngineModel:
         """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
         self.adapters = ModelAdapters(settings, self.name, backend)
         """The model's LoRA adapters (option.enable_lora)."""
+        self.media = ModelMedia(self.name, settings)
         self.on_change: Callable[[], None] = lambda: None
-        """Called when the engine starts or exits and when an adapter changes (the registry's
-        version counts it: API processes beside this one attach again)."""
+        """Called when the engine starts or exits or an adapter changes (the registry's version)."""
         self.adapters.on_change = lambda: self.on_change()
         self.id_prefix = ""
         """Before each request id: unique across the API processes that share the engine."""
-        self.registration: dict[str, Any] | None = None
-        """How the management API registered the model (url and parameters), else None."""
+        self.registration: dict[str, Any] | None = None  # how the management API registered it
         self.generation = 0
         """How many engines have started: the running one's number."""
         self.replays = Replays()
         self.engine_waiters = EngineWaiters()
-        self.first_load_timeout: float | None = None
-        """The first engine's limit when a download took part of model_loading_timeout; restarts get it whole."""
+        self.first_load_timeout: float | None = None  # a download took part of model_loading_timeout
 
     @functools.cached_property
     def admission(self) -> AdmissionControl:
@@ -113,6 +111,7 @@ class EngineModel:
             "enginePid": getattr(self.client, "pid", None),
             "standbyPid": self.standby.pid if self.standby is not None else None,
             "engine": dict(self.client.info) if self.client else {},
+            "inputs": self.media.describe(),
             "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
         }
 
@@ -136,6 +135,8 @@ class EngineModel:
             return path, load_tokenizer(path, cfg.trust_remote_code)
 
         self.path, self.tokenizer = await asyncio.to_thread(load)
+        if self.backend != "vllm":
+            self.media.load(self.path, self.tokenizer)
 
     async def _start_engine(self) -> None:
         assert self.path is not None
@@ -238,8 +239,8 @@ class EngineModel:
         return self.replay_enabled and self._ever_ready and not alive and not self._closing and self.failure is None
 
     async def engine_after(self, generation: int) -> tuple[EngineClient, int]:
-        """A live engine client newer than ``generation``, and its generation: now, or once the
-        engine has restarted. Raises :class:`WorkerDied` when none will come."""
+        """A live engine client newer than ``generation`` and its generation, now or once the engine
+        has restarted; :class:`WorkerDied` when none will come."""
         while True:
             client = self.client
             if client is not None and client.alive and self.generation > generation:
@@ -256,7 +257,7 @@ class EngineModel:
     # --- generation ---------------------------------------------------------------------
     def admit(self, request: GenerationRequest) -> Admitted:
         """``request`` checked against this model and tokenized (:mod:`lmiserve.generation.admission`)."""
-        admission = Admission.for_model(self.settings.engine, self.max_model_len, self.vocab_size)
+        admission = Admission.for_model(self.settings.engine, self.max_model_len, self.vocab_size, self.media.vision)
         return admission.admit(request, self.tokenizer)
 
     def chat_prompt(
@@ -269,6 +270,7 @@ class EngineModel:
         """The conversation rendered with the model's chat template."""
         if self.tokenizer is None:
             raise ModelNotReady(f"model {self.name} is not ready")
+        self.media.check_messages(messages)
         return render_chat(self.tokenizer, self.name, messages, tools, add_generation_prompt, continue_final_message)
 
     def new_request_id(self) -> str:
@@ -313,12 +315,12 @@ class EngineModel:
         prompt_ids = list(admitted.prompt_ids)
         deadline = time.monotonic() + budget if budget else 0.0
         if self.replay_enabled:
-            stream: Any = ReplayingStream(self, request_id, prompt_ids, params, adapter, deadline)
+            stream: Any = ReplayingStream(self, request_id, prompt_ids, params, adapter, deadline, admitted.images)
             if alive:
                 with contextlib.suppress(WorkerDied):  # dying as we speak: the request waits for the next
                     stream.hand_to(client, self.generation)
         else:
-            stream = client.submit(request_id, prompt_ids, params, adapter, deadline=deadline)  # type: ignore[union-attr]
+            stream = client.submit(request_id, prompt_ids, params, adapter, deadline=deadline, images=admitted.images)  # type: ignore[union-attr]
         self._processors[request_id] = processor
         self.admission.admitted(
             request_id, len(admitted.prompt_ids), params.max_new_tokens, width, tenant, deadline or None

@@ -99,8 +99,10 @@ class ReplayingStream:
         params: wire.SamplingParams,
         adapter: str = "",
         deadline: float = 0.0,
+        images: tuple[wire.ImageInput, ...] = (),
     ):
         self.source = source
+        self.images = list(images)
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -138,6 +140,7 @@ class ReplayingStream:
             output_ids=self.tokens if resume else None,
             cumulative_logprob=self.cumulative_logprob if resume else 0.0,
             deadline=self.deadline,
+            images=self.images,
         )
         self._iter = self._stream.__aiter__()
         self.generation = generation

@@ -143,6 +143,9 @@ async def respond(
     client goes away (``disconnected`` returns) is aborted. ``tenant``: who sent them, where the
     requests in flight are shared fairly among tenants."""
     try:
+        media = getattr(model, "media", None)
+        if media is not None and any(r.media or r.markdown_images for r in requests):
+            await media.prepare(requests)  # the pictures fetched and decoded before admission
         gens = submit_all(model, requests, seconds, tenant)
     except LmiServeError as err:
         if isinstance(err, Overloaded) and observer is not None:

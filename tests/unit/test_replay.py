@@ -21,7 +21,16 @@ class FakeEngine:
         self.given: dict[str, dict] = {}
 
     def submit(
-        self, request_id, prompt_ids, params, adapter="", *, output_ids=None, cumulative_logprob=0.0, deadline=0.0
+        self,
+        request_id,
+        prompt_ids,
+        params,
+        adapter="",
+        *,
+        output_ids=None,
+        cumulative_logprob=0.0,
+        deadline=0.0,
+        images=(),
     ):
         if not self.alive:
             raise WorkerDied("the engine is not running")
@@ -33,6 +42,7 @@ class FakeEngine:
             "cumulative_logprob": cumulative_logprob,
             "prompt_logprobs": params.prompt_logprobs,
             "deadline": deadline,
+            "images": list(images),
         }
         return stream
 

@@ -140,12 +140,10 @@ def test_mindie_multimodal_inputs():
         {"type": "text", "text": "My name is Olivier and I"},
         {"type": "image_url", "image_url": "/xxxx/test.png"},
     ]
-    with pytest.raises(ValidationFailed) as err:
-        tgi.parse(orjson.dumps({"inputs": example, "parameters": MINDIE_REQUEST["parameters"]}), None, mindie=True)
-    status, body = mindie_tgi.MindieResponder(parsed).error_body(err.value)
-    assert status == 422
-    golden("mindie/multimodal_refused.json", body)
-    assert "inputs[1]" in err.value.detail and "image_url" in err.value.detail
+    parsed = tgi.parse(orjson.dumps({"inputs": example, "parameters": MINDIE_REQUEST["parameters"]}), None, mindie=True)
+    generation = parsed.generation
+    assert generation.prompt == "My name is Olivier and I\n" and generation.media_at == [25]
+    assert [(m.kind, m.source, m.where) for m in generation.media] == [("image", "/xxxx/test.png", "inputs[1]")]
     for bad in ([], [{"type": "audio"}], [{"type": "text", "text": ""}]):
         with pytest.raises(ValidationFailed):
             tgi.parse(orjson.dumps({"inputs": bad}), None, mindie=True)

@@ -1,0 +1,98 @@
+"""How a vision-language model's prompt holds its pictures, read from the model's own files
+(torch-free, for the API process): the image token a chat template or a prompt writes once per
+picture, and how many of them the model's processor makes of it.
+
+The API process tokenizes the prompt, then widens each image token into the run of placeholder
+tokens the picture's embeddings will fill (what the model's processor does to the text), so the
+prompt's token count, its limits and ``usage.prompt_tokens`` include the pictures' tokens, as the
+peers count them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadRequest
+from ..wire import ImageInput
+from .anyres import feature_count
+
+FAMILIES = {"LlavaForConditionalGeneration": "llava", "LlavaNextForConditionalGeneration": "llava_next"}
+"""The vision-language architectures whose prompts are read here, and their families."""
+
+
+@dataclass(frozen=True)
+class VisionPrompt:
+    family: str
+    image_token: str
+    """The text a prompt holds once per picture (LLaVA's ``<image>``)."""
+    image_token_id: int
+    tokens_per_image: int
+    """A picture's tokens, or (LLaVA-NeXT) those of the whole picture at tile size."""
+    pinpoints: tuple[tuple[int, int], ...] = ()
+    """LLaVA-NeXT's grid resolutions (``image_grid_pinpoints``); empty: every picture the same."""
+    tile: int = 0
+    side: int = 0
+
+    @classmethod
+    def of(cls, model_dir: Path, tokenizer: Any = None) -> VisionPrompt | None:
+        """The model's rules, or None for a model that reads text only."""
+        path = Path(model_dir)
+        config = _json(path / "config.json")
+        architectures = config.get("architectures") or []
+        family = FAMILIES.get(architectures[0]) if architectures else None
+        if family is None:
+            return None
+        vision = config.get("vision_config") or {}
+        tile = int(vision.get("image_size", 336))
+        side = tile // int(vision.get("patch_size", 14))
+        strategy = config.get("vision_feature_select_strategy", "default")
+        token_id = int(config.get("image_token_index", config.get("image_token_id", 32000)))
+        processor = _json(path / "processor_config.json")
+        token = processor.get("image_token") or "<image>"
+        if tokenizer is not None:
+            token = tokenizer.convert_ids_to_tokens(token_id) or token
+        pinpoints = tuple(tuple(p) for p in config.get("image_grid_pinpoints") or ()) if family == "llava_next" else ()
+        return cls(family, token, token_id, side * side + (strategy == "full"), pinpoints, tile, side)
+
+    def tokens_for(self, width: int, height: int) -> int:
+        """The placeholder tokens of a picture of this size."""
+        if not self.pinpoints:
+            return self.tokens_per_image
+        return feature_count(height, width, self.pinpoints, self.tile, self.side, self.tokens_per_image)
+
+    def expand(self, prompt_ids: list[int], pictures: list[Any]) -> tuple[list[int], list[ImageInput]]:
+        """Each image token of ``prompt_ids`` widened into its picture's run of placeholders, and
+        the pictures (decoded, with ``width``, ``height``, ``pixels`` and ``digest``) as the
+        engine takes them. Refused when the prompt's image tokens and the pictures differ in number."""
+        found = prompt_ids.count(self.image_token_id)
+        if found != len(pictures):
+            raise BadRequest(
+                f"the prompt holds {found} image token(s) ({self.image_token}) for {len(pictures)} image(s); "
+                "send each image as a content part and do not write the image token in the text"
+            )
+        if not pictures:
+            return prompt_ids, []
+        ids: list[int] = []
+        images = []
+        pics = iter(pictures)
+        for t in prompt_ids:
+            if t != self.image_token_id:
+                ids.append(t)
+                continue
+            p = next(pics)
+            length = self.tokens_for(p.width, p.height)
+            image = ImageInput(
+                offset=len(ids), length=length, digest=p.digest, width=p.width, height=p.height, pixels=p.pixels
+            )
+            images.append(image)
+            ids.extend([self.image_token_id] * length)
+        return ids, images
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

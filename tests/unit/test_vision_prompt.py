@@ -1,0 +1,45 @@
+"""The API process's count of a picture's tokens (torch-free) equals transformers' processors'."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmiserve.generation.vision_prompt import VisionPrompt
+from lmiserve.media import DecodedImage
+from tests.tiny_vision import IMAGE_TOKEN, build_llava, picture
+
+SIZES = [(100, 80), (30, 200), (500, 60), (56, 56), (448, 448), (57, 113)]
+
+
+@pytest.fixture(scope="module", params=["llava", "llava-next"])
+def model_dir(request, tmp_path_factory):
+    return build_llava(tmp_path_factory.mktemp(request.param), next_=request.param == "llava-next")
+
+
+def test_tokens_per_picture_equal_the_processors(model_dir):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    vision = VisionPrompt.of(model_dir, processor.tokenizer)
+    assert vision is not None and vision.image_token == IMAGE_TOKEN
+    for width, height in SIZES:
+        ids = processor(images=[picture(0, width, height)], text=IMAGE_TOKEN, return_tensors="pt")["input_ids"][0]
+        assert vision.tokens_for(width, height) == ids.tolist().count(vision.image_token_id), (width, height)
+
+
+def test_expand_widens_each_image_token_and_refuses_a_count_that_differs(model_dir):
+    from lmiserve.errors import BadRequest
+
+    vision = VisionPrompt.of(model_dir)
+    t = vision.image_token_id
+    pics = [DecodedImage(width=w, height=h, pixels=b"", digest=f"d{w}") for w, h in SIZES[:2]]
+    ids, images = vision.expand([5, t, 6, t, 7], pics)
+    first, second = (vision.tokens_for(w, h) for w, h in SIZES[:2])
+    assert ids == [5] + [t] * first + [6] + [t] * second + [7]
+    assert [(m.offset, m.length, m.digest) for m in images] == [(1, first, "d100"), (2 + first, second, "d30")]
+    with pytest.raises(BadRequest, match="holds 1 image token"):
+        vision.expand([5, t], pics)
+
+
+def test_a_text_model_has_no_vision(tiny_llama_dir):
+    assert VisionPrompt.of(tiny_llama_dir) is None
