@@ -65,7 +65,7 @@ class ModelRunner:
             self.spec = spec
             tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
             phases.done("weights read")
-            vision, tensors = split_vision(spec, model_dir, tensors, dtype, device)
+            vision, tensors = split_vision(spec, model_dir, tensors, dtype, device, self.ops)
             if vision is not None:
                 self.images = ImageRows(vision, spec.image_token_id, deterministic)
             self.model = decoder_class(spec)(spec, tensors, self.ops, cos, sin)

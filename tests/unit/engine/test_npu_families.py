@@ -19,3 +19,19 @@ def test_npu_ops_give_transformers_greedy_tokens(arch, tmp_path, fake_npu):
     assert engine.runner.ops.name == "npu"
     tokens, _, _ = run(engine, {0: [("a", prompt, SamplingParams(max_new_tokens=5))]})
     assert tokens["a"][0] == hf_greedy(model_dir, prompt, 5)
+
+
+def test_llava_on_the_npu_ops(tmp_path, fake_npu):
+    from tests.tiny_vision import build_llava, hf_llava_greedy, image_inputs, picture
+
+    model_dir = build_llava(tmp_path / "llava")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    ids, expected = hf_llava_greedy(model_dir, messages, [picture(1)], 5)
+    engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
+    images = image_inputs(ids, [picture(1)], engine.spec.image_token_id)
+    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == expected

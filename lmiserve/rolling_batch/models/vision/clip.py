@@ -13,24 +13,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...ops.interface import Ops
+from ...ops.reference import LinearWeight
 from .activations import activation
 
 
 @dataclass
 class ClipLayer:
     norm1: tuple[torch.Tensor, torch.Tensor]
-    qkv: tuple[torch.Tensor, torch.Tensor]
+    qkv: LinearWeight
     """q, k and v projections fused (weights and biases concatenated)."""
-    out: tuple[torch.Tensor, torch.Tensor]
+    out: LinearWeight
     norm2: tuple[torch.Tensor, torch.Tensor]
-    fc1: tuple[torch.Tensor, torch.Tensor]
-    fc2: tuple[torch.Tensor, torch.Tensor]
+    fc1: LinearWeight
+    fc2: LinearWeight
 
 
 class ClipVisionTower:
-    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str, layers: int):
+    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str, layers: int, ops: Ops):
         """``layers``: how many encoder layers to load and run (those up to the deepest one the
-        model reads its features from)."""
+        model reads its features from). The projections run on the engine's ops (its kernels)."""
+        self.ops = ops
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.patch = int(config["patch_size"])
@@ -55,11 +58,11 @@ class ClipVisionTower:
             self.layers.append(
                 ClipLayer(
                     norm1=pair(a + "layer_norm1"),
-                    qkv=(torch.cat([q[0], k[0], v[0]]), torch.cat([q[1], k[1], v[1]])),
-                    out=pair(a + "self_attn.out_proj"),
+                    qkv=ops.prepare_linear(torch.cat([q[0], k[0], v[0]]), torch.cat([q[1], k[1], v[1]])),
+                    out=ops.prepare_linear(*pair(a + "self_attn.out_proj")),
                     norm2=pair(a + "layer_norm2"),
-                    fc1=pair(a + "mlp.fc1"),
-                    fc2=pair(a + "mlp.fc2"),
+                    fc1=ops.prepare_linear(*pair(a + "mlp.fc1")),
+                    fc2=ops.prepare_linear(*pair(a + "mlp.fc2")),
                 )
             )
         for name in [n for n in tensors if n.startswith(p)]:  # layers past the features, the post-norm
@@ -81,13 +84,17 @@ class ClipVisionTower:
         for layer in self.layers:
             x = x + self._attention(F.layer_norm(x, (self.hidden,), *layer.norm1, self.eps), layer)
             h = F.layer_norm(x, (self.hidden,), *layer.norm2, self.eps)
-            x = x + F.linear(self.act(F.linear(h, *layer.fc1)), *layer.fc2)
+            x = x + self._linear(self.act(self._linear(h, layer.fc1)), layer.fc2)
             states.append(x)
         return states
 
     def _attention(self, x: torch.Tensor, layer: ClipLayer) -> torch.Tensor:
         b, t, _ = x.shape
-        qkv = F.linear(x, *layer.qkv).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = self._linear(x, layer.qkv).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         head_dim = qkv.shape[-1]
         out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], scale=head_dim**-0.5)
-        return F.linear(out.transpose(1, 2).reshape(b, t, -1), *layer.out)
+        return self._linear(out.transpose(1, 2).reshape(b, t, -1), layer.out)
+
+    def _linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        """The ops' product over every token of every image (rows of a 2-D input)."""
+        return self.ops.linear(x.reshape(-1, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], -1)

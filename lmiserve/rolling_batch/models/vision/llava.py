@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from ...ops.interface import Ops
 from ..spec import UnsupportedModel
 from .activations import activation
 from .clip import ClipVisionTower
@@ -26,7 +26,8 @@ def _prefix(tensors: dict[str, Any], options: tuple[str, ...]) -> str:
 
 
 class LlavaVision:
-    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]):
+    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], ops: Ops):
+        self.ops = ops
         vision = config["vision_config"]
         if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
             raise UnsupportedModel(f"LLaVA with a {vision.get('model_type')} vision tower is not supported")
@@ -37,10 +38,10 @@ class LlavaVision:
         self.strategy = config.get("vision_feature_select_strategy", "default")
         if self.strategy not in ("default", "full"):
             raise UnsupportedModel(f"vision_feature_select_strategy {self.strategy!r} is not supported")
-        self.tower = ClipVisionTower(vision, tensors, _prefix(tensors, PREFIXES), max(self.feature_layers))
+        self.tower = ClipVisionTower(vision, tensors, _prefix(tensors, PREFIXES), max(self.feature_layers), ops)
         p = _prefix(tensors, PROJECTOR)
-        self.linear_1 = (tensors.pop(p + "linear_1.weight"), tensors.pop(p + "linear_1.bias", None))
-        self.linear_2 = (tensors.pop(p + "linear_2.weight"), tensors.pop(p + "linear_2.bias", None))
+        self.linear_1 = ops.prepare_linear(tensors.pop(p + "linear_1.weight"), tensors.pop(p + "linear_1.bias", None))
+        self.linear_2 = ops.prepare_linear(tensors.pop(p + "linear_2.weight"), tensors.pop(p + "linear_2.bias", None))
         self.act = activation(config.get("projector_hidden_act", "gelu"))
         self.tokens_per_image = (self.tower.image_size // self.tower.patch) ** 2 + (self.strategy == "full")
 
@@ -51,8 +52,8 @@ class LlavaVision:
         if self.strategy == "default":
             picked = [s[:, 1:] for s in picked]
         features = picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
-        x = F.linear(self.act(F.linear(features, *self.linear_1)), *self.linear_2)
-        return list(x)
+        linear = self.tower._linear
+        return list(linear(self.act(linear(features.contiguous(), self.linear_1)), self.linear_2))
 
 
 def language_model_tensors(tensors: dict[str, Any]) -> dict[str, Any]:

@@ -11,14 +11,15 @@ from typing import Any
 import torch
 
 from ....generation.anyres import feature_count, grid, unpadded
+from ...ops.interface import Ops
 from .llava import LlavaVision
 
 NEWLINE = ("model.image_newline", "image_newline")
 
 
 class LlavaNextVision(LlavaVision):
-    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor]):
-        super().__init__(config, tensors)
+    def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], ops: Ops):
+        super().__init__(config, tensors, ops)
         self.pinpoints = [list(p) for p in config["image_grid_pinpoints"]]
         name = next(n for n in NEWLINE if n in tensors)
         self.newline = tensors.pop(name)

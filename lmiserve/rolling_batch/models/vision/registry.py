@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ...ops.interface import Ops
 from ..spec import ModelSpec, read_config
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
@@ -40,11 +41,11 @@ class VisionModel:
 
 
 def split_vision(
-    spec: ModelSpec, model_dir: Path, tensors: dict[str, Any], dtype: torch.dtype, device: str
+    spec: ModelSpec, model_dir: Path, tensors: dict[str, Any], dtype: torch.dtype, device: str, ops: Ops
 ) -> tuple[VisionModel | None, dict[str, Any]]:
     """``(the vision model or None, the decoder's tensors)``."""
     if not spec.vision:
         return None, tensors
     config = read_config(model_dir)["multimodal"]
-    family = LlavaNextVision(config, tensors) if spec.vision == "llava_next" else LlavaVision(config, tensors)
+    family = (LlavaNextVision if spec.vision == "llava_next" else LlavaVision)(config, tensors, ops)
     return VisionModel(family, PixelProcessor(model_dir), dtype, device), language_model_tensors(tensors)

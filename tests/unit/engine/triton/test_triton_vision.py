@@ -1,0 +1,32 @@
+"""LLaVA on the CUDA ops (Triton kernels, interpreted on the CPU where there is no GPU): the
+tower's projections on the ops' linear kernel, the image steps eager, the decode steps replayed from
+captured graphs; transformers' greedy tokens, token for token."""
+
+from lmiserve.rolling_batch.runner import graphs
+from lmiserve.wire import SamplingParams
+from tests.tiny_vision import build_llava, hf_llava_greedy, image_inputs, picture
+from tests.unit.engine.engine_helpers import make_engine
+from tests.unit.engine.recording_graphs import RecordingBackend
+
+
+def test_llava_on_the_cuda_ops_with_decode_graphs(monkeypatch, tmp_path, kernel_device):
+    recorder = RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    model_dir = build_llava(tmp_path / "llava")
+    pictures = [picture(1), picture(2)]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
+    ids, expected = hf_llava_greedy(model_dir, messages, pictures, 5)
+    engine = make_engine(
+        model_dir, ops="cuda", device=kernel_device, max_num_seqs=2, max_num_batched_tokens=32,
+        max_decode_step_prefill_tokens=16,
+    )  # fmt: skip
+    assert engine.runner.ops.name == "cuda" and engine.runner.graphs is not None
+    images = image_inputs(ids, pictures, engine.spec.image_token_id)
+    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == expected
+    assert engine.runner.graphs.replays > 0  # the decodes
+    assert engine.runner.images.encoded == 2
