@@ -23,11 +23,14 @@ NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168]]
 """LLaVA-NeXT's grid resolutions for the tiny tower (56 px tiles): up to 2x2 tiles, or 1x3."""
 
 
-def build_llava(out: Path, seed: int = 0, image_size: int = 56, patch: int = 14, next_: bool = False) -> Path:
+def build_llava(
+    out: Path, seed: int = 0, image_size: int = 56, patch: int = 14, next_: bool = False, **sizes: int
+) -> Path:
     """A LLaVA-1.5 layout (or LLaVA-NeXT's, ``next_``): a Llama language model, a CLIP tower and a
     two-layer projector, saved as transformers saves it (``language_model.model.*``,
     ``vision_tower.*``), with its processor (CLIP or LLaVA-NeXT image processor, ``<image>`` token,
-    chat template)."""
+    chat template). ``sizes``: ``text_hidden``, ``text_layers``, ``vision_hidden``, ``vision_layers``
+    (64, 2, 32 and 3 unless given)."""
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -46,13 +49,15 @@ def build_llava(out: Path, seed: int = 0, image_size: int = 56, patch: int = 14,
     tok = build_tokenizer(out)
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     tok.chat_template = CHAT_TEMPLATE
+    th, vh = sizes.get("text_hidden", 64), sizes.get("vision_hidden", 32)
     text = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+        vocab_size=len(tok), hidden_size=th, intermediate_size=2 * th, num_hidden_layers=sizes.get("text_layers", 2),
+        num_attention_heads=max(4, th // 64), num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1,
+        eos_token_id=2, pad_token_id=3,
     )  # fmt: skip
     vision = CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        image_size=image_size, patch_size=patch, projection_dim=32,
+        hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=sizes.get("vision_layers", 3),
+        num_attention_heads=max(4, vh // 64), image_size=image_size, patch_size=patch, projection_dim=32,
     )  # fmt: skip
     common = dict(
         text_config=text,

@@ -212,3 +212,12 @@ def test_llava_next_counts_each_picture_by_its_size(llava_dir, tmp_path_factory,
         r = client.chat.completions.create(model="tiny", messages=_chat(_data_url(wide)), max_tokens=N, temperature=0)
         assert r.choices[0].message.content == expected
         assert r.usage.prompt_tokens == prompt_tokens
+
+
+def test_lmi_invocations_and_databricks_chat_take_the_openai_parts(server, llava_dir, picture_server):
+    expected, _ = _text(llava_dir, _hf_chat(), [picture(2)])
+    body = {"messages": _chat(picture_server + "/two.png"), "max_tokens": N, "temperature": 0}
+    for path in ("/invocations", "/serving-endpoints/tiny/invocations", "/serving-endpoints/chat/completions"):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, (path, r.text)
+        assert r.json()["choices"][0]["message"]["content"] == expected, path
