@@ -22,6 +22,9 @@ from ..models.spec import ModelSpec
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "vision_model.")
+"""Where a vision-language model's tower and projector are named: LoRA weights there are refused
+(their layers would otherwise read as the language model's)."""
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
@@ -113,7 +116,15 @@ def read_adapter(path: str | Path, spec: ModelSpec, max_rank: int, dtype: torch.
     rslora = bool(config.get("use_rslora", False))
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     others = []
-    for name, tensor in _tensors(path).items():
+    tensors = _tensors(path)
+    tower = sorted(name for name in tensors if any(part in name for part in VISION_PARTS))
+    if tower:
+        raise AdapterFormatError(
+            f"{path} adapts a vision tower or projector ({tower[0]}{' ...' if len(tower) > 1 else ''}); this engine "
+            "adapts the language model only: train with target_modules limited to it, e.g. "
+            r"'.*language_model.*\.(q_proj|v_proj)'"
+        )
+    for name, tensor in tensors.items():
         match = _KEY.search(name)
         if match is None or match.group(2) not in MODULES:
             others.append(name)

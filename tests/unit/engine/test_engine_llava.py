@@ -91,7 +91,10 @@ def test_prefix_cache_hits_the_text_before_the_image_and_never_another_image(lla
     shared = engine.blocks.prefix_hit_tokens - hits
     first_image = ids.index(engine.spec.image_token_id)
     assert 0 < shared <= first_image  # the text before the picture, not a block that holds it
-    assert engine.runner.images.encoded == 2 and engine.runner.images.hits == 0
+    hits = engine.blocks.prefix_hit_tokens
+    assert _run(engine, {"c": (ids, pictures)})["c"] == expected  # the same picture again
+    assert engine.blocks.prefix_hit_tokens - hits > first_image  # blocks that hold the picture are shared
+    assert engine.runner.images.encoded == 2
 
 
 def test_encoder_cache_serves_a_repeated_picture_with_the_same_tokens(llava_dir, references):
@@ -149,3 +152,49 @@ def test_deterministic_mode_gives_the_same_tokens_alone_and_batched(llava_dir, r
     engine = make_engine(llava_dir, deterministic=True, max_num_batched_tokens=256)
     batched = _run(engine, {name: (ids, pictures) for name, (ids, _, pictures) in references.items()})
     assert batched == alone
+
+
+def test_a_lora_adapter_on_the_language_model_equals_peft(llava_dir, references, tmp_path):
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from lmiserve import wire
+    from lmiserve.rolling_batch.lora.peft_weights import AdapterFormatError, read_adapter
+
+    def adapter(out, targets):
+        torch.manual_seed(3)
+        base = AutoModelForImageTextToText.from_pretrained(llava_dir, dtype=torch.float32)
+        model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_" in name:
+                    param.mul_(3.0)
+        model.save_pretrained(out)
+        return out
+
+    lm = adapter(tmp_path / "lm", r".*language_model.*\.(q_proj|v_proj|down_proj)")
+    engine = make_engine(llava_dir, enable_lora=True, max_loras=1, max_lora_rank=8)
+    result = engine.adapter_command(wire.AdapterCommand(op_id=0, action="register", name="lm", src=str(lm)))
+    assert result.kind is None, result.error
+    messages, _ = CASES["one image"]
+    ids, _, pictures = references["one image"]
+    processor = AutoProcessor.from_pretrained(llava_dir)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=pictures, text=prompt, return_tensors="pt")
+    reference = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(llava_dir), lm).eval()
+    with torch.no_grad():
+        want = reference.generate(**inputs, max_new_tokens=12, do_sample=False)[0, len(ids) :].tolist()
+    images = image_inputs(ids, pictures, engine.spec.image_token_id)
+    engine.add_request("a", ids, SamplingParams(max_new_tokens=12), "lm", images=images)
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    eos = reference.generation_config.eos_token_id
+    assert tokens == (want[: want.index(eos) + 1] if eos in want else want)
+    assert tokens != references["one image"][1]  # the adapter changes the answer
+    # a plain target list also wraps the tower's projections of the same name: refused, not misread
+    both = adapter(tmp_path / "both", ["q_proj", "v_proj"])
+    with pytest.raises(AdapterFormatError, match="adapts a vision tower"):
+        read_adapter(both, engine.spec, 8, torch.float32)
