@@ -28,7 +28,7 @@ def part_source(part: dict[str, Any], where: str) -> str:
     if isinstance(value, dict):
         value = value.get("url")
     if not isinstance(value, str) or not value.strip():
-        raise ValidationFailed(f"{where}: a {kind} part needs a non-empty {kind!r} (a URL, a data URL or a path)")
+        raise ValidationFailed(f"{where}: this {kind} part needs a non-empty {kind!r} (a URL, a data URL or a path)")
     return value.strip()
 
 
