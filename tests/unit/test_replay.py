@@ -20,18 +20,8 @@ class FakeEngine:
         self.streams: dict[str, RequestStream] = {}
         self.given: dict[str, dict] = {}
 
-    def submit(
-        self,
-        request_id,
-        prompt_ids,
-        params,
-        adapter="",
-        *,
-        output_ids=None,
-        cumulative_logprob=0.0,
-        deadline=0.0,
-        images=(),
-    ):
+    def submit(self, request_id, prompt_ids, params, adapter="", *, output_ids=None, cumulative_logprob=0.0, **more):
+        deadline, images = more.get("deadline", 0.0), more.get("images", ())
         if not self.alive:
             raise WorkerDied("the engine is not running")
         stream = RequestStream(request_id, max(params.n, params.best_of, 1))
