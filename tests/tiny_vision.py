@@ -160,3 +160,90 @@ def png_bytes(image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue()
+
+
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224) -> Path:
+    """A Qwen2.5-VL layout: a Qwen2 language model with multimodal rotary positions (sections 2, 3
+    and 3 of its 8 frequencies), a 3-block tower with 56 px windows and one full-attention block,
+    and its ``Qwen2VLImageProcessor``, saved as transformers saves them."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    tok.chat_template = QWEN_TEMPLATE
+    tok.save_pretrained(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    text = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+    )  # fmt: skip
+    vision = dict(
+        depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+    )  # fmt: skip
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(out)
+    Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels).save_pretrained(out)
+    return out
+
+
+def qwen_prompt(model_dir: Path, parts: list) -> tuple[list[int], list]:
+    """``(prompt ids, pictures)`` of a user turn of text and pictures (PIL) as the template and
+    processor lay them out: each picture its run of ``<|image_pad|>``, one per merged patch."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    images = AutoImageProcessor.from_pretrained(model_dir)
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    ids = tok("<s>user\n")["input_ids"]
+    pictures = [p for p in parts if not isinstance(p, str)]
+    for part in parts:
+        if isinstance(part, str):
+            ids += tok(part)["input_ids"]
+            continue
+        t, h, w = images(images=[part], return_tensors="pt")["image_grid_thw"][0].tolist()
+        ids += [tok.convert_tokens_to_ids("<|vision_start|>")] + [pad] * (t * h * w // 4)
+        ids += [tok.convert_tokens_to_ids("<|vision_end|>")]
+    ids += tok("</s>\n<s>assistant\n")["input_ids"]
+    return ids, pictures
+
+
+def hf_qwen_greedy(model_dir: Path, ids: list[int], pictures: list, max_new: int) -> list[int]:
+    """transformers' Qwen2.5-VL ``generate`` (greedy, fp32) for these ids and pictures."""
+    import torch
+    from transformers import AutoImageProcessor, Qwen2_5_VLForConditionalGeneration
+
+    key = str(model_dir)
+    if key not in _models:
+        _models[key] = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = _models[key]
+    input_ids = torch.tensor([ids])
+    extra = {}
+    if pictures:
+        px = AutoImageProcessor.from_pretrained(model_dir)(images=pictures, return_tensors="pt")
+        extra = {"pixel_values": px["pixel_values"], "image_grid_thw": px["image_grid_thw"]}
+    mm = (input_ids == model.config.image_token_id).int()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids, mm_token_type_ids=mm, max_new_tokens=max_new, do_sample=False, **extra
+        )
+    gen = out[0, len(ids) :].tolist()
+    eos = model.generation_config.eos_token_id
+    return gen[: gen.index(eos) + 1] if eos in gen else gen

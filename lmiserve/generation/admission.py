@@ -68,7 +68,7 @@ class Admission:
     def admit(self, request: GenerationRequest, tokenizer: Any) -> Admitted:
         limits.check(request, self.limits)
         if request.images and request.media_at is not None and self.vision is not None:
-            request = _with_image_tokens(request, self.vision.image_token)
+            request = _with_image_tokens(request, self.vision.placeholder or self.vision.image_token)
         ids, images = self._prompt_ids(request, tokenizer)
         params = self._params(request, len(ids))
         prompt = request.prompt or tokenizer.decode(ids)

@@ -17,8 +17,13 @@ from typing import Any
 from ..errors import BadRequest
 from ..wire import ImageInput
 from .anyres import feature_count
+from .qwen_grid import QwenGrid
 
-FAMILIES = {"LlavaForConditionalGeneration": "llava", "LlavaNextForConditionalGeneration": "llava_next"}
+FAMILIES = {
+    "LlavaForConditionalGeneration": "llava",
+    "LlavaNextForConditionalGeneration": "llava_next",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+}
 """The vision-language architectures whose prompts are read here, and their families."""
 
 
@@ -34,6 +39,10 @@ class VisionPrompt:
     """LLaVA-NeXT's grid resolutions (``image_grid_pinpoints``); empty: every picture the same."""
     tile: int = 0
     side: int = 0
+    qwen: QwenGrid | None = None
+    """Qwen2.5-VL's grid: a picture's tokens by its resized area."""
+    placeholder: str = ""
+    """What a prompt no chat template rendered gets for each picture ("": ``image_token``)."""
 
     @classmethod
     def of(cls, model_dir: Path, tokenizer: Any = None) -> VisionPrompt | None:
@@ -44,6 +53,8 @@ class VisionPrompt:
         family = FAMILIES.get(architectures[0]) if architectures else None
         if family is None:
             return None
+        if family == "qwen2_5_vl":
+            return cls._qwen(path, config, tokenizer)
         vision = config.get("vision_config") or {}
         tile = int(vision.get("image_size", 336))
         side = tile // int(vision.get("patch_size", 14))
@@ -56,8 +67,23 @@ class VisionPrompt:
         pinpoints = tuple(tuple(p) for p in config.get("image_grid_pinpoints") or ()) if family == "llava_next" else ()
         return cls(family, token, token_id, side * side + (strategy == "full"), pinpoints, tile, side)
 
+    @classmethod
+    def _qwen(cls, path: Path, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
+        """Qwen2.5-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and ``<|vision_end|>``."""
+        token_id = int(config.get("image_token_id", 151655))
+        ends = [config.get("vision_start_token_id", 151652), config.get("vision_end_token_id", 151653)]
+        token, start, end = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
+        if tokenizer is not None:
+            token, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, *ends))
+        grid = QwenGrid.of(_json(path / "preprocessor_config.json"))
+        return cls("qwen2_5_vl", token, token_id, 0, qwen=grid, placeholder=start + token + end)
+
     def tokens_for(self, width: int, height: int) -> int:
         """The placeholder tokens of a picture of this size."""
+        if self.qwen is not None:
+            if max(width, height) > 200 * min(width, height):
+                raise BadRequest(f"a {width}x{height} picture: this model takes pictures of aspect ratio up to 200")
+            return self.qwen.tokens(width, height)
         if not self.pinpoints:
             return self.tokens_per_image
         return feature_count(height, width, self.pinpoints, self.tile, self.side, self.tokens_per_image)

@@ -221,3 +221,29 @@ def test_lmi_invocations_and_databricks_chat_take_the_openai_parts(server, llava
         r = httpx.post(server.url + path, json=body, timeout=60)
         assert r.status_code == 200, (path, r.text)
         assert r.json()["choices"][0]["message"]["content"] == expected, path
+
+
+def test_qwen2_5_vl_through_openai_and_mindie(tmp_path_factory, picture_server):
+    from transformers import AutoTokenizer
+
+    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, qwen_prompt
+
+    qwen_dir = build_qwen_vl(tmp_path_factory.mktemp("qwen-vl") / "model")
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    wide = picture(8, 230, 70)
+    ids, pictures = qwen_prompt(qwen_dir, [wide, "What is this?"])
+    expected = tok.decode(hf_qwen_greedy(qwen_dir, ids, pictures, N), skip_special_tokens=True)
+    with start(tmp_path_factory.mktemp("qwen-server") / "m", qwen_dir) as s:
+        s.wait_ready()
+        client = OpenAI(base_url=s.url + "/v1", api_key="none")
+        r = client.chat.completions.create(model="tiny", messages=_chat(_data_url(wide)), max_tokens=N, temperature=0)
+        assert r.choices[0].message.content == expected
+        assert r.usage.prompt_tokens == len(ids)
+        # MindIE's inputs: no template; the picture's placeholder on its own line
+        n = len(qwen_prompt(qwen_dir, [wide])[0]) - len(qwen_prompt(qwen_dir, [])[0]) - 2
+        special = [tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")]
+        raw = tok("Describe\n")["input_ids"] + [special[0]] + [special[1]] * n + [special[2]]
+        parts = [{"type": "text", "text": "Describe"}, {"type": "image_url", "image_url": _data_url(wide, "png")}]
+        r = httpx.post(s.url + "/", json={"inputs": parts, "parameters": {"max_new_tokens": N}}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert _generated(r) == tok.decode(hf_qwen_greedy(qwen_dir, raw, [wide], N), skip_special_tokens=True)

@@ -6,25 +6,35 @@ import pytest
 
 from lmiserve.generation.vision_prompt import VisionPrompt
 from lmiserve.media import DecodedImage
-from tests.tiny_vision import IMAGE_TOKEN, build_llava, picture
+from tests.tiny_vision import IMAGE_TOKEN, build_llava, build_qwen_vl, picture
 
 SIZES = [(100, 80), (30, 200), (500, 60), (56, 56), (448, 448), (57, 113)]
 
 
-@pytest.fixture(scope="module", params=["llava", "llava-next"])
+@pytest.fixture(scope="module", params=["llava", "llava-next", "qwen2.5-vl"])
 def model_dir(request, tmp_path_factory):
+    if request.param == "qwen2.5-vl":
+        return build_qwen_vl(tmp_path_factory.mktemp(request.param))
     return build_llava(tmp_path_factory.mktemp(request.param), next_=request.param == "llava-next")
 
 
 def test_tokens_per_picture_equal_the_processors(model_dir):
-    from transformers import AutoProcessor
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
-    processor = AutoProcessor.from_pretrained(model_dir)
-    vision = VisionPrompt.of(model_dir, processor.tokenizer)
-    assert vision is not None and vision.image_token == IMAGE_TOKEN
-    for width, height in SIZES:
-        ids = processor(images=[picture(0, width, height)], text=IMAGE_TOKEN, return_tensors="pt")["input_ids"][0]
-        assert vision.tokens_for(width, height) == ids.tolist().count(vision.image_token_id), (width, height)
+    if (model_dir / "processor_config.json").is_file():  # LLaVA: the whole processor widens the token
+        processor = AutoProcessor.from_pretrained(model_dir)
+        vision = VisionPrompt.of(model_dir, processor.tokenizer)
+        assert vision is not None and vision.image_token == IMAGE_TOKEN
+        for width, height in SIZES:
+            ids = processor(images=[picture(0, width, height)], text=IMAGE_TOKEN, return_tensors="pt")["input_ids"][0]
+            assert vision.tokens_for(width, height) == ids.tolist().count(vision.image_token_id), (width, height)
+        return
+    images = AutoImageProcessor.from_pretrained(model_dir)  # Qwen2.5-VL: one token per merged patch
+    vision = VisionPrompt.of(model_dir, AutoTokenizer.from_pretrained(model_dir))
+    assert vision is not None and vision.placeholder == "<|vision_start|><|image_pad|><|vision_end|>"
+    for width, height in [*SIZES, (1000, 700), (20, 20)]:
+        t, h, w = images(images=[picture(0, width, height)], return_tensors="pt")["image_grid_thw"][0].tolist()
+        assert vision.tokens_for(width, height) == t * h * w // 4, (width, height)
 
 
 def test_expand_widens_each_image_token_and_refuses_a_count_that_differs(model_dir):

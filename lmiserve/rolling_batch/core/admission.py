@@ -62,6 +62,8 @@ class Admission:
             if why:
                 raise RequestRejected(why)
         group = Group(request_id, params, deadline=deadline, images=tuple(images))
+        if images and self.images is not None:
+            group.rope = self.images.rope(len(prompt_ids), list(images))
         try:
             if output_ids:
                 replay.check(prompt_ids, output_ids, params, self.vocab_size, self.max_model_len)

@@ -151,6 +151,16 @@ class DecoderModel:
         table = (self.cos[positions].to(self.dtype), self.sin[positions].to(self.dtype))
         return [table] * len(self.layers)
 
+    def _mrope(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Multimodal rotary tables: each frequency takes the temporal, height or width position
+        of its section (``spec.mrope_section``), in both halves of the head."""
+        sections = self.spec.mrope_section
+        half = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
+        pick = torch.cat([half, half]).to(positions.device).view(1, 1, -1).expand(1, positions.shape[1], -1)
+        cos = self.cos[positions].gather(0, pick)[0].to(self.dtype)
+        sin = self.sin[positions].gather(0, pick)[0].to(self.dtype)
+        return [(cos, sin)] * len(self.layers)
+
     def _activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP's gated activation of the gate/up product (SwiGLU)."""
         return self.ops.swiglu(gate_up)
@@ -162,12 +172,14 @@ class DecoderModel:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states ``(T, hidden)`` after the final norm, for every token of the step.
         ``inserts``: ``(rows, embeddings)``, input embeddings that take the place of those rows'
-        token embeddings (an image's, at its placeholder tokens)."""
+        token embeddings (an image's, at its placeholder tokens). ``rope_positions``: ``(3, T)``
+        multimodal rotary positions (``spec.mrope_section``) in place of ``positions``."""
         ops, spec = self.ops, self.spec
-        rope = self._rope(positions)
+        rope = self._rope(positions) if rope_positions is None else self._mrope(rope_positions)
         h = self._embed(input_ids)
         if inserts is not None:
             h = h.index_copy(0, inserts[0], inserts[1].to(h.dtype))

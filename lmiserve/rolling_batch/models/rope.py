@@ -89,9 +89,11 @@ def plain_default_tables(model_dir: Path, architecture: str, max_len: int) -> tu
     scaling = config.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(scaling, dict):
         return None
+    # Qwen2-VL's "mrope" is plain RoPE whose positions differ per frequency section (models/decoder.py)
+    plain = ("default", "mrope")
     if (
-        params.get("rope_type", "default") != "default"
-        or scaling.get("rope_type", scaling.get("type", "default")) != "default"
+        params.get("rope_type", "default") not in plain
+        or scaling.get("rope_type", scaling.get("type", "default")) not in plain
     ):
         return None
     theta = params.get("rope_theta", config.get("rope_theta"))

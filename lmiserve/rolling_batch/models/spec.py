@@ -75,6 +75,9 @@ class ModelSpec:
     """The family of the vision tower that feeds images into the prompt (``llava``); "": text only."""
     image_token_id: int = -1
     """The placeholder token each image embedding takes the place of (-1: none)."""
+    mrope_section: tuple[int, ...] = ()
+    """Multimodal rotary positions (Qwen2-VL): how many of the head's rotary frequencies take the
+    temporal, height and width position; empty: one position per token."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -256,6 +259,20 @@ def _llava(config: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
+    """Qwen2.5-VL: a Qwen2 language model with multimodal rotary positions, fed by its own tower."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    section = tuple(int(n) for n in rope.get("mrope_section") or ())
+    whole = config["multimodal"]
+    return dataclasses.replace(
+        _common(config, "qwen2", qkv_bias=True),
+        vision="qwen2_5_vl",
+        image_token_id=int(whole.get("image_token_id", 151655)),
+        mrope_section=section,
+        tp_refusal="vision-language models do not run tensor parallel yet",
+    )
+
+
 FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -269,11 +286,16 @@ FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "Gemma3ForCausalLM": _gemma,
     "LlavaForConditionalGeneration": _llava,
     "LlavaNextForConditionalGeneration": _llava,
+    "Qwen2_5_VLForConditionalGeneration": _qwen_vl,
 }
 """The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
 
 
-VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
+VISION_ARCHITECTURES = (
+    "LlavaForConditionalGeneration",
+    "LlavaNextForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+)
 """Vision-language models whose language model the decoder runs (their ``text_config``)."""
 
 
@@ -281,10 +303,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     """config.json; for a vision-language model its language model's ``text_config``, with the
     whole configuration under ``multimodal`` and the top level's ``architectures``."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
+    if not set(config.get("architectures") or ()) & set(VISION_ARCHITECTURES):
+        return config
     text = config.get("text_config")
-    if isinstance(text, dict) and set(config.get("architectures") or ()) & set(VISION_ARCHITECTURES):
-        return {**text, "architectures": config["architectures"], "multimodal": config}
-    return config
+    if not isinstance(text, dict):  # the Hub's Qwen2.5-VL configs keep the language model's keys on top
+        text = {k: v for k, v in config.items() if k != "vision_config"}
+    return {**text, "architectures": config["architectures"], "multimodal": config}
 
 
 def eos_token_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...wire import ImageInput
@@ -52,6 +53,34 @@ class ImageRows:
         if prompt_ids.count(self.image_token_id) != sum(image.length for image in images):
             return "the prompt holds image placeholder tokens that no image fills"
         return ""
+
+    @property
+    def mrope(self) -> bool:
+        """Whether the model's positions are multimodal (a picture's tokens laid out on its grid)."""
+        return self.vision.token_grid(1, 1) is not None
+
+    def rope(self, num_prompt: int, images: list[ImageInput]) -> tuple[np.ndarray, int] | None:
+        """A prompt's multimodal rotary positions ``(3, num_prompt)`` (temporal, row, column) and
+        the shift of the tokens after it: text counts on from the position before, a picture's
+        tokens take its first free position as their time and add their row and column to it, and
+        the text after a picture starts past its larger side. None for a model without them."""
+        if not images or not self.mrope:
+            return None
+        table = np.empty((3, num_prompt), dtype=np.int64)
+        at = next_pos = 0
+        for image in images:
+            rows, cols = self.vision.token_grid(image.width, image.height)  # type: ignore[misc]
+            text = image.offset - at
+            table[:, at : image.offset] = np.arange(text) + next_pos
+            next_pos += text
+            end = image.offset + image.length
+            table[0, image.offset : end] = next_pos
+            table[1, image.offset : end] = np.repeat(np.arange(rows), cols) + next_pos
+            table[2, image.offset : end] = np.tile(np.arange(cols), rows) + next_pos
+            next_pos += max(rows, cols)
+            at = end
+        table[:, at:] = np.arange(num_prompt - at) + next_pos
+        return table, int(table.max()) + 1 - num_prompt
 
     def inserts(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(rows, embeddings)`` for the step's placeholder tokens, or None when it has none.
@@ -110,3 +139,26 @@ def _picture(image: ImageInput) -> Any:
     from PIL import Image
 
     return Image.frombytes("RGB", (image.width, image.height), image.pixels)
+
+
+def rope_positions(out: SchedulerOutput) -> np.ndarray | None:
+    """The step's multimodal rotary positions ``(3, T)`` in its rows' order, or None when no
+    sequence of it has a picture: a prompt token takes its prompt's, a later token its position
+    plus the prompt's shift, and a sequence without pictures its position three times."""
+    items = out.decodes + out.prefills
+    if all(item.seq.group.rope is None for item in items):
+        return None
+    cols = []
+    for item in items:
+        p = np.arange(item.start, item.start + item.num_tokens, dtype=np.int64)
+        rope = item.seq.group.rope
+        if rope is None:
+            cols.append(np.broadcast_to(p, (3, p.shape[0])))
+            continue
+        table, shift = rope
+        c = np.empty((3, p.shape[0]), dtype=np.int64)
+        inside = p < table.shape[1]
+        c[:, inside] = table[:, p[inside]]
+        c[:, ~inside] = p[~inside] + shift
+        cols.append(c)
+    return np.concatenate(cols, axis=1)

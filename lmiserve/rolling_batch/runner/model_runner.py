@@ -17,7 +17,7 @@ from ..ops import select_ops
 from ..quant.loading import load_weights
 from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
-from .image_rows import ImageRows
+from .image_rows import ImageRows, rope_positions
 from .lora_buffers import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .parallel import StepChannel, TensorParallelError
@@ -172,11 +172,16 @@ class ModelRunner:
         self.lora_buffers = LoraBuffers(pool.slots, rows, widest, self.device)
         return self.lora_buffers
 
-    def run_eager(self, arrays: StepArrays, inserts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def run_eager(
+        self,
+        arrays: StepArrays,
+        inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Hidden states of every token of the step, without a graph (``inserts``: image
-        embeddings in place of rows' token embeddings)."""
+        embeddings in place of rows' token embeddings; ``rope``: multimodal rotary positions)."""
         input_ids, positions, meta = step_tensors(arrays, self.device)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches, inserts)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches, inserts, rope)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -248,10 +253,13 @@ class ModelRunner:
             out.copies = []  # a retried step must not copy again
         arrays = build_step_arrays(out, self.block_size, not self.deterministic)
         arrays.fill = fill
-        inserts = self.images.inserts(out) if self.images is not None and out.prefills else None
-        if inserts is not None:  # a step with images' embeddings runs eagerly
-            self.steps[eager_key(arrays)] += 1
-            return self.run_eager(arrays, inserts)
+        if self.images is not None:  # a step with pictures' embeddings or positions runs eagerly
+            inserts = self.images.inserts(out) if out.prefills else None
+            rope = rope_positions(out) if self.images.mrope else None
+            if inserts is not None or rope is not None:
+                self.steps[eager_key(arrays)] += 1
+                positions = None if rope is None else torch.from_numpy(rope).to(self.device)
+                return self.run_eager(arrays, inserts, positions)
         if self.graphs is not None and self.graphs.fits(arrays):
             self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1
             return self.graphs.run(arrays)

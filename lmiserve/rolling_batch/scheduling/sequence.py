@@ -40,6 +40,8 @@ class Group:
     """Whether the request holds its adapter's device slot (while a sequence of it runs)."""
     images: tuple[Any, ...] = ()
     """The prompt's pictures (``wire.ImageInput``: a run of placeholder tokens and its pixels)."""
+    rope: Any = None
+    """Multimodal rotary positions: ``(positions (3, prompt length), shift of later tokens)``."""
 
     @property
     def cache_key(self) -> int | None:

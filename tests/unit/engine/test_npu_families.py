@@ -35,3 +35,18 @@ def test_llava_on_the_npu_ops(tmp_path, fake_npu):
         for d in engine.step():
             tokens.extend(d.token_ids)
     assert tokens == expected
+
+
+def test_qwen2_5_vl_on_the_npu_ops(tmp_path, fake_npu):
+    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, image_inputs, picture, qwen_prompt
+
+    model_dir = build_qwen_vl(tmp_path / "qwen")
+    ids, pictures = qwen_prompt(model_dir, [picture(2, 150, 60), "Describe it."])
+    engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
+    images = image_inputs(ids, pictures, engine.spec.image_token_id)
+    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)

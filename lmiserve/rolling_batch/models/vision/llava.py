@@ -16,6 +16,8 @@ from .clip import ClipVisionTower
 
 PREFIXES = ("model.vision_tower.", "vision_tower.")
 PROJECTOR = ("model.multi_modal_projector.", "multi_modal_projector.")
+TOWERS = (*PREFIXES, *PROJECTOR, "model.visual.", "visual.", "model.image_newline", "image_newline")
+"""Names of the vision side of a checkpoint, which the language model never reads."""
 
 
 def _prefix(tensors: dict[str, Any], options: tuple[str, ...]) -> str:
@@ -58,16 +60,19 @@ class LlavaVision:
 
 def language_model_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
     """The language model's weights under the names a text-only checkpoint gives them
-    (``model.layers...``, ``lm_head.weight``), from either LLaVA layout: transformers' older
-    ``language_model.model.`` / ``language_model.lm_head.`` and its newer ``model.language_model.``."""
+    (``model.layers...``, ``lm_head.weight``): transformers' older ``language_model.model.`` /
+    ``language_model.lm_head.``, its newer ``model.language_model.``, or already so (the Hub's
+    Qwen2.5-VL); the tower's and projector's are left out."""
     out: dict[str, Any] = {}
     for name, t in tensors.items():
+        if name.startswith(TOWERS):
+            continue
         if name.startswith("language_model.model."):
             out["model." + name[len("language_model.model.") :]] = t
         elif name.startswith("language_model.lm_head."):
             out[name[len("language_model.") :]] = t
         elif name.startswith("model.language_model."):
             out["model." + name[len("model.language_model.") :]] = t
-        elif name.startswith("lm_head."):
+        elif name.startswith(("lm_head.", "model.")):  # the Hub's Qwen2.5-VL: the language model's own names
             out[name] = t
     return out

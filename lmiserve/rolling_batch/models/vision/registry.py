@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 
+from ....generation.qwen_grid import QwenGrid
 from ...ops.interface import Ops
 from ..spec import ModelSpec, read_config
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
 from .pixels import PixelProcessor
+from .qwen_vl import QwenVisionTower
 
 
 class VisionModel:
@@ -27,12 +29,26 @@ class VisionModel:
 
     def tokens_for(self, width: int, height: int) -> int:
         """The embeddings (placeholder tokens) of a picture of this size."""
+        if isinstance(self.family, QwenVisionTower):
+            return self.family.grid.tokens(width, height)
         sized = getattr(self.family, "tokens_for", None)
         return self.family.tokens_per_image if sized is None else sized(width, height)
 
+    def token_grid(self, width: int, height: int) -> tuple[int, int] | None:
+        """``(rows, columns)`` of a picture's tokens, for multimodal rotary positions (None: the
+        model's positions are one a token)."""
+        if not isinstance(self.family, QwenVisionTower):
+            return None
+        _, h, w = self.family.grid.patches(width, height)
+        return h // self.family.merge, w // self.family.merge
+
     def encode(self, images: list[Any]) -> list[torch.Tensor]:
         """PIL images (of one batch) to their embeddings ``(tokens, hidden)``."""
-        if isinstance(self.family, LlavaNextVision):  # each picture its own number of tiles
+        if isinstance(self.family, QwenVisionTower):
+            out = self.processor.processor(images=images, return_tensors="pt")
+            grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"].tolist()]
+            embeddings = self.family.encode(out["pixel_values"].to(self.device), grids)  # type: ignore[arg-type]
+        elif isinstance(self.family, LlavaNextVision):  # each picture its own number of tiles
             tiles = [self.processor.pixel_values([image])[0].to(self.device) for image in images]
             embeddings = self.family.encode_tiles(tiles, [image.size for image in images])
         else:
@@ -47,5 +63,10 @@ def split_vision(
     if not spec.vision:
         return None, tensors
     config = read_config(model_dir)["multimodal"]
-    family = (LlavaNextVision if spec.vision == "llava_next" else LlavaVision)(config, tensors, ops)
-    return VisionModel(family, PixelProcessor(model_dir), dtype, device), language_model_tensors(tensors)
+    processor = PixelProcessor(model_dir)
+    if spec.vision == "qwen2_5_vl":
+        grid = QwenGrid.of(processor.processor.to_dict())
+        family: Any = QwenVisionTower(config, grid, tensors, ops)
+    else:
+        family = (LlavaNextVision if spec.vision == "llava_next" else LlavaVision)(config, tensors, ops)
+    return VisionModel(family, processor, dtype, device), language_model_tensors(tensors)

@@ -30,3 +30,20 @@ def test_llava_on_the_cuda_ops_with_decode_graphs(monkeypatch, tmp_path, kernel_
     assert tokens == expected
     assert engine.runner.graphs.replays > 0  # the decodes
     assert engine.runner.images.encoded == 2
+
+
+def test_qwen2_5_vl_on_the_cuda_ops(tmp_path, kernel_device):
+    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, qwen_prompt
+
+    model_dir = build_qwen_vl(tmp_path / "qwen")
+    ids, pictures = qwen_prompt(model_dir, ["What is this?", picture(1, 100, 80)])
+    expected = hf_qwen_greedy(model_dir, ids, pictures, 5)
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=16, enforce_eager=True)
+    engine.add_request(
+        "a", ids, SamplingParams(max_new_tokens=5), images=image_inputs(ids, pictures, engine.spec.image_token_id)
+    )
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == expected

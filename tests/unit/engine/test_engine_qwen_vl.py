@@ -1,0 +1,58 @@
+"""Qwen2.5-VL on the engine: the windowed tower, the merged patches and the multimodal rotary
+positions give transformers' greedy tokens, alone, chunked, and in a batch with text-only requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmiserve.wire import SamplingParams
+from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, image_inputs, picture, qwen_prompt
+
+from .engine_helpers import make_engine
+
+pytestmark = pytest.mark.usefixtures("scheduling")
+
+CASES = {
+    "one picture": ["What is this?", picture(1, 100, 80)],
+    "two pictures": ["Compare", picture(2, 60, 130), "with", picture(3, 200, 90)],
+    "a large picture": [picture(4, 448, 300), "Describe it."],
+    "text only": ["The quick brown fox jumps over the lazy dog."],
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    return build_qwen_vl(tmp_path_factory.mktemp("qwen-vl"))
+
+
+@pytest.fixture(scope="module")
+def references(qwen_dir):
+    out = {}
+    for name, parts in CASES.items():
+        ids, pictures = qwen_prompt(qwen_dir, parts)
+        out[name] = (ids, hf_qwen_greedy(qwen_dir, ids, pictures, 12), pictures)
+    return out
+
+
+def _run(engine, requests):
+    token_id = engine.spec.image_token_id
+    for rid, (ids, pictures) in requests.items():
+        engine.add_request(rid, ids, SamplingParams(max_new_tokens=12), images=image_inputs(ids, pictures, token_id))
+    tokens = {rid: [] for rid in requests}
+    while engine.has_work():
+        for d in engine.step():
+            tokens[d.request_id].extend(d.token_ids)
+    return tokens
+
+
+def test_each_prompt_alone_equals_transformers(qwen_dir, references):
+    engine = make_engine(qwen_dir, max_num_batched_tokens=24)  # pictures split over prompt chunks
+    for name, (ids, expected, pictures) in references.items():
+        assert _run(engine, {name: (ids, pictures)})[name] == expected, name
+
+
+def test_all_at_once_in_one_batch(qwen_dir, references):
+    engine = make_engine(qwen_dir, max_num_batched_tokens=512)
+    tokens = _run(engine, {name: (ids, pictures) for name, (ids, _, pictures) in references.items()})
+    for name, (_, expected, _) in references.items():
+        assert tokens[name] == expected, name
