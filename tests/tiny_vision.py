@@ -171,12 +171,18 @@ QWEN_TEMPLATE = (
 )
 
 
-def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224) -> Path:
-    """A Qwen2.5-VL layout: a Qwen2 language model with multimodal rotary positions (sections 2, 3
-    and 3 of its 8 frequencies), a 3-block tower with 56 px windows and one full-attention block,
-    and its ``Qwen2VLImageProcessor``, saved as transformers saves them."""
+def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: bool = False) -> Path:
+    """A Qwen2.5-VL layout (or Qwen2-VL's, ``v2``): a Qwen2 language model with multimodal rotary
+    positions (sections 2, 3 and 3 of its 8 frequencies), a 3-block tower (Qwen2.5-VL: 56 px windows
+    and one full-attention block), and its ``Qwen2VLImageProcessor``, saved as transformers saves them."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
@@ -193,13 +199,23 @@ def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224) -> Path
         depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64, patch_size=14,
         spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
     )  # fmt: skip
-    config = Qwen2_5_VLConfig(
+    if v2:
+        vision = dict(
+            depth=3, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, hidden_act="quick_gelu", patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2,
+        )  # fmt: skip
+    config_class, model_class = (
+        (Qwen2VLConfig, Qwen2VLForConditionalGeneration)
+        if v2
+        else (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)
+    )
+    config = config_class(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )  # fmt: skip
     torch.manual_seed(seed)
-    Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(out)
+    model_class(config).eval().save_pretrained(out)
     Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels).save_pretrained(out)
     return out
 
@@ -226,13 +242,13 @@ def qwen_prompt(model_dir: Path, parts: list) -> tuple[list[int], list]:
 
 
 def hf_qwen_greedy(model_dir: Path, ids: list[int], pictures: list, max_new: int) -> list[int]:
-    """transformers' Qwen2.5-VL ``generate`` (greedy, fp32) for these ids and pictures."""
+    """transformers' Qwen2.5-VL (or Qwen2-VL) ``generate`` (greedy, fp32) for these ids and pictures."""
     import torch
-    from transformers import AutoImageProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     key = str(model_dir)
     if key not in _models:
-        _models[key] = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        _models[key] = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     model = _models[key]
     input_ids = torch.tensor([ids])
     extra = {}

@@ -23,6 +23,7 @@ FAMILIES = {
     "LlavaForConditionalGeneration": "llava",
     "LlavaNextForConditionalGeneration": "llava_next",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
 }
 """The vision-language architectures whose prompts are read here, and their families."""
 
@@ -53,8 +54,8 @@ class VisionPrompt:
         family = FAMILIES.get(architectures[0]) if architectures else None
         if family is None:
             return None
-        if family == "qwen2_5_vl":
-            return cls._qwen(path, config, tokenizer)
+        if family in ("qwen2_5_vl", "qwen2_vl"):
+            return cls._qwen(path, family, config, tokenizer)
         vision = config.get("vision_config") or {}
         tile = int(vision.get("image_size", 336))
         side = tile // int(vision.get("patch_size", 14))
@@ -68,15 +69,15 @@ class VisionPrompt:
         return cls(family, token, token_id, side * side + (strategy == "full"), pinpoints, tile, side)
 
     @classmethod
-    def _qwen(cls, path: Path, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
-        """Qwen2.5-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and ``<|vision_end|>``."""
+    def _qwen(cls, path: Path, family: str, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
+        """Qwen2.5-VL and Qwen2-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and ``<|vision_end|>``."""
         token_id = int(config.get("image_token_id", 151655))
         ends = [config.get("vision_start_token_id", 151652), config.get("vision_end_token_id", 151653)]
         token, start, end = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
         if tokenizer is not None:
             token, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, *ends))
         grid = QwenGrid.of(_json(path / "preprocessor_config.json"))
-        return cls("qwen2_5_vl", token, token_id, 0, qwen=grid, placeholder=start + token + end)
+        return cls(family, token, token_id, 0, qwen=grid, placeholder=start + token + end)
 
     def tokens_for(self, width: int, height: int) -> int:
         """The placeholder tokens of a picture of this size."""

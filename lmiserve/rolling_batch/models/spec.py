@@ -260,13 +260,14 @@ def _llava(config: dict[str, Any]) -> ModelSpec:
 
 
 def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
-    """Qwen2.5-VL: a Qwen2 language model with multimodal rotary positions, fed by its own tower."""
+    """Qwen2.5-VL and Qwen2-VL: a Qwen2 language model with multimodal rotary positions, fed by
+    their own tower."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     section = tuple(int(n) for n in rope.get("mrope_section") or ())
     whole = config["multimodal"]
     return dataclasses.replace(
         _common(config, "qwen2", qkv_bias=True),
-        vision="qwen2_5_vl",
+        vision="qwen2_vl" if "Qwen2VLForConditionalGeneration" in whole["architectures"] else "qwen2_5_vl",
         image_token_id=int(whole.get("image_token_id", 151655)),
         mrope_section=section,
         tp_refusal="vision-language models do not run tensor parallel yet",
@@ -287,6 +288,7 @@ FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlavaForConditionalGeneration": _llava,
     "LlavaNextForConditionalGeneration": _llava,
     "Qwen2_5_VLForConditionalGeneration": _qwen_vl,
+    "Qwen2VLForConditionalGeneration": _qwen_vl,
 }
 """The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
 
@@ -295,6 +297,7 @@ VISION_ARCHITECTURES = (
     "LlavaForConditionalGeneration",
     "LlavaNextForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
 )
 """Vision-language models whose language model the decoder runs (their ``text_config``)."""
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL on the engine: the windowed tower, the merged patches and the multimodal rotary
+"""Qwen2.5-VL and Qwen2-VL on the engine: the (windowed) tower, the merged patches and the multimodal rotary
 positions give transformers' greedy tokens, alone, chunked, and in a batch with text-only requests."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory):
-    return build_qwen_vl(tmp_path_factory.mktemp("qwen-vl"))
+@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen2-vl"])
+def qwen_dir(request, tmp_path_factory):
+    return build_qwen_vl(tmp_path_factory.mktemp(request.param), v2=request.param == "qwen2-vl")
 
 
 @pytest.fixture(scope="module")

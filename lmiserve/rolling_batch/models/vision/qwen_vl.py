@@ -1,7 +1,8 @@
-"""Qwen2.5-VL's vision transformer: patches of ``temporal x patch x patch`` pixels embedded by one
-product, 2-D rotary positions, attention within windows of merged patches (full attention in the
-layers ``fullatt_block_indexes`` names), RMSNorm and a gated MLP, and a merger that makes every
-``merge x merge`` patches one embedding of the language model's width. The picture's tokens come out
+"""Qwen2.5-VL's and Qwen2-VL's vision transformers: patches of ``temporal x patch x patch`` pixels
+embedded by one product, 2-D rotary positions, and a merger that makes every ``merge x merge``
+patches one embedding of the language model's width. Qwen2.5-VL attends within windows of merged
+patches (whole pictures in the blocks ``fullatt_block_indexes`` names) with RMSNorm and a gated MLP;
+Qwen2-VL attends to whole pictures with LayerNorm and a two-layer MLP. The picture's tokens come out
 in raster order of the merged grid, as the prompt's placeholders are laid out."""
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ PREFIXES = ("model.visual.", "visual.")
 
 @dataclass
 class QwenBlock:
-    norm1: torch.Tensor
+    norm1: tuple[torch.Tensor, torch.Tensor | None]
+    """Its weight, and its bias for a LayerNorm (None: RMSNorm)."""
     qkv: LinearWeight
     proj: LinearWeight
-    norm2: torch.Tensor
-    gate_up: LinearWeight
+    norm2: tuple[torch.Tensor, torch.Tensor | None]
+    up: LinearWeight
+    """gate and up fused (Qwen2.5-VL's gated MLP), or ``fc1``."""
     down: LinearWeight
+    gated: bool
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -35,6 +39,11 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tens
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    weight, bias = norm
+    return _rms(x, weight) if bias is None else F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-6)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -50,12 +59,16 @@ class QwenVisionTower:
         vision = config["vision_config"]
         self.ops = ops
         self.grid = grid
-        self.hidden = int(vision["hidden_size"])
+        windowed = "embed_dim" not in vision  # Qwen2-VL's tower is ``embed_dim`` wide, without windows
+        self.hidden = int(vision["hidden_size"] if windowed else vision["embed_dim"])
         self.heads = int(vision.get("num_heads") or vision["num_attention_heads"])
         self.head_dim = self.hidden // self.heads
         self.merge = int(vision.get("spatial_merge_size", 2))
+        depth = int(vision.get("depth") or vision["num_hidden_layers"])
         self.window = int(vision.get("window_size", 112)) // self.merge // int(vision.get("patch_size", 14))
-        self.full = set(vision.get("fullatt_block_indexes") or ())
+        self.full = set(vision.get("fullatt_block_indexes") or ()) if windowed else set(range(depth))
+        if not windowed:
+            self.window = 1 << 30  # one window a picture
         self.act = activation(vision.get("hidden_act", "silu"))
         theta = float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         quarter = self.head_dim // 2
@@ -68,22 +81,31 @@ class QwenVisionTower:
 
         embed = tensors.pop(p + "patch_embed.proj.weight")
         self.patch_embed = ops.prepare_linear(embed.reshape(embed.shape[0], -1))
+
+        def norm(name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return tensors.pop(p + name + ".weight"), tensors.pop(p + name + ".bias", None)
+
         self.blocks = []
-        for i in range(int(vision.get("depth") or vision["num_hidden_layers"])):
+        for i in range(depth):
             b = f"blocks.{i}."
-            gate, up = (tensors.pop(p + b + f"mlp.{n}_proj.weight") for n in ("gate", "up"))
-            gate_b, up_b = (tensors.pop(p + b + f"mlp.{n}_proj.bias") for n in ("gate", "up"))
+            if windowed:
+                gate, up = (tensors.pop(p + b + f"mlp.{n}_proj.weight") for n in ("gate", "up"))
+                gate_b, up_b = (tensors.pop(p + b + f"mlp.{n}_proj.bias") for n in ("gate", "up"))
+                first, second = ops.prepare_linear(torch.cat([gate, up]), torch.cat([gate_b, up_b])), "mlp.down_proj"
+            else:
+                first, second = linear(b + "mlp.fc1"), "mlp.fc2"
             self.blocks.append(
                 QwenBlock(
-                    norm1=tensors.pop(p + b + "norm1.weight"),
+                    norm1=norm(b + "norm1"),
                     qkv=linear(b + "attn.qkv"),
                     proj=linear(b + "attn.proj"),
-                    norm2=tensors.pop(p + b + "norm2.weight"),
-                    gate_up=ops.prepare_linear(torch.cat([gate, up]), torch.cat([gate_b, up_b])),
-                    down=linear(b + "mlp.down_proj"),
+                    norm2=norm(b + "norm2"),
+                    up=first,
+                    down=linear(b + second),
+                    gated=windowed,
                 )
             )
-        self.merger_norm = tensors.pop(p + "merger.ln_q.weight")
+        self.merger_norm = norm("merger.ln_q")
         self.merger_1 = linear("merger.mlp.0")
         self.merger_2 = linear("merger.mlp.2")
 
@@ -93,7 +115,7 @@ class QwenVisionTower:
     def encode(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """Each picture's embeddings ``(tokens, out hidden)`` from the processor's flattened patches
         ``(patches, channels * temporal * patch * patch)`` and each picture's patch grid."""
-        dtype = self.merger_norm.dtype
+        dtype = self.merger_norm[0].dtype
         x = self._linear(pixel_values.to(dtype), self.patch_embed)
         order, windows, pictures = self._layout(grids, x.device)
         unit = self.merge * self.merge
@@ -102,12 +124,16 @@ class QwenVisionTower:
         cos = cos.view(-1, unit, self.head_dim)[order].reshape(-1, 1, self.head_dim)
         sin = sin.view(-1, unit, self.head_dim)[order].reshape(-1, 1, self.head_dim)
         for i, block in enumerate(self.blocks):
-            h = _rms(x, block.norm1)
+            h = _norm(x, block.norm1)
             x = x + self._attention(h, block, cos, sin, pictures if i in self.full else windows)
-            h = self._linear(_rms(x, block.norm2), block.gate_up)
-            half = h.shape[-1] // 2
-            x = x + self._linear(self.act(h[:, :half]) * h[:, half:], block.down)
-        merged = _rms(x, self.merger_norm).view(-1, unit * self.hidden)
+            h = self._linear(_norm(x, block.norm2), block.up)
+            if block.gated:
+                half = h.shape[-1] // 2
+                h = self.act(h[:, :half]) * h[:, half:]
+            else:
+                h = self.act(h)
+            x = x + self._linear(h, block.down)
+        merged = _norm(x, self.merger_norm).view(-1, unit * self.hidden)
         merged = self._linear(F.gelu(self._linear(merged, self.merger_1)), self.merger_2)
         merged = merged[torch.argsort(order)]
         return list(torch.split(merged, [t * h * w // unit for t, h, w in grids]))

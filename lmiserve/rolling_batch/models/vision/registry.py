@@ -64,7 +64,7 @@ def split_vision(
         return None, tensors
     config = read_config(model_dir)["multimodal"]
     processor = PixelProcessor(model_dir)
-    if spec.vision == "qwen2_5_vl":
+    if spec.vision in ("qwen2_5_vl", "qwen2_vl"):
         grid = QwenGrid.of(processor.processor.to_dict())
         family: Any = QwenVisionTower(config, grid, tensors, ops)
     else:
