@@ -171,10 +171,12 @@ QWEN_TEMPLATE = (
 )
 
 
-def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: bool = False) -> Path:
+def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: bool = False, **sizes: int) -> Path:
     """A Qwen2.5-VL layout (or Qwen2-VL's, ``v2``): a Qwen2 language model with multimodal rotary
     positions (sections 2, 3 and 3 of its 8 frequencies), a 3-block tower (Qwen2.5-VL: 56 px windows
-    and one full-attention block), and its ``Qwen2VLImageProcessor``, saved as transformers saves them."""
+    and one full-attention block), and its ``Qwen2VLImageProcessor``, saved as transformers saves them.
+    ``sizes``: ``text_hidden``, ``text_layers``, ``vision_hidden``, ``vision_layers`` (64, 2, 32, 3 unless
+    given; Qwen2.5-VL only)."""
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -190,13 +192,18 @@ def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: boo
     tok.chat_template = QWEN_TEMPLATE
     tok.save_pretrained(out)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    th, vh = sizes.get("text_hidden", 64), sizes.get("vision_hidden", 32)
+    half = th // max(4, th // 64) // 2
+    section = [half // 4, 3 * half // 8, 3 * half // 8]  # Qwen's 16, 24, 24 of 64, scaled
     text = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=len(tok), hidden_size=th, intermediate_size=2 * th, num_hidden_layers=sizes.get("text_layers", 2),
+        num_attention_heads=max(4, th // 64),
         num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+        rope_parameters={"rope_type": "default", "mrope_section": section, "rope_theta": 10000.0},
     )  # fmt: skip
     vision = dict(
-        depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64, patch_size=14,
+        depth=sizes.get("vision_layers", 3), hidden_size=vh, intermediate_size=2 * vh, num_heads=max(4, vh // 64),
+        out_hidden_size=th, patch_size=14,
         spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
     )  # fmt: skip
     if v2:

@@ -18,6 +18,7 @@ import torch
 from ...wire import ImageInput
 from ..models.vision.registry import VisionModel
 from ..scheduling.scheduler import SchedulerOutput
+from .step_inputs import StepArrays
 
 CACHE_BYTES = 256 << 20
 """What the encoder cache may hold; the least recently used images leave first."""
@@ -162,3 +163,12 @@ def rope_positions(out: SchedulerOutput) -> np.ndarray | None:
         c[:, ~inside] = p[~inside] + shift
         cols.append(c)
     return np.concatenate(cols, axis=1)
+
+
+def shift_decodes(arrays: StepArrays, out: SchedulerOutput) -> None:
+    """A decode-only step's positions as multimodal rotary positions: a generated token's three
+    are equal, its position plus its prompt's shift, so the step keeps one position a token (and
+    its captured graphs); the KV slots were worked out from the unshifted positions."""
+    shifts = [0 if item.seq.group.rope is None else item.seq.group.rope[1] for item in out.decodes]
+    if any(shifts):
+        arrays.positions = arrays.positions + np.asarray(shifts, dtype=np.int64)

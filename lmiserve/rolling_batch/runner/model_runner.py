@@ -17,7 +17,7 @@ from ..ops import select_ops
 from ..quant.loading import load_weights
 from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
-from .image_rows import ImageRows, rope_positions
+from .image_rows import ImageRows, rope_positions, shift_decodes
 from .lora_buffers import LoraBuffers
 from .mixed_graphs import MixedGraphs, mixed_seq_buckets, prompt_token_buckets
 from .parallel import StepChannel, TensorParallelError
@@ -255,7 +255,11 @@ class ModelRunner:
         arrays.fill = fill
         if self.images is not None:  # a step with pictures' embeddings or positions runs eagerly
             inserts = self.images.inserts(out) if out.prefills else None
-            rope = rope_positions(out) if self.images.mrope else None
+            rope = None
+            if self.images.mrope and out.prefills:
+                rope = rope_positions(out)
+            elif self.images.mrope:  # decodes only: one position each, shifted past their pictures
+                shift_decodes(arrays, out)
             if inserts is not None or rope is not None:
                 self.steps[eager_key(arrays)] += 1
                 positions = None if rope is None else torch.from_numpy(rope).to(self.device)

@@ -47,3 +47,23 @@ def test_qwen2_5_vl_on_the_cuda_ops(tmp_path, kernel_device):
         for d in engine.step():
             tokens.extend(d.token_ids)
     assert tokens == expected
+
+
+def test_qwen2_5_vl_decodes_replay_graphs_at_shifted_positions(monkeypatch, tmp_path, kernel_device):
+    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, qwen_prompt
+
+    recorder = RecordingBackend()
+    monkeypatch.setattr(graphs, "backend_for", lambda device: recorder)
+    model_dir = build_qwen_vl(tmp_path / "qwen")
+    ids, pictures = qwen_prompt(model_dir, [picture(5, 180, 60), "Describe it."])
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_seqs=2, max_num_batched_tokens=64)
+    engine.add_request(
+        "a", ids, SamplingParams(max_new_tokens=5), images=image_inputs(ids, pictures, engine.spec.image_token_id)
+    )
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)
+    assert engine.runner.steps[("eager", "prompt", False)] >= 1  # the picture's prompt, eagerly
+    assert engine.runner.graphs.replays >= 4  # its decodes, from the graphs
