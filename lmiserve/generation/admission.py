@@ -79,7 +79,8 @@ class Admission:
         ids = request.prompt_ids
         images: list[ImageInput] = []
         if ids is None:
-            ids = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
+            text = request.prompt if self.vision is None else self.vision.widen(request.prompt)
+            ids = tokenizer(text, add_special_tokens=request.add_special_tokens)["input_ids"]
             if self.vision is not None:  # each image token widened into its picture's placeholders
                 ids, images = self.vision.expand(ids, request.images)
         elif self.vocab_size is not None and any(i >= self.vocab_size for i in ids):

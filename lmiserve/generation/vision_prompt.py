@@ -24,6 +24,7 @@ FAMILIES = {
     "LlavaNextForConditionalGeneration": "llava_next",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
 """The vision-language architectures whose prompts are read here, and their families."""
 
@@ -44,6 +45,9 @@ class VisionPrompt:
     """Qwen2.5-VL's grid: a picture's tokens by its resized area."""
     placeholder: str = ""
     """What a prompt no chat template rendered gets for each picture ("": ``image_token``)."""
+    surround: tuple[str, str] = ("", "")
+    """Gemma 3: each ``surround[0]`` (``<start_of_image>``, what its template writes) becomes
+    ``surround[1]`` in the text before tokenization, as its processor does."""
 
     @classmethod
     def of(cls, model_dir: Path, tokenizer: Any = None) -> VisionPrompt | None:
@@ -56,6 +60,8 @@ class VisionPrompt:
             return None
         if family in ("qwen2_5_vl", "qwen2_vl"):
             return cls._qwen(path, family, config, tokenizer)
+        if family == "gemma3":
+            return cls._gemma3(config, tokenizer)
         vision = config.get("vision_config") or {}
         tile = int(vision.get("image_size", 336))
         side = tile // int(vision.get("patch_size", 14))
@@ -78,6 +84,23 @@ class VisionPrompt:
             token, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, *ends))
         grid = QwenGrid.of(_json(path / "preprocessor_config.json"))
         return cls(family, token, token_id, 0, qwen=grid, placeholder=start + token + end)
+
+    @classmethod
+    def _gemma3(cls, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
+        """Gemma 3: ``<start_of_image>`` widened to ``\n\n<start_of_image>``, the soft tokens and
+        ``<end_of_image>\n\n``; a fixed number of tokens a picture (pan and scan is not done)."""
+        token_id = int(config.get("image_token_index", config.get("image_token_id", 262144)))
+        ends = [config.get("boi_token_index", 255999), config.get("eoi_token_index", 256000)]
+        token, boi, eoi = "<image_soft_token>", "<start_of_image>", "<end_of_image>"
+        if tokenizer is not None:
+            token, boi, eoi = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, *ends))
+        count = int(config.get("mm_tokens_per_image", 256))
+        return cls("gemma3", token, token_id, count, placeholder=boi, surround=(boi, f"\n\n{boi}{token}{eoi}\n\n"))
+
+    def widen(self, prompt: str) -> str:
+        """The prompt's text with each picture's marker written out (Gemma 3); others unchanged."""
+        marker, sequence = self.surround
+        return prompt.replace(marker, sequence) if marker else prompt
 
     def tokens_for(self, width: int, height: int) -> int:
         """The placeholder tokens of a picture of this size."""

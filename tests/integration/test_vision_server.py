@@ -247,3 +247,27 @@ def test_qwen2_5_vl_through_openai_and_mindie(tmp_path_factory, picture_server):
         r = httpx.post(s.url + "/", json={"inputs": parts, "parameters": {"max_new_tokens": N}}, timeout=60)
         assert r.status_code == 200, r.text
         assert _generated(r) == tok.decode(hf_qwen_greedy(qwen_dir, raw, [wide], N), skip_special_tokens=True)
+
+
+def test_gemma3_through_openai(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tests.tiny_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
+
+    gemma_dir = build_gemma3(tmp_path_factory.mktemp("gemma3") / "model", seed=2)
+    tok = AutoTokenizer.from_pretrained(gemma_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    ids = gemma3_prompt(gemma_dir, text, 1)
+    expected = tok.decode(hf_gemma3_greedy(gemma_dir, ids, [picture(1)], N), skip_special_tokens=True)
+    with start(tmp_path_factory.mktemp("gemma-server") / "m", gemma_dir) as s:
+        s.wait_ready()
+        client = OpenAI(base_url=s.url + "/v1", api_key="none")
+        r = client.chat.completions.create(
+            model="tiny", messages=_chat(_data_url(picture(1)), "What is it?"), max_tokens=N, temperature=0
+        )
+        assert r.choices[0].message.content == expected
+        assert r.usage.prompt_tokens == len(ids)

@@ -53,3 +53,14 @@ def test_expand_widens_each_image_token_and_refuses_a_count_that_differs(model_d
 
 def test_a_text_model_has_no_vision(tiny_llama_dir):
     assert VisionPrompt.of(tiny_llama_dir) is None
+
+
+def test_gemma3_writes_each_picture_out_before_tokenizing(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.tiny_vision import build_gemma3
+
+    model_dir = build_gemma3(tmp_path / "gemma3")
+    vision = VisionPrompt.of(model_dir, AutoTokenizer.from_pretrained(model_dir))
+    assert vision is not None and vision.placeholder == "<start_of_image>" and vision.tokens_for(640, 480) == 4
+    assert vision.widen("a <start_of_image> b") == "a \n\n<start_of_image><image_soft_token><end_of_image>\n\n b"

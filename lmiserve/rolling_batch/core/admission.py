@@ -64,6 +64,7 @@ class Admission:
         group = Group(request_id, params, deadline=deadline, images=tuple(images))
         if images and self.images is not None:
             group.rope = self.images.rope(len(prompt_ids), list(images))
+            group.whole_images = self.images.bidirectional
         try:
             if output_ids:
                 replay.check(prompt_ids, output_ids, params, self.vocab_size, self.max_model_len)

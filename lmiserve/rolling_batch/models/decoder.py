@@ -24,6 +24,7 @@ from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight
 from ..quant.weights import dense
+from .image_attention import ImageBlock, attend_image_blocks
 from .layer_parts import fused_gate_up, fused_qkv, normed_qkv
 from .moe import MoeLayer, load_moe_layer, moe_mlp
 from .spec import ModelSpec, UnsupportedModel
@@ -173,11 +174,13 @@ class DecoderModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
         rope_positions: torch.Tensor | None = None,
+        image_blocks: list[ImageBlock] | None = None,
     ) -> torch.Tensor:
         """Hidden states ``(T, hidden)`` after the final norm, for every token of the step.
         ``inserts``: ``(rows, embeddings)``, input embeddings that take the place of those rows'
         token embeddings (an image's, at its placeholder tokens). ``rope_positions``: ``(3, T)``
-        multimodal rotary positions (``spec.mrope_section``) in place of ``positions``."""
+        multimodal rotary positions (``spec.mrope_section``) in place of ``positions``.
+        ``image_blocks``: pictures whose tokens attend to each other both ways (Gemma 3)."""
         ops, spec = self.ops, self.spec
         rope = self._rope(positions) if rope_positions is None else self._mrope(rope_positions)
         h = self._embed(input_ids)
@@ -205,6 +208,10 @@ class DecoderModel:
                 q, k = ops.rotary(q, k, cos, sin)
                 ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = ops.attention(q, k_cache, v_cache, meta.paged, self.scale, layer.window, spec.attn_softcap)
+            if image_blocks:
+                attn = attend_image_blocks(
+                    q, k_cache, v_cache, attn, image_blocks, self.scale, layer.window, spec.attn_softcap
+                )
             attn = attn.view(tokens, -1)
             o = self._row_linear(attn, layer.o)
             if lora is not None:

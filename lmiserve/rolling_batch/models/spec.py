@@ -274,6 +274,17 @@ def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _gemma3_vision(config: dict[str, Any]) -> ModelSpec:
+    """Gemma 3 with its SigLIP tower: the language model of its ``text_config``."""
+    whole = config["multimodal"]
+    return dataclasses.replace(
+        _gemma(config),
+        vision="gemma3",
+        image_token_id=int(whole.get("image_token_index", whole.get("image_token_id", 262144))),
+        tp_refusal="vision-language models do not run tensor parallel yet",
+    )
+
+
 FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -289,6 +300,7 @@ FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlavaNextForConditionalGeneration": _llava,
     "Qwen2_5_VLForConditionalGeneration": _qwen_vl,
     "Qwen2VLForConditionalGeneration": _qwen_vl,
+    "Gemma3ForConditionalGeneration": _gemma3_vision,
 }
 """The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
 
@@ -298,6 +310,7 @@ VISION_ARCHITECTURES = (
     "LlavaNextForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
 )
 """Vision-language models whose language model the decoder runs (their ``text_config``)."""
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ...wire import ImageInput
+from ..models.image_attention import ImageBlock
 from ..models.vision.registry import VisionModel
 from ..scheduling.scheduler import SchedulerOutput
 from .step_inputs import StepArrays
@@ -25,8 +26,18 @@ CACHE_BYTES = 256 << 20
 
 
 class ImageRows:
-    def __init__(self, vision: VisionModel, image_token_id: int, deterministic: bool, cache_bytes: int = CACHE_BYTES):
+    def __init__(
+        self,
+        vision: VisionModel,
+        image_token_id: int,
+        deterministic: bool,
+        cache_bytes: int = CACHE_BYTES,
+        bidirectional: bool = False,
+    ):
         self.vision = vision
+        self.bidirectional = bidirectional
+        """A picture's tokens attend to each other both ways (Gemma 3): a prompt chunk never ends
+        inside a picture, and the step's picture rows are attended again (:meth:`image_blocks`)."""
         self.image_token_id = image_token_id
         self.deterministic = deterministic
         self.cache_bytes = cache_bytes
@@ -102,6 +113,31 @@ class ImageRows:
         rows = torch.cat([torch.arange(r, r + hi - lo) for r, _, lo, hi in runs]).to(device)
         values = torch.cat([embeddings[image.digest][lo:hi] for _, image, lo, hi in runs])
         return rows, values
+
+    def image_blocks(self, out: SchedulerOutput) -> list[ImageBlock] | None:
+        """The pictures of the step's prompt chunks whose tokens attend to each other, or None."""
+        if not self.bidirectional:
+            return None
+        row, blocks = len(out.decodes), []
+        for item in out.prefills:
+            end = item.start + item.num_tokens
+            for image in item.seq.group.images:
+                lo, hi = max(image.offset, item.start), min(image.offset + image.length, end)
+                if lo >= hi:
+                    continue
+                if image.offset + image.length > end:
+                    raise RuntimeError("a prompt chunk ends inside a picture whose tokens attend to each other")
+                table = torch.tensor(item.seq.block_table, dtype=torch.int32, device=self.vision.device)
+                blocks.append(
+                    ImageBlock(
+                        (row + lo - item.start, row + hi - item.start),
+                        lo,
+                        (image.offset, image.offset + image.length),
+                        table,
+                    )
+                )
+            row += item.num_tokens
+        return blocks or None
 
     def _embeddings(self, images: list[ImageInput]) -> dict[str, torch.Tensor]:
         found: dict[str, torch.Tensor] = {}

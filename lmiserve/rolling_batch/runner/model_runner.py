@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.image_attention import ImageBlock
 from ..models.registry import decoder_class
 from ..models.rope import rope_tables
 from ..models.spec import ModelSpec
@@ -67,7 +68,9 @@ class ModelRunner:
             phases.done("weights read")
             vision, tensors = split_vision(spec, model_dir, tensors, dtype, device, self.ops)
             if vision is not None:
-                self.images = ImageRows(vision, spec.image_token_id, deterministic)
+                self.images = ImageRows(
+                    vision, spec.image_token_id, deterministic, bidirectional=spec.vision == "gemma3"
+                )
             self.model = decoder_class(spec)(spec, tensors, self.ops, cos, sin)
             phases.done("layers built")
         else:
@@ -177,11 +180,13 @@ class ModelRunner:
         arrays: StepArrays,
         inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
         rope: torch.Tensor | None = None,
+        image_blocks: list[ImageBlock] | None = None,
     ) -> torch.Tensor:
         """Hidden states of every token of the step, without a graph (``inserts``: image
-        embeddings in place of rows' token embeddings; ``rope``: multimodal rotary positions)."""
+        embeddings in place of rows' token embeddings; ``rope``: multimodal rotary positions;
+        ``image_blocks``: pictures attended both ways)."""
         input_ids, positions, meta = step_tensors(arrays, self.device)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches, inserts, rope)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches, inserts, rope, image_blocks)
 
     # --- execution ------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -263,7 +268,7 @@ class ModelRunner:
             if inserts is not None or rope is not None:
                 self.steps[eager_key(arrays)] += 1
                 positions = None if rope is None else torch.from_numpy(rope).to(self.device)
-                return self.run_eager(arrays, inserts, positions)
+                return self.run_eager(arrays, inserts, positions, self.images.image_blocks(out))
         if self.graphs is not None and self.graphs.fits(arrays):
             self.steps[("decode", self.graphs.bucket_for(arrays.num_seqs))] += 1
             return self.graphs.run(arrays)

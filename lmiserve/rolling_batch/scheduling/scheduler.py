@@ -273,7 +273,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue
-            n = chunk(seq.num_pending, budget, tail, hard)
+            n = seq.group.image_bound(seq.num_computed, chunk(seq.num_pending, budget, tail, hard))
             if not self._make_room(seq, n, out, protected):
                 continue
             self.blocks.append_slots(seq, n)
@@ -295,7 +295,8 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             cached = self.blocks.cached_prefix_blocks(seq)
-            n = chunk(seq.num_tokens - len(cached) * self.blocks.block_size, budget, tail, hard)
+            start = len(cached) * self.blocks.block_size
+            n = seq.group.image_bound(start, chunk(seq.num_tokens - start, budget, tail, hard))
             if self.blocks.admission_cost(seq, cached, n) > self.blocks.num_free_blocks:
                 break
             if not self._take_slot(seq.group):  # every slot is taken by adapters running now

@@ -42,6 +42,19 @@ class Group:
     """The prompt's pictures (``wire.ImageInput``: a run of placeholder tokens and its pixels)."""
     rope: Any = None
     """Multimodal rotary positions: ``(positions (3, prompt length), shift of later tokens)``."""
+    whole_images: bool = False
+    """Its pictures' tokens attend to each other: a prompt chunk never ends inside a picture."""
+
+    def image_bound(self, start: int, count: int) -> int:
+        """``count`` prompt tokens from ``start``, moved so the chunk does not end inside a picture
+        (with ``whole_images``): back to the picture's start, or on to its end when the chunk
+        starts with it."""
+        end = start + count
+        for image in self.images if self.whole_images else ():
+            first, last = image.offset, image.offset + image.length
+            if first < end < last:
+                return first - start if first > start else last - start
+        return count
 
     @property
     def cache_key(self) -> int | None:

@@ -11,6 +11,7 @@ import torch
 from ....generation.qwen_grid import QwenGrid
 from ...ops.interface import Ops
 from ..spec import ModelSpec, read_config
+from .gemma3 import Gemma3Vision
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
 from .pixels import PixelProcessor
@@ -64,9 +65,11 @@ def split_vision(
         return None, tensors
     config = read_config(model_dir)["multimodal"]
     processor = PixelProcessor(model_dir)
-    if spec.vision in ("qwen2_5_vl", "qwen2_vl"):
+    if spec.vision == "gemma3":
+        family: Any = Gemma3Vision(config, tensors, ops)
+    elif spec.vision in ("qwen2_5_vl", "qwen2_vl"):
         grid = QwenGrid.of(processor.processor.to_dict())
-        family: Any = QwenVisionTower(config, grid, tensors, ops)
+        family = QwenVisionTower(config, grid, tensors, ops)
     else:
         family = (LlavaNextVision if spec.vision == "llava_next" else LlavaVision)(config, tensors, ops)
     return VisionModel(family, processor, dtype, device), language_model_tensors(tensors)

@@ -67,3 +67,18 @@ def test_qwen2_5_vl_decodes_replay_graphs_at_shifted_positions(monkeypatch, tmp_
     assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)
     assert engine.runner.steps[("eager", "prompt", False)] >= 1  # the picture's prompt, eagerly
     assert engine.runner.graphs.replays >= 4  # its decodes, from the graphs
+
+
+def test_gemma3_vision_on_the_cuda_ops(tmp_path, kernel_device):
+    from tests.tiny_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
+
+    model_dir = build_gemma3(tmp_path / "gemma3", seed=2)
+    ids = gemma3_prompt(model_dir, "<s>user\nLook <start_of_image> what is it?</s>\n<s>assistant\n", 1)
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=7, enforce_eager=True)
+    images = image_inputs(ids, [picture(1)], engine.spec.image_token_id)
+    engine.add_request("a", ids, SamplingParams(max_new_tokens=6), images=images)
+    tokens: list[int] = []
+    while engine.has_work():
+        for d in engine.step():
+            tokens.extend(d.token_ids)
+    assert tokens == hf_gemma3_greedy(model_dir, ids, [picture(1)], 6)
