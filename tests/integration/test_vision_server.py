@@ -252,7 +252,7 @@ def test_qwen2_5_vl_through_openai_and_mindie(tmp_path_factory, picture_server):
 def test_gemma3_through_openai(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from tests.tiny_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
+    from tests.tiny_gemma3_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
 
     gemma_dir = build_gemma3(tmp_path_factory.mktemp("gemma3") / "model", seed=2)
     tok = AutoTokenizer.from_pretrained(gemma_dir)

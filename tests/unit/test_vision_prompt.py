@@ -58,7 +58,7 @@ def test_a_text_model_has_no_vision(tiny_llama_dir):
 def test_gemma3_writes_each_picture_out_before_tokenizing(tmp_path):
     from transformers import AutoTokenizer
 
-    from tests.tiny_vision import build_gemma3
+    from tests.tiny_gemma3_vision import build_gemma3
 
     model_dir = build_gemma3(tmp_path / "gemma3")
     vision = VisionPrompt.of(model_dir, AutoTokenizer.from_pretrained(model_dir))

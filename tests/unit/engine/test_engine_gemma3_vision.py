@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lmiserve.wire import SamplingParams
-from tests.tiny_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy, image_inputs, picture
+from tests.tiny_gemma3_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
+from tests.tiny_vision import image_inputs, picture
 
 from .engine_helpers import make_engine
 

@@ -70,7 +70,7 @@ def test_qwen2_5_vl_decodes_replay_graphs_at_shifted_positions(monkeypatch, tmp_
 
 
 def test_gemma3_vision_on_the_cuda_ops(tmp_path, kernel_device):
-    from tests.tiny_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
+    from tests.tiny_gemma3_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
 
     model_dir = build_gemma3(tmp_path / "gemma3", seed=2)
     ids = gemma3_prompt(model_dir, "<s>user\nLook <start_of_image> what is it?</s>\n<s>assistant\n", 1)
