@@ -70,7 +70,7 @@ class EngineModel:
         """The model's custom input/output formatters (lmiserve.handlers.custom_formatters), if any."""
         self.adapters = ModelAdapters(settings, self.name, backend)
         """The model's LoRA adapters (option.enable_lora)."""
-        self.media = ModelMedia(self.name, settings)
+        self.media = ModelMedia(self.name, settings, backend)
         self.on_change: Callable[[], None] = lambda: None
         """Called when the engine starts or exits or an adapter changes (the registry's version)."""
         self.adapters.on_change = lambda: self.on_change()

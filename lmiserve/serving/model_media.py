@@ -19,9 +19,10 @@ NOT_SERVED = {
 
 
 class ModelMedia:
-    def __init__(self, name: str, settings: Any):
+    def __init__(self, name: str, settings: Any, backend: str = "lmi"):
         self.name = name
         self.settings = settings
+        self.backend = backend
         self.policy = MediaPolicy()
         self.vision: VisionPrompt | None = None
         """How the model's prompt holds pictures, once loaded (None: text only)."""
@@ -44,6 +45,9 @@ class ModelMedia:
                 else f"a {ref.kind} part: {NOT_SERVED[ref.kind]}",
                 reason="unsupported",
             )
+        if self.vision is None and self.backend == "vllm":
+            why = f"model {self.name} runs on option.rolling_batch=vllm, which is not given pictures yet"
+            raise MediaError(ref.where, why, reason="no_vision")
         if self.vision is None:
             raise MediaError(ref.where, f"model {self.name} reads text only; it cannot take images", reason="no_vision")
 
