@@ -46,6 +46,17 @@ def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor | None]) -> to
     return _rms(x, weight) if bias is None else F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-6)
 
 
+def _runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive equal lengths as ``(length, how many)``."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Half-rotation rotary in fp32, back to the input's dtype."""
     f = x.float()
@@ -145,9 +156,14 @@ class QwenVisionTower:
         n = x.shape[0]
         q, k, v = self._linear(x, block.qkv).view(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = []
-        for qs, ks, vs in zip(*(torch.split(t.transpose(0, 1), lengths, dim=1) for t in (q, k, v))):
-            out.append(F.scaled_dot_product_attention(qs, ks, vs, scale=self.head_dim**-0.5))
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # (heads, n, head_dim)
+        out, at = [], 0
+        for length, count in _runs(lengths):  # windows of one length side by side: one call for all
+            end = at + length * count
+            qs, ks, vs = (t[:, at:end].reshape(self.heads, count, length, -1).transpose(0, 1) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.head_dim**-0.5)
+            out.append(o.transpose(0, 1).reshape(self.heads, length * count, -1))
+            at = end
         return self._linear(torch.cat(out, dim=1).transpose(0, 1).reshape(n, -1), block.proj)
 
     def _rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
