@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""What a picture costs on the engine, in-process on the CPU, for a tiny LLaVA-1.5 shape (a CLIP tower
-at 336 px, 576 image tokens, a small random Llama) and one 448x448 picture a request:
+"""What a picture costs on the engine, in-process on the CPU, for a small LLaVA-1.5 shape (a CLIP tower
+at 336 px, 576 image tokens, a random Llama) or Qwen2.5-VL shape (a windowed tower, 256 tokens for the
+picture), one 448x448 picture a request:
 
-    python scripts/vision_bench.py [--image-size 336] [--new-tokens 64] [--concurrency 8] [--runs 3]
+    python scripts/vision_bench.py [--family llava|qwen2.5-vl] [--shape proportional|tests] [--new-tokens 64]
+                                   [--concurrency 8] [--runs 3]
 
 - TTFT of one picture request, against the tower alone plus a text prompt of the same length run
   alone (what the work costs without any overhead of carrying the picture through the engine);
@@ -19,7 +21,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,7 +32,7 @@ import torch  # noqa: E402
 from lmiserve.cpu_isa import cpu_model_name, isa_class  # noqa: E402
 from lmiserve.rolling_batch.core.engine import Engine, EngineConfig  # noqa: E402
 from lmiserve.wire import SamplingParams  # noqa: E402
-from tests.tiny_vision import build_llava, image_inputs, picture  # noqa: E402
+from tests.tiny_vision import build_llava, build_qwen_vl, image_inputs, picture, qwen_prompt  # noqa: E402
 
 SHAPES = {
     "tests": {},
@@ -63,11 +67,32 @@ def run(eng: Engine, requests: list[tuple[list[int], list]], new_tokens: int) ->
     return first or 0.0, time.perf_counter() - start, tokens
 
 
-def prompt(processor, pictures: int, text: str) -> list[int]:
-    messages = [{"role": "user", "content": [{"type": "image"}] * pictures + [{"type": "text", "text": text}]}]
-    rendered = processor.apply_chat_template(messages, add_generation_prompt=True)
-    pics = [picture(0, 448, 448)] * pictures or None
-    return processor(images=pics, text=rendered, return_tensors="pt")["input_ids"][0].tolist()
+def reference_inputs(model_dir: Path, family: str) -> tuple[list[int], Callable[[Any], dict[str, Any]]]:
+    """The prompt's ids (one 448x448 picture, then "Describe the picture."), and transformers'
+    ``generate`` inputs for a picture."""
+    if family == "llava":
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the picture."}]}]
+        rendered = processor.apply_chat_template(messages, add_generation_prompt=True)
+
+        def llava(pic: Any) -> dict[str, Any]:
+            return dict(processor(images=[pic], text=rendered, return_tensors="pt"))
+
+        return llava(picture(0, 448, 448))["input_ids"][0].tolist(), llava
+    from transformers import AutoImageProcessor
+
+    ids, _ = qwen_prompt(model_dir, [picture(0, 448, 448), "Describe the picture."])
+    images = AutoImageProcessor.from_pretrained(model_dir)
+    input_ids = torch.tensor([ids])
+    pad = max(set(ids), key=ids.count)
+
+    def qwen(pic: Any) -> dict[str, Any]:
+        px = images(images=[pic], return_tensors="pt")
+        return {"input_ids": input_ids, "mm_token_type_ids": (input_ids == pad).int(), **px}
+
+    return ids, qwen
 
 
 def main() -> None:
@@ -87,13 +112,15 @@ def main() -> None:
     )
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--family", choices=("llava", "qwen2.5-vl"), default="llava")
     args = ap.parse_args()
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    model_dir = build_llava(Path(tempfile.mkdtemp()) / "llava", image_size=args.image_size, **SHAPES[args.shape])
-    processor = AutoProcessor.from_pretrained(model_dir)
-    ids = prompt(processor, 1, "Describe the picture.")
-    token_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    root = Path(tempfile.mkdtemp())
+    if args.family == "llava":
+        model_dir = build_llava(root / "llava", image_size=args.image_size, **SHAPES[args.shape])
+    else:  # the processor's own default pixel bounds: a 448x448 picture is 16 x 16 tokens
+        model_dir = build_qwen_vl(root / "qwen", max_pixels=28 * 28 * 16384, **SHAPES[args.shape])
+    ids, hf_inputs = reference_inputs(model_dir, args.family)
+    token_id = ids[max(range(len(ids)), key=lambda i: ids.count(ids[i]))]  # the placeholder: the most frequent id
     text_ids = [t if t != token_id else 100 + (i % 200) for i, t in enumerate(ids)]  # as long, no picture
     eng = engine(model_dir, args.concurrency, args.dtype)
     vision = eng.runner.images.vision
@@ -116,19 +143,17 @@ def main() -> None:
         rows["img_tps"].append(tokens / total)
         _, total, tokens = run(eng, [(text_ids, [])] * args.concurrency, n)
         rows["text_tps"].append(tokens / total)
-    hf = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    rendered = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the picture."}]}],
-        add_generation_prompt=True,
-    )
+    from transformers import AutoModelForImageTextToText
+
+    hf = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     for r in range(args.runs):
-        inputs = processor(images=[picture(4000 + r, 448, 448)], text=rendered, return_tensors="pt")
+        inputs = hf_inputs(picture(4000 + r, 448, 448))
         t = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         rows["hf_tps"].append((out.shape[1] - inputs["input_ids"].shape[1]) / (time.perf_counter() - t))
     m = {k: statistics.median(v) for k, v in rows.items()}
-    print(f"shape {args.shape}: {cpu_model_name()}, class {isa_class()}, torch threads {torch.get_num_threads()}, {len(ids)}-token prompt "
+    print(f"{args.family}, shape {args.shape}: {cpu_model_name()}, class {isa_class()}, torch threads {torch.get_num_threads()}, {len(ids)}-token prompt "
           f"({len(ids) - ids.count(token_id)} text + {ids.count(token_id)} image), {n} new tokens, engine {args.dtype}, median of {args.runs}")  # fmt: skip
     print("| figure | value |\n|---|---|")
     print(f"| TTFT, one picture request | {m['ttft'] * 1e3:.1f} ms |")
