@@ -271,3 +271,29 @@ def test_gemma3_through_openai(tmp_path_factory):
         )
         assert r.choices[0].message.content == expected
         assert r.usage.prompt_tokens == len(ids)
+
+
+def test_mindie_example_with_a_url_on_loopback(server, llava_dir, picture_server):
+    example = {
+        "inputs": [
+            {"type": "text", "text": "My name is Olivier and I"},
+            {"type": "image_url", "image_url": picture_server + "/test.png"},
+        ],
+        "parameters": {"max_new_tokens": N},
+    }
+    r = httpx.post(server.url + "/", json=example, timeout=60)
+    assert r.status_code == 200, r.text
+    assert _generated(r) == _text(llava_dir, "My name is Olivier and I\n<image>", [picture(1)])[0]
+
+
+@pytest.mark.parametrize("bad,why", BAD, ids=["not-an-image", "404", "domain", "local-path"])
+def test_bad_pictures_in_mindie_and_tgi_get_their_422_naming_the_part(server, picture_server, bad, why):
+    url = bad(picture_server)
+    parts = [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": url}]
+    r = httpx.post(server.url + "/", json={"inputs": parts, "parameters": {"max_new_tokens": 2}}, timeout=60)
+    assert r.status_code == 422 and r.json()["error_type"] == "validation", r.text
+    assert r.json()["error"].startswith("inputs[1]: ") and why in r.json()["error"], r.text
+    if url.startswith(("http", "data:")):  # TGI's markdown takes URLs only
+        body = {"inputs": f"Look ![]({url})", "parameters": {"max_new_tokens": 2}}
+        r = httpx.post(server.url + "/generate", json=body, timeout=60)
+        assert r.status_code == 422 and r.json()["error"].startswith("inputs (image 0): ") and why in r.text, r.text

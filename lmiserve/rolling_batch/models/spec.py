@@ -250,7 +250,7 @@ def _llava(config: dict[str, Any]) -> ModelSpec:
     readers = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2}
     if text_type not in readers:
         raise UnsupportedModel(f"LLaVA over a {text_type} language model is not supported")
-    whole = config["multimodal"]
+    whole = config.get("multimodal", config)
     return dataclasses.replace(
         readers[text_type](config),
         vision="llava_next" if "LlavaNextForConditionalGeneration" in whole["architectures"] else "llava",
@@ -264,7 +264,7 @@ def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
     their own tower."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     section = tuple(int(n) for n in rope.get("mrope_section") or ())
-    whole = config["multimodal"]
+    whole = config.get("multimodal", config)
     return dataclasses.replace(
         _common(config, "qwen2", qkv_bias=True),
         vision="qwen2_vl" if "Qwen2VLForConditionalGeneration" in whole["architectures"] else "qwen2_5_vl",
@@ -276,7 +276,7 @@ def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
 
 def _gemma3_vision(config: dict[str, Any]) -> ModelSpec:
     """Gemma 3 with its SigLIP tower: the language model of its ``text_config``."""
-    whole = config["multimodal"]
+    whole = config.get("multimodal", config)
     return dataclasses.replace(
         _gemma(config),
         vision="gemma3",

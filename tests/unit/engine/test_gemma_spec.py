@@ -40,7 +40,6 @@ def test_gemma2_alternates_and_caps():
 @pytest.mark.parametrize(
     "change",
     [
-        dict(architectures=["Gemma3ForConditionalGeneration"]),
         dict(use_bidirectional_attention=True),
         dict(attention_bias=True),
         dict(hidden_activation="gelu"),
@@ -50,3 +49,9 @@ def test_gemma2_alternates_and_caps():
 def test_refused(change):
     with pytest.raises(UnsupportedModel):
         spec_from_config({**BASE, "architectures": ["Gemma3ForCausalLM"], **change})
+
+
+def test_gemma3_with_vision_reads_its_language_model():
+    config = dict(BASE, architectures=["Gemma3ForConditionalGeneration"], image_token_index=7)
+    spec = spec_from_config(config)
+    assert (spec.architecture, spec.vision, spec.image_token_id) == ("gemma3", "gemma3", 7)

@@ -10,7 +10,7 @@ import torch
 
 from ....generation.qwen_grid import QwenGrid
 from ...ops.interface import Ops
-from ..spec import ModelSpec, read_config
+from ..spec import ModelSpec, UnsupportedModel, read_config
 from .gemma3 import Gemma3Vision
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
@@ -66,6 +66,8 @@ def split_vision(
     config = read_config(model_dir)["multimodal"]
     processor = PixelProcessor(model_dir)
     if spec.vision == "gemma3":
+        if processor.processor.to_dict().get("do_pan_and_scan"):
+            raise UnsupportedModel("Gemma 3 with do_pan_and_scan=true (its crops of a picture) is not supported")
         family: Any = Gemma3Vision(config, tensors, ops)
     elif spec.vision in ("qwen2_5_vl", "qwen2_vl"):
         grid = QwenGrid.of(processor.processor.to_dict())
