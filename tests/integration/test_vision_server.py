@@ -202,18 +202,6 @@ def test_a_text_only_model_refuses_pictures_in_each_protocol(engine_server, pict
     assert r.status_code == 200
 
 
-def test_llava_next_counts_each_picture_by_its_size(llava_dir, tmp_path_factory, picture_server):
-    next_dir = build_llava(tmp_path_factory.mktemp("llava-next") / "model", next_=True)
-    wide = picture(7, 300, 60)
-    with start(tmp_path_factory.mktemp("next-server") / "m", next_dir) as s:
-        s.wait_ready()
-        client = OpenAI(base_url=s.url + "/v1", api_key="none")
-        expected, prompt_tokens = _text(next_dir, _hf_chat(), [wide])
-        r = client.chat.completions.create(model="tiny", messages=_chat(_data_url(wide)), max_tokens=N, temperature=0)
-        assert r.choices[0].message.content == expected
-        assert r.usage.prompt_tokens == prompt_tokens
-
-
 def test_lmi_invocations_and_databricks_chat_take_the_openai_parts(server, llava_dir, picture_server):
     expected, _ = _text(llava_dir, _hf_chat(), [picture(2)])
     body = {"messages": _chat(picture_server + "/two.png"), "max_tokens": N, "temperature": 0}
