@@ -95,3 +95,20 @@ def _hf(model_dir):
     if key not in _cache:
         _cache[key] = reference_model(model_dir)
     return _cache[key]
+
+
+def run_pictures(engine: Engine, requests: dict, max_new: int) -> dict[str, list[int]]:
+    """Requests ``{id: (prompt ids, pictures)}`` added at once (each picture a run of the model's
+    image token in its prompt), run to the end; ``{id: generated ids}``."""
+    from tests.tiny_vision import image_inputs
+
+    token_id = engine.spec.image_token_id
+    for rid, (ids, pictures) in requests.items():
+        engine.add_request(
+            rid, ids, SamplingParams(max_new_tokens=max_new), images=image_inputs(ids, pictures, token_id)
+        )
+    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
+    while engine.has_work():
+        for d in engine.step():
+            tokens[d.request_id].extend(d.token_ids)
+    return tokens

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lmiserve.wire import SamplingParams
 from tests.tiny_gemma3_vision import build_gemma3, gemma3_prompt, hf_gemma3_greedy
-from tests.tiny_vision import image_inputs, picture
+from tests.tiny_vision import picture
 
-from .engine_helpers import make_engine
+from .engine_helpers import make_engine, run_pictures
 
 pytestmark = pytest.mark.usefixtures("scheduling")
 
@@ -38,14 +37,7 @@ def references(gemma_dir):
 
 
 def _run(engine, requests):
-    token_id = engine.spec.image_token_id
-    for rid, (ids, pictures) in requests.items():
-        engine.add_request(rid, ids, SamplingParams(max_new_tokens=10), images=image_inputs(ids, pictures, token_id))
-    tokens = {rid: [] for rid in requests}
-    while engine.has_work():
-        for d in engine.step():
-            tokens[d.request_id].extend(d.token_ids)
-    return tokens
+    return run_pictures(engine, requests, 10)
 
 
 def test_the_reference_depends_on_the_pictures_attending_both_ways(gemma_dir, references):

@@ -8,7 +8,7 @@ import pytest
 from lmiserve.wire import SamplingParams
 from tests.tiny_vision import build_llava, hf_llava_greedy, image_inputs, picture
 
-from .engine_helpers import make_engine
+from .engine_helpers import make_engine, run_pictures
 
 pytestmark = pytest.mark.usefixtures("scheduling")
 
@@ -48,16 +48,8 @@ def references(llava_dir):
     return out
 
 
-def _run(engine, requests: dict[str, tuple[list[int], list]]) -> dict[str, list[int]]:
-    token_id = engine.spec.image_token_id
-    for rid, (ids, pictures) in requests.items():
-        images = image_inputs(ids, pictures, token_id)
-        engine.add_request(rid, ids, SamplingParams(max_new_tokens=12), images=images)
-    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
-    while engine.has_work():
-        for d in engine.step():
-            tokens[d.request_id].extend(d.token_ids)
-    return tokens
+def _run(engine, requests):
+    return run_pictures(engine, requests, 12)
 
 
 def test_each_conversation_alone_equals_transformers(llava_dir, references):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lmiserve.wire import SamplingParams
-from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, image_inputs, picture, qwen_prompt
+from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, picture, qwen_prompt
 
-from .engine_helpers import make_engine
+from .engine_helpers import make_engine, run_pictures
 
 pytestmark = pytest.mark.usefixtures("scheduling")
 
@@ -35,14 +34,7 @@ def references(qwen_dir):
 
 
 def _run(engine, requests):
-    token_id = engine.spec.image_token_id
-    for rid, (ids, pictures) in requests.items():
-        engine.add_request(rid, ids, SamplingParams(max_new_tokens=12), images=image_inputs(ids, pictures, token_id))
-    tokens = {rid: [] for rid in requests}
-    while engine.has_work():
-        for d in engine.step():
-            tokens[d.request_id].extend(d.token_ids)
-    return tokens
+    return run_pictures(engine, requests, 12)
 
 
 def test_each_prompt_alone_equals_transformers(qwen_dir, references):

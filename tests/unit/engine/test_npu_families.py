@@ -6,7 +6,7 @@ import pytest
 from lmiserve.wire import SamplingParams
 from tests.tiny_models import MOE_ARCHS, build_model
 
-from .engine_helpers import hf_greedy, make_engine, run
+from .engine_helpers import hf_greedy, make_engine, run, run_pictures
 
 FAMILIES = (*MOE_ARCHS, "phi3", "olmo2", "granite")
 
@@ -22,31 +22,21 @@ def test_npu_ops_give_transformers_greedy_tokens(arch, tmp_path, fake_npu):
 
 
 def test_llava_on_the_npu_ops(tmp_path, fake_npu):
-    from tests.tiny_vision import build_llava, hf_llava_greedy, image_inputs, picture
+    from tests.tiny_vision import build_llava, hf_llava_greedy, picture
 
     model_dir = build_llava(tmp_path / "llava")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
     ids, expected = hf_llava_greedy(model_dir, messages, [picture(1)], 5)
     engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
-    images = image_inputs(ids, [picture(1)], engine.spec.image_token_id)
-    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, [picture(1)])}, 5)["a"]
     assert tokens == expected
 
 
 def test_qwen2_5_vl_on_the_npu_ops(tmp_path, fake_npu):
-    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, image_inputs, picture, qwen_prompt
+    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, picture, qwen_prompt
 
     model_dir = build_qwen_vl(tmp_path / "qwen")
     ids, pictures = qwen_prompt(model_dir, [picture(2, 150, 60), "Describe it."])
     engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
-    images = image_inputs(ids, pictures, engine.spec.image_token_id)
-    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
     assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)

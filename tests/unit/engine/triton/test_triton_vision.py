@@ -3,9 +3,8 @@ tower's projections on the ops' linear kernel, the image steps eager, the decode
 captured graphs; transformers' greedy tokens, token for token."""
 
 from lmiserve.rolling_batch.runner import graphs
-from lmiserve.wire import SamplingParams
-from tests.tiny_vision import build_llava, hf_llava_greedy, image_inputs, picture
-from tests.unit.engine.engine_helpers import make_engine
+from tests.tiny_vision import build_llava, hf_llava_greedy, picture
+from tests.unit.engine.engine_helpers import make_engine, run_pictures
 from tests.unit.engine.recording_graphs import RecordingBackend
 
 
@@ -21,12 +20,7 @@ def test_llava_on_the_cuda_ops_with_decode_graphs(monkeypatch, tmp_path, kernel_
         max_decode_step_prefill_tokens=16,
     )  # fmt: skip
     assert engine.runner.ops.name == "cuda" and engine.runner.graphs is not None
-    images = image_inputs(ids, pictures, engine.spec.image_token_id)
-    engine.add_request("a", ids, SamplingParams(max_new_tokens=5), images=images)
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
     assert tokens == expected
     assert engine.runner.graphs.replays > 0  # the decodes
     assert engine.runner.images.encoded == 2
@@ -39,13 +33,7 @@ def test_qwen2_5_vl_on_the_cuda_ops(tmp_path, kernel_device):
     ids, pictures = qwen_prompt(model_dir, ["What is this?", picture(1, 100, 80)])
     expected = hf_qwen_greedy(model_dir, ids, pictures, 5)
     engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=16, enforce_eager=True)
-    engine.add_request(
-        "a", ids, SamplingParams(max_new_tokens=5), images=image_inputs(ids, pictures, engine.spec.image_token_id)
-    )
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
     assert tokens == expected
 
 
@@ -57,13 +45,7 @@ def test_qwen2_5_vl_decodes_replay_graphs_at_shifted_positions(monkeypatch, tmp_
     model_dir = build_qwen_vl(tmp_path / "qwen")
     ids, pictures = qwen_prompt(model_dir, [picture(5, 180, 60), "Describe it."])
     engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_seqs=2, max_num_batched_tokens=64)
-    engine.add_request(
-        "a", ids, SamplingParams(max_new_tokens=5), images=image_inputs(ids, pictures, engine.spec.image_token_id)
-    )
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
     assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)
     assert engine.runner.steps[("eager", "prompt", False)] >= 1  # the picture's prompt, eagerly
     assert engine.runner.graphs.replays >= 4  # its decodes, from the graphs
@@ -75,10 +57,5 @@ def test_gemma3_vision_on_the_cuda_ops(tmp_path, kernel_device):
     model_dir = build_gemma3(tmp_path / "gemma3", seed=2)
     ids = gemma3_prompt(model_dir, "<s>user\nLook <start_of_image> what is it?</s>\n<s>assistant\n", 1)
     engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=7, enforce_eager=True)
-    images = image_inputs(ids, [picture(1)], engine.spec.image_token_id)
-    engine.add_request("a", ids, SamplingParams(max_new_tokens=6), images=images)
-    tokens: list[int] = []
-    while engine.has_work():
-        for d in engine.step():
-            tokens.extend(d.token_ids)
+    tokens = run_pictures(engine, {"a": (ids, [picture(1)])}, 6)["a"]
     assert tokens == hf_gemma3_greedy(model_dir, ids, [picture(1)], 6)
