@@ -95,6 +95,7 @@ class DecoderModel:
             # tied: the dense embeddings (held for the lookup anyway) rather than their blocks
             self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.attention_scale or spec.head_dim**-0.5
+        self._mrope_pick: torch.Tensor | None = None
         self.lora: Any = None
         """The adapters' device slots (:class:`..lora.pool.LoraPool`), when LoRA is enabled."""
 
@@ -155,9 +156,11 @@ class DecoderModel:
     def _mrope(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Multimodal rotary tables: each frequency takes the temporal, height or width position
         of its section (``spec.mrope_section``), in both halves of the head."""
-        sections = self.spec.mrope_section
-        half = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
-        pick = torch.cat([half, half]).to(positions.device).view(1, 1, -1).expand(1, positions.shape[1], -1)
+        if self._mrope_pick is None:  # each frequency's section, in both halves of the head: once
+            sections = self.spec.mrope_section
+            half = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
+            self._mrope_pick = torch.cat([half, half]).to(positions.device).view(1, 1, -1)
+        pick = self._mrope_pick.expand(1, positions.shape[1], -1)
         cos = self.cos[positions].gather(0, pick)[0].to(self.dtype)
         sin = self.sin[positions].gather(0, pick)[0].to(self.dtype)
         return [(cos, sin)] * len(self.layers)
