@@ -21,6 +21,7 @@ import orjson
 from ..errors import LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput
 from ..wire import SamplingParams
+from . import json_wire
 from .errors import bedrock as bedrock_error
 from .errors import bedrock_type
 from .responder import Responder
@@ -106,7 +107,7 @@ def stop_reason(finish_reason: str | None) -> str | None:
 
 def final_body(out: RequestOutput) -> bytes:
     seq = out.sequences[0]
-    return orjson.dumps(
+    return json_wire.dumps(
         {
             "generation": seq.text,
             "prompt_token_count": len(out.prompt_token_ids),
@@ -119,7 +120,7 @@ def final_body(out: RequestOutput) -> bytes:
 def error_body(err: LmiServeError) -> tuple[int, bytes, dict[str, str]]:
     """Status, ``{"message"}`` body and the ``x-amzn-ErrorType`` header for an error."""
     status, body = bedrock_error(err)
-    return status, orjson.dumps(body), {ERROR_TYPE_HEADER: bedrock_type(err)[0]}
+    return status, json_wire.dumps(body), {ERROR_TYPE_HEADER: bedrock_type(err)[0]}
 
 
 class BedrockResponder(Responder):
@@ -144,14 +145,14 @@ class BedrockResponder(Responder):
         }
         self._sent_text = len(seq.text)
         self._first = False
-        return orjson.dumps(line) + b"\n"
+        return json_wire.dumps(line) + b"\n"
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         return final_body(outs[0])
 
     def error_chunk(self, message: str) -> bytes:
         """A failure after the first line: Bedrock's stream error event, as a last line."""
-        return orjson.dumps({"message": message, "type": "modelStreamErrorException"}) + b"\n"
+        return json_wire.dumps({"message": message, "type": "modelStreamErrorException"}) + b"\n"
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
         status, body, _ = error_body(err)

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from ..errors import GenerationError, LmiServeError
+from . import json_wire
 from .responder import Responder
 
 ErrorBody = tuple[int, dict[str, Any]]
@@ -108,9 +107,9 @@ class ErrorsIn(Responder):
     def error_chunk(self, message: str) -> bytes:
         """A failure after the stream began, as the stream's last event."""
         _, body = self.error_shape(GenerationError(message))
-        return self.event_prefix + orjson.dumps(body) + b"\n\n"
+        return self.event_prefix + json_wire.dumps(body) + b"\n\n"
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
         """A failure before the first byte: the status and the protocol's error body."""
         status, body = self.error_shape(err)
-        return status, orjson.dumps(body)
+        return status, json_wire.dumps(body)

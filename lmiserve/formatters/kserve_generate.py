@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from ..errors import BadRequest
 from ..generation.request import RequestOutput
-from . import errors
+from . import errors, json_wire
 from .kserve import (
     MODEL_VERSION,
     PARAMETER_INPUTS,
@@ -55,7 +53,7 @@ class GenerateResponder(errors.ErrorsIn):
 
     def _event(self, text: str) -> bytes:
         body = {"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
+        return b"data: " + json_wire.dumps(body) + b"\n\n"
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
         text = "".join(t.text for t in out.sequences[0].new_tokens)
@@ -72,4 +70,4 @@ class GenerateResponder(errors.ErrorsIn):
     def body(self, outs: list[RequestOutput]) -> bytes:
         out = outs[0]
         text = (out.prompt if self.params.return_full_text else "") + out.sequences[0].text
-        return orjson.dumps({"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text})
+        return json_wire.dumps({"model_name": self.model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text})

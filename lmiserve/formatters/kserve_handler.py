@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from ..errors import BadRequest, HandlerFailure
+from . import json_wire
 from .kserve import (
     BYTES,
     MODEL_VERSION,
@@ -63,7 +64,7 @@ def handler_response(model_name: str, req_id: str, answer: bytes) -> bytes:
     if isinstance(data, dict) and isinstance(data.get("parameters"), dict):
         body["parameters"] = data["parameters"]
     body["outputs"] = outputs
-    return orjson.dumps(body)
+    return json_wire.dumps(body)
 
 
 def request_body(req: InferRequest) -> bytes:
@@ -86,7 +87,7 @@ def request_body(req: InferRequest) -> bytes:
         body["outputs"] = [
             {"name": o.name, **({"parameters": o.parameters} if o.parameters else {})} for o in req.outputs
         ]
-    return orjson.dumps(body)
+    return json_wire.dumps(body)
 
 
 def response_tensors(model_name: str, req_id: str, answer: bytes) -> InferResponse:

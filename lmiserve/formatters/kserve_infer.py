@@ -14,7 +14,7 @@ import orjson
 
 from ..errors import BadRequest, LmiServeError
 from ..generation.request import GenerationRequest, RequestOutput
-from . import errors
+from . import errors, json_wire
 from .kserve import (
     HEADER_LENGTH,
     MODEL_VERSION,
@@ -126,7 +126,7 @@ def rest_body(resp: InferResponse) -> tuple[bytes, int | None]:
     if resp.id:
         body["id"] = resp.id
     body["outputs"] = outputs
-    header = orjson.dumps(body)
+    header = json_wire.dumps(body)
     if not binary:
         return header, None
     return header + b"".join(binary), len(header)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
+from . import json_wire
 from .shapes import lmi_object
 from .validation import non_empty, validated
 
@@ -87,8 +87,8 @@ def parse_request(body: bytes) -> DynamicRequest:
 
 
 def format_response(texts: list[str]) -> bytes:
-    return orjson.dumps([{"generated_text": t} for t in texts])
+    return json_wire.dumps([{"generated_text": t} for t in texts])
 
 
 def format_stream_line(deltas: list[str]) -> bytes:
-    return orjson.dumps({"outputs": deltas}) + b"\n"
+    return json_wire.dumps({"outputs": deltas}) + b"\n"

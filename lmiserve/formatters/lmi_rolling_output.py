@@ -15,7 +15,7 @@ import orjson
 from ..errors import InvalidParameter, LmiServeError, ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
 from ..wire import SamplingParams
-from . import tokens
+from . import json_wire, tokens
 from .lmi_rolling import JSON, Defaults, ParsedRequest, RollingParameters, stream_and_format
 from .responder import Responder
 
@@ -79,11 +79,11 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
                 for s in ranked[1:count]
             ]
         body["details"] = details
-    return orjson.dumps([body] if tgi else body)
+    return json_wire.dumps([body] if tgi else body)
 
 
 def _frame(obj: Any, req: ParsedRequest) -> bytes:
-    data = orjson.dumps(obj)
+    data = json_wire.dumps(obj)
     return b"data:" + data + b"\n\n" if req.output_format == "sse" else data + b"\n"
 
 
@@ -155,7 +155,7 @@ class LmiResponder(Responder):
 
 
 def validation_error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message, "code": 424})
+    return json_wire.dumps({"error": message, "code": 424})
 
 
 def generation_error_body(req: ParsedRequest | None) -> bytes:
@@ -163,7 +163,7 @@ def generation_error_body(req: ParsedRequest | None) -> bytes:
         "generated_text": "",
         "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None},
     }
-    return orjson.dumps([body] if req is not None and req.tgi_compat else body)
+    return json_wire.dumps([body] if req is not None and req.tgi_compat else body)
 
 
 def stream_error_chunk(req: ParsedRequest, message: str) -> bytes:

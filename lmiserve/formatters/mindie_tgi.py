@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from ..generation.request import RequestOutput, SequenceOutput
-from . import errors, tokens
+from . import errors, json_wire, tokens
 from .tgi import SSE, ParsedTgi
 
 
@@ -57,7 +55,7 @@ def generate_body(out: RequestOutput, parsed: ParsedTgi) -> dict[str, Any]:
 
 
 def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + json_wire.dumps(obj) + b"\n\n"
 
 
 class MindieResponder(errors.ErrorsIn):
@@ -95,4 +93,4 @@ class MindieResponder(errors.ErrorsIn):
         return _event(event)
 
     def body(self, outs: list[RequestOutput]) -> bytes:
-        return orjson.dumps([generate_body(outs[0], self.parsed)])
+        return json_wire.dumps([generate_body(outs[0], self.parsed)])

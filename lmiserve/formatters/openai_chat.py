@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from ..wire import GuidedDecoding
-from . import tool_calls
+from . import json_wire, tool_calls
 from .media_parts import PART_KINDS, chat_refs, template_content
 from .openai_common import OPENAI_CHAT, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
 from .validation import validated
@@ -244,7 +243,7 @@ class ChatResponder(StyledResponder):
             choices.append(
                 {"index": rank, "message": message, "logprobs": self._logprobs(seq.tokens), "finish_reason": reason}
             )
-        return orjson.dumps(self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage)))
+        return json_wire.dumps(self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage)))
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return self.frame(self.envelope(choices, self.chunk_object, **extra))

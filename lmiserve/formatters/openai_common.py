@@ -8,13 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
 from ..wire import SamplingParams
-from . import errors
+from . import errors, json_wire
 from .responder import Responder
 from .sampling_params import beam_search, sampled
 from .validation import without_nulls
@@ -41,11 +40,11 @@ def now() -> int:
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + json_wire.dumps(obj) + b"\n\n"
 
 
 def jsonline(obj: Any) -> bytes:
-    return orjson.dumps(obj) + b"\n"
+    return json_wire.dumps(obj) + b"\n"
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ class StyledResponder(Responder):
         status, body = self.style.errors(err)
         if self.outs:
             body = {**body, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
-        return status, orjson.dumps(body)
+        return status, json_wire.dumps(body)
 
     def closing_usage(self, include_usage: bool) -> dict[str, Any] | None:
         """The usage for the chunk that ends the last sequence (as MindIE streams it), unless

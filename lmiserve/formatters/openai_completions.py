@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from . import json_wire
 from .openai_common import OPENAI_COMPLETIONS, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
 from .validation import validated
 
@@ -183,7 +183,7 @@ class CompletionResponder(StyledResponder):
         return self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage))
 
     def body(self, outs: list[RequestOutput]) -> bytes:
-        return orjson.dumps(self._whole(outs))
+        return json_wire.dumps(self._whole(outs))
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
         if self.req.fake_streaming:

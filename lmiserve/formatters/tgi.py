@@ -15,14 +15,13 @@ import json
 import random
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
 from ..media import MediaRef
 from ..wire import GuidedDecoding, SamplingParams
-from . import errors, tokens
+from . import errors, json_wire, tokens
 from .media_parts import inputs_parts
 from .shapes import json_object
 from .validation import validated, without_nulls
@@ -284,18 +283,18 @@ class TgiResponder(errors.ErrorsIn):
                         **tokens.sequence_end(seq),
                         "seed": self.parsed.seed,
                     }
-            events.append(b"data:" + orjson.dumps(event) + b"\n\n")
+            events.append(b"data:" + json_wire.dumps(event) + b"\n\n")
         return b"".join(events)
 
     def body(self, outs: list[RequestOutput]) -> bytes:
         body = generate_body(outs[0], self.parsed)
-        return orjson.dumps([body] if self.as_list else body)
+        return json_wire.dumps([body] if self.as_list else body)
 
 
 def tokenize_body(text: str, encoding: Any) -> bytes:
     """``/tokenize``: each token with its text and character offsets."""
     ids = encoding["input_ids"]
     offsets = encoding["offset_mapping"]
-    return orjson.dumps(
+    return json_wire.dumps(
         [{"id": i, "text": text[start:stop], "start": start, "stop": stop} for i, (start, stop) in zip(ids, offsets)]
     )

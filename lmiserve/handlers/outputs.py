@@ -13,6 +13,17 @@ JSONLINES = "application/jsonlines"
 
 StreamFormatter = Callable[[Any], "bytes | str | None"]
 
+# Line breaks to str.splitlines (and so to httpx's iter_lines) that JSON may leave raw: escaped, so a
+# JSON line stays one line for every line reader.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _json(value: Any) -> bytes:
+    text = json.dumps(value, ensure_ascii=False)
+    if "\x85" in text or "\u2028" in text or "\u2029" in text:
+        text = text.translate(_LINE_BREAKS)
+    return text.encode("utf-8")
+
 
 def default_stream_formatter(item: Any) -> bytes | None:
     """Bytes and text pass through; anything else becomes one JSON line. None sends nothing."""
@@ -22,7 +33,7 @@ def default_stream_formatter(item: Any) -> bytes | None:
         return bytes(item)
     if isinstance(item, str):
         return item.encode("utf-8")
-    return json.dumps(item, ensure_ascii=False).encode("utf-8") + b"\n"
+    return _json(item) + b"\n"
 
 
 def _to_bytes(value: Any) -> tuple[bytes, str]:
@@ -30,7 +41,7 @@ def _to_bytes(value: Any) -> tuple[bytes, str]:
         return bytes(value), "application/octet-stream"
     if isinstance(value, str):
         return value.encode("utf-8"), "text/plain; charset=utf-8"
-    return json.dumps(value, ensure_ascii=False).encode("utf-8"), JSON
+    return _json(value), JSON
 
 
 @dataclass
@@ -82,7 +93,7 @@ class Output:
 
     def add_as_json(self, value: Any, key: str | None = None, batch_index: int | None = None) -> Output:
         slot = self._slot(batch_index)
-        slot.parts.append((key, json.dumps(value, ensure_ascii=False).encode("utf-8")))
+        slot.parts.append((key, _json(value)))
         slot.content_type = JSON
         return self
 
