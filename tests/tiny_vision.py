@@ -4,6 +4,7 @@ tests, and the pictures and references the tests compare with."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from tests.tiny_models import build_tokenizer
@@ -166,7 +167,8 @@ QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_p
 QWEN_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
+    "{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
     "{% endfor %}{% endif %}</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
 
@@ -224,6 +226,9 @@ def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: boo
     torch.manual_seed(seed)
     model_class(config).eval().save_pretrained(out)
     Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels).save_pretrained(out)
+    video = {"size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, "patch_size": 14, "merge_size": 2,
+             "temporal_patch_size": 2, "video_processor_type": "Qwen2VLVideoProcessor"}  # fmt: skip
+    (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     return out
 
 

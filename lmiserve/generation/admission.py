@@ -68,7 +68,7 @@ class Admission:
     def admit(self, request: GenerationRequest, tokenizer: Any) -> Admitted:
         limits.check(request, self.limits)
         if request.images and request.media_at is not None and self.vision is not None:
-            request = _with_image_tokens(request, self.vision.placeholder or self.vision.image_token)
+            request = _with_media_tokens(request, self.vision)
         ids, images = self._prompt_ids(request, tokenizer)
         params = self._params(request, len(ids))
         prompt = request.prompt or tokenizer.decode(ids)
@@ -119,10 +119,14 @@ class Admission:
         return msgspec.structs.replace(request.params, max_new_tokens=wanted)
 
 
-def _with_image_tokens(request: GenerationRequest, token: str) -> GenerationRequest:
-    """The prompt with the model's image token at each picture's place."""
+def _with_media_tokens(request: GenerationRequest, vision: VisionPrompt) -> GenerationRequest:
+    """The prompt with the model's image (video) placeholder at each picture's (video's) place."""
     prompt, last = [], 0
-    for at in request.media_at or []:
+    for ref, at in zip(request.media or [], request.media_at or []):
+        if ref.kind == "video":
+            token = vision.video_placeholder or vision.video_token
+        else:
+            token = vision.placeholder or vision.image_token
         prompt += [request.prompt[last:at], token]
         last = at
     return dataclasses.replace(request, prompt="".join([*prompt, request.prompt[last:]]), media_at=None)

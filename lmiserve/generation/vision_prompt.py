@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
+from ..media.videos import FrameSampling
 from ..wire import ImageInput
 from .anyres import feature_count
 from .qwen_grid import QwenGrid
@@ -48,6 +49,13 @@ class VisionPrompt:
     surround: tuple[str, str] = ("", "")
     """Gemma 3: each ``surround[0]`` (``<start_of_image>``, what its template writes) becomes
     ``surround[1]`` in the text before tokenization, as its processor does."""
+    video_token: str = ""
+    """The text a prompt holds once per video ("": the model takes no video)."""
+    video_token_id: int = -1
+    video_grid: QwenGrid | None = None
+    sampling: FrameSampling | None = None
+    """The frames the model reads of a video."""
+    video_placeholder: str = ""
 
     @classmethod
     def of(cls, model_dir: Path, tokenizer: Any = None) -> VisionPrompt | None:
@@ -77,13 +85,18 @@ class VisionPrompt:
     @classmethod
     def _qwen(cls, path: Path, family: str, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
         """Qwen2.5-VL and Qwen2-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and ``<|vision_end|>``."""
-        token_id = int(config.get("image_token_id", 151655))
+        token_id, video_id = int(config.get("image_token_id", 151655)), int(config.get("video_token_id", 151656))
         ends = [config.get("vision_start_token_id", 151652), config.get("vision_end_token_id", 151653)]
-        token, start, end = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
+        token, video, start, end = "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"
         if tokenizer is not None:
-            token, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, *ends))
+            token, video, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, video_id, *ends))
         grid = QwenGrid.of(_json(path / "preprocessor_config.json"))
-        return cls(family, token, token_id, 0, qwen=grid, placeholder=start + token + end)
+        video_grid = QwenGrid.of_video(_json(path / "video_preprocessor_config.json"), grid)
+        return cls(
+            family, token, token_id, 0, qwen=grid, placeholder=start + token + end, video_token=video,
+            video_token_id=video_id, video_grid=video_grid, sampling=FrameSampling(factor=video_grid.temporal),
+            video_placeholder=start + video + end,
+        )  # fmt: skip
 
     @classmethod
     def _gemma3(cls, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
@@ -102,8 +115,20 @@ class VisionPrompt:
         marker, sequence = self.surround
         return prompt.replace(marker, sequence) if marker else prompt
 
-    def tokens_for(self, width: int, height: int) -> int:
-        """The placeholder tokens of a picture of this size."""
+    @property
+    def takes_video(self) -> bool:
+        return self.video_grid is not None
+
+    def frame_size(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """The size the model reads a video's frames at."""
+        assert self.video_grid is not None
+        return self.video_grid.frame_size(frames, height, width)
+
+    def tokens_for(self, width: int, height: int, frames: int = 0) -> int:
+        """The placeholder tokens of a picture of this size, or (``frames`` > 0) of a video."""
+        if frames:
+            assert self.video_grid is not None
+            return self.video_grid.tokens(width, height, frames)
         if self.qwen is not None:
             if max(width, height) > 200 * min(width, height):
                 raise BadRequest(f"a {width}x{height} picture: this model takes pictures of aspect ratio up to 200")
@@ -112,33 +137,46 @@ class VisionPrompt:
             return self.tokens_per_image
         return feature_count(height, width, self.pinpoints, self.tile, self.side, self.tokens_per_image)
 
-    def expand(self, prompt_ids: list[int], pictures: list[Any]) -> tuple[list[int], list[ImageInput]]:
-        """Each image token of ``prompt_ids`` widened into its picture's run of placeholders, and
-        the pictures (decoded, with ``width``, ``height``, ``pixels`` and ``digest``) as the
-        engine takes them. Refused when the prompt's image tokens and the pictures differ in number."""
-        found = prompt_ids.count(self.image_token_id)
-        if found != len(pictures):
-            raise BadRequest(
-                f"the prompt holds {found} image token(s) ({self.image_token}) for {len(pictures)} image(s); "
-                "send each image as a content part and do not write the image token in the text"
-            )
-        if not pictures:
+    def expand(self, prompt_ids: list[int], media: list[Any]) -> tuple[list[int], list[ImageInput]]:
+        """Each image (video) token of ``prompt_ids`` widened into its picture's (video's) run of
+        placeholders, and the media (decoded, with ``width``, ``height``, ``pixels``, ``digest``;
+        a video's ``frames`` and ``fps`` too) as the engine takes them, in the prompt's order.
+        Refused when the prompt's tokens and the media of each kind differ in number."""
+        kinds = {self.image_token_id: ("image", self.image_token)}
+        if self.takes_video:
+            kinds[self.video_token_id] = ("video", self.video_token)
+        queues: dict[str, list[Any]] = {"image": [], "video": []}
+        for item in media:
+            queues["video" if getattr(item, "frames", 0) else "image"].append(item)
+        for token_id, (kind, text) in kinds.items():
+            found = prompt_ids.count(token_id)
+            if found != len(queues[kind]):
+                raise BadRequest(
+                    f"the prompt holds {found} {kind} token(s) ({text}) for {len(queues[kind])} {kind}(s); "
+                    f"send each {kind} as a content part and do not write the {kind} token in the text"
+                )
+        if queues["video"] and not self.takes_video:
+            raise BadRequest(f"this model takes no video ({len(queues['video'])} sent)")
+        if not media:
             return prompt_ids, []
         ids: list[int] = []
-        images = []
-        pics = iter(pictures)
+        out = []
+        pending = {kind: iter(items) for kind, items in queues.items()}
         for t in prompt_ids:
-            if t != self.image_token_id:
+            if t not in kinds:
                 ids.append(t)
                 continue
-            p = next(pics)
-            length = self.tokens_for(p.width, p.height)
+            p = next(pending[kinds[t][0]])
+            frames = getattr(p, "frames", 0)
+            length = self.tokens_for(p.width, p.height, frames)
+            extra = {"frames": frames, "fps": p.fps} if frames else {}
             image = ImageInput(
-                offset=len(ids), length=length, digest=p.digest, width=p.width, height=p.height, pixels=p.pixels
-            )
-            images.append(image)
-            ids.extend([self.image_token_id] * length)
-        return ids, images
+                offset=len(ids), length=length, digest=p.digest, width=p.width, height=p.height, pixels=p.pixels,
+                **extra,
+            )  # fmt: skip
+            out.append(image)
+            ids.extend([t] * length)
+        return ids, out
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 path) turned into checked bytes or decoded pictures, in the API process: no torch, no engine.
 
     refs = [MediaRef("image", part["image_url"]["url"], "messages[0].content[1]")]
-    images = await resolve_images(refs, MediaPolicy.from_options(options))
+    images = await resolve_media(refs, MediaPolicy.from_options(options))
 
 Every refusal is a :class:`MediaError` (400) whose message starts with the part's place.
 """
@@ -13,12 +13,15 @@ from lmiserve.media.fetch import load_bytes
 from lmiserve.media.images import DecodedImage, decode_image
 from lmiserve.media.policy import MediaPolicy
 from lmiserve.media.refs import KINDS, MediaRef
-from lmiserve.media.resolve import load_media, resolve_images
+from lmiserve.media.resolve import load_media, resolve_media
 from lmiserve.media.sources import Source, classify
+from lmiserve.media.videos import DecodedVideo, FrameSampling, decode_video
 
 __all__ = [
     "KINDS",
     "DecodedImage",
+    "DecodedVideo",
+    "FrameSampling",
     "MediaError",
     "MediaPolicy",
     "MediaRef",
@@ -26,7 +29,8 @@ __all__ = [
     "check_container",
     "classify",
     "decode_image",
+    "decode_video",
     "load_bytes",
     "load_media",
-    "resolve_images",
+    "resolve_media",
 ]

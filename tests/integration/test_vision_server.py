@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
+from tests.tiny_video import video_bytes
 from tests.tiny_vision import build_llava, hf_llava_greedy, picture, png_bytes
 
 from .engine_server import start
@@ -178,6 +179,12 @@ def test_too_many_pictures_and_audio_are_refused_and_others_go_on(server, pictur
     assert r.status_code == 422 and r.json()["error"].startswith(
         "inputs[0]: an audio part: no model served here takes audio"
     ), r.text
+    video = "data:video/mp4;base64," + base64.b64encode(video_bytes()).decode()
+    parts = [{"type": "video_url", "video_url": video}, {"type": "text", "text": "hi"}]
+    r = httpx.post(server.url + "/", json={"inputs": parts}, timeout=60)
+    assert r.status_code == 422 and r.json()["error"].startswith("inputs[0]: model tiny takes images, not video"), (
+        r.text
+    )
     r = httpx.post(server.url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, timeout=60)
     assert r.status_code == 200
 
@@ -212,8 +219,12 @@ def test_lmi_invocations_and_databricks_chat_take_the_openai_parts(server, llava
 
 
 def test_qwen2_5_vl_through_openai_and_mindie(tmp_path_factory, picture_server):
+    """Pictures and a video (an MP4 in a data URL) through the openai client and MindIE's inputs."""
     from transformers import AutoTokenizer
 
+    from lmiserve.generation.vision_prompt import VisionPrompt
+    from lmiserve.media import FrameSampling, MediaPolicy, decode_video
+    from tests.tiny_video import hf_qwen_video_greedy, video_prompt
     from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, qwen_prompt
 
     qwen_dir = build_qwen_vl(tmp_path_factory.mktemp("qwen-vl") / "model")
@@ -235,6 +246,24 @@ def test_qwen2_5_vl_through_openai_and_mindie(tmp_path_factory, picture_server):
         r = httpx.post(s.url + "/", json={"inputs": parts, "parameters": {"max_new_tokens": N}}, timeout=60)
         assert r.status_code == 200, r.text
         assert _generated(r) == tok.decode(hf_qwen_greedy(qwen_dir, raw, [wide], N), skip_special_tokens=True)
+        # a video: 12 frames at 4 a second, sampled at 2 a second (6 frames, 3 grid steps)
+        mp4 = video_bytes(frames=12, fps=4, width=96, height=64)
+        rules = VisionPrompt.of(qwen_dir)
+        clip = decode_video(mp4, "v", MediaPolicy(), FrameSampling(), rules.frame_size)
+        assert (clip.frames, clip.fps) == (6, 2.0)
+        ids, media = video_prompt(qwen_dir, [clip, "What happens?"])
+        expected = tok.decode(hf_qwen_video_greedy(qwen_dir, ids, media, N), skip_special_tokens=True)
+        url = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
+        messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+        messages[0]["content"].append({"type": "text", "text": "What happens?"})
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=N, temperature=0)
+        assert r.choices[0].message.content == expected and r.usage.prompt_tokens == len(ids)
+        parts = [{"type": "video_url", "video_url": url}, {"type": "text", "text": "What happens?"}]
+        r = httpx.post(s.url + "/", json={"inputs": parts, "parameters": {"max_new_tokens": N}}, timeout=60)
+        assert r.status_code == 200, r.text
+        info = httpx.get(s.url + "/models/tiny", timeout=10).json()
+        model = info[0] if isinstance(info, list) else info
+        assert model["inputs"]["modalities"] == ["text", "image", "video"]
 
 
 def test_gemma3_through_openai(tmp_path_factory):

@@ -64,3 +64,29 @@ def test_gemma3_writes_each_picture_out_before_tokenizing(tmp_path):
     vision = VisionPrompt.of(model_dir, AutoTokenizer.from_pretrained(model_dir))
     assert vision is not None and vision.placeholder == "<start_of_image>" and vision.tokens_for(640, 480) == 4
     assert vision.widen("a <start_of_image> b") == "a \n\n<start_of_image><image_soft_token><end_of_image>\n\n b"
+
+
+def test_qwen_widens_video_tokens_by_the_video_grid_and_sizes_frames_within_its_budget(tmp_path):
+    from lmiserve.generation.qwen_grid import QwenGrid
+    from lmiserve.media import DecodedVideo
+
+    rules = VisionPrompt.of(build_qwen_vl(tmp_path / "qwen"))
+    assert rules.takes_video and (rules.video_token, rules.sampling.factor) == ("<|video_pad|>", 2)
+    # the tiny model's video processor: 56 x 56 to 112 x 112 pixels a frame
+    assert rules.frame_size(6, 64, 96) == (56, 84) and rules.frame_size(6, 480, 640) == (84, 112)
+    clip = DecodedVideo(5, 84, 56, b"\0" * (5 * 84 * 56 * 3), 2.0, "d")
+    pic = DecodedImage(60, 60, b"\0" * (60 * 60 * 3), "p")
+    image, video = rules.image_token_id, rules.video_token_id
+    ids, inputs = rules.expand([7, video, 8, image, 9], [pic, clip])  # media in part order, tokens in theirs
+    n = 3 * 4 * 6 // 4  # 5 frames: 3 grid steps of 4 x 6 patches, merged by 2 x 2
+    assert [(i.offset, i.length, i.frames, i.fps) for i in inputs] == [(1, n, 5, 2.0), (2 + n, 4, 0, 0.0)]
+    assert ids == [7, *[video] * n, 8, *[image] * 4, 9]
+    with pytest.raises(Exception, match="0 video token"):
+        rules.expand([7, image], [pic, clip])
+    # the default budget: 90% of 128000 tokens' pixels shared by the frames, at least 1.05 x the least
+    grid = QwenGrid.of_video({}, QwenGrid())
+    assert grid.frame_size(8, 1080, 1920) == (560, 1008) and grid.frame_size(768, 1080, 1920) == (336, 644)
+
+
+def test_models_without_video_rules_take_none(tmp_path):
+    assert not VisionPrompt.of(build_llava(tmp_path / "llava")).takes_video

@@ -57,7 +57,7 @@ class Admission:
             raise RequestRejected("the prompt holds token ids outside the vocabulary")
         if params.num_beams > 1 and params.n > params.num_beams:
             raise RequestRejected(f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
-        if images or self.images is not None and self.images.image_token_id in prompt_ids:
+        if images or self.images is not None and any(t in prompt_ids for t in self.images.token_ids):
             why = "this model takes no images" if self.images is None else self.images.check(prompt_ids, list(images))
             if why:
                 raise RequestRejected(why)

@@ -10,7 +10,6 @@ mode, so an image's embeddings never depend on what else the step holds)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 import torch
@@ -48,47 +47,64 @@ class ImageRows:
         self.hits = 0
         """Images served from the encoder cache."""
 
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The placeholder tokens: the image token, and the video token of a model that takes video."""
+        video = self.vision.video
+        return (self.image_token_id,) if video is None else (self.image_token_id, video.video_token_id)
+
     def check(self, prompt_ids: list[int], images: list[ImageInput]) -> str:
         """Why these images cannot go with this prompt ("" when they can): each is one run of
         placeholder tokens inside the prompt, as long as the tower's output, in order."""
         end = 0
         for i, image in enumerate(images):
+            what = "video" if image.frames else "image"
+            if image.frames and self.vision.video is None:
+                return f"{what} {i}: this model takes no video"
+            token = self.token_ids[1] if image.frames else self.image_token_id
             span = prompt_ids[image.offset : image.offset + image.length]
-            tokens = self.vision.tokens_for(image.width, image.height)
+            tokens = self.vision.tokens_for(image.width, image.height, image.frames)
             if image.offset < end or image.offset + image.length > len(prompt_ids):
-                return f"image {i} is not a run of the prompt after the one before it"
+                return f"{what} {i} is not a run of the prompt after the one before it"
             if image.length != tokens:
-                return f"image {i} takes {image.length} placeholder tokens; this model gives {tokens} for a {image.width}x{image.height} picture"
-            if any(t != self.image_token_id for t in span):
-                return f"image {i}'s placeholder tokens are not the model's image token {self.image_token_id}"
+                size = (
+                    f"{image.frames} frames of {image.width}x{image.height}"
+                    if image.frames
+                    else f"a {image.width}x{image.height} picture"
+                )
+                return f"{what} {i} takes {image.length} placeholder tokens; this model gives {tokens} for {size}"
+            if any(t != token for t in span):
+                return f"{what} {i}'s placeholder tokens are not the model's {what} token {token}"
             end = image.offset + image.length
-        if prompt_ids.count(self.image_token_id) != sum(image.length for image in images):
-            return "the prompt holds image placeholder tokens that no image fills"
+        if sum(prompt_ids.count(t) for t in self.token_ids) != sum(image.length for image in images):
+            return "the prompt holds image or video placeholder tokens that nothing fills"
         return ""
 
     @property
     def mrope(self) -> bool:
         """Whether the model's positions are multimodal (a picture's tokens laid out on its grid)."""
-        return self.vision.token_grid(1, 1) is not None
+        return self.vision.token_grid(28, 28) is not None
 
     def rope(self, num_prompt: int, images: list[ImageInput]) -> tuple[np.ndarray, int] | None:
         """A prompt's multimodal rotary positions ``(3, num_prompt)`` (temporal, row, column) and
         the shift of the tokens after it: text counts on from the position before, a picture's
-        tokens take its first free position as their time and add their row and column to it, and
-        the text after a picture starts past its larger side. None for a model without them."""
+        tokens take its first free position as their time and add their row and column to it (a
+        video's grid steps add their time, ``time_step`` apart, truncated), and the text after a
+        picture or video starts past its larger side. None for a model without them."""
         if not images or not self.mrope:
             return None
         table = np.empty((3, num_prompt), dtype=np.int64)
         at = next_pos = 0
         for image in images:
-            rows, cols = self.vision.token_grid(image.width, image.height)  # type: ignore[misc]
+            steps, rows, cols = self.vision.token_grid(image.width, image.height, image.frames)  # type: ignore[misc]
             text = image.offset - at
             table[:, at : image.offset] = np.arange(text) + next_pos
             next_pos += text
             end = image.offset + image.length
-            table[0, image.offset : end] = next_pos
-            table[1, image.offset : end] = np.repeat(np.arange(rows), cols) + next_pos
-            table[2, image.offset : end] = np.tile(np.arange(cols), rows) + next_pos
+            times = (np.arange(steps) * self.vision.time_step(image)).astype(np.int64)
+            table[0, image.offset : end] = np.repeat(times, rows * cols) + next_pos
+            table[1, image.offset : end] = np.tile(np.repeat(np.arange(rows), cols), steps) + next_pos
+            table[2, image.offset : end] = np.tile(np.arange(cols), rows * steps) + next_pos
             next_pos += max(rows, cols)
             at = end
         table[:, at:] = np.arange(num_prompt - at) + next_pos
@@ -155,7 +171,7 @@ class ImageRows:
         batches = [[m] for m in missing.values()] if self.deterministic else [list(missing.values())]
         for batch in batches:
             if batch:
-                for image, emb in zip(batch, self.vision.encode([_picture(m) for m in batch])):
+                for image, emb in zip(batch, self.vision.encode(batch)):
                     found[image.digest] = emb
                     self._keep(image.digest, emb)
                 self.encoded += len(batch)
@@ -170,12 +186,6 @@ class ImageRows:
         while self._held > self.cache_bytes:
             _, old = self._cache.popitem(last=False)
             self._held -= old.numel() * old.element_size()
-
-
-def _picture(image: ImageInput) -> Any:
-    from PIL import Image
-
-    return Image.frombytes("RGB", (image.width, image.height), image.pixels)
 
 
 def rope_positions(out: SchedulerOutput) -> np.ndarray | None:

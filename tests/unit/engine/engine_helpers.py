@@ -98,15 +98,15 @@ def _hf(model_dir):
 
 
 def run_pictures(engine: Engine, requests: dict, max_new: int) -> dict[str, list[int]]:
-    """Requests ``{id: (prompt ids, pictures)}`` added at once (each picture a run of the model's
-    image token in its prompt), run to the end; ``{id: generated ids}``."""
-    from tests.tiny_vision import image_inputs
+    """Requests ``{id: (prompt ids, pictures and clips)}`` added at once (each a run of the model's
+    image or video token in its prompt), run to the end; ``{id: generated ids}``."""
+    from tests.tiny_video import media_inputs
 
-    token_id = engine.spec.image_token_id
-    for rid, (ids, pictures) in requests.items():
-        engine.add_request(
-            rid, ids, SamplingParams(max_new_tokens=max_new), images=image_inputs(ids, pictures, token_id)
-        )
+    rows = engine.runner.images
+    video_token = rows.token_ids[1] if rows is not None and len(rows.token_ids) > 1 else -1
+    for rid, (ids, media) in requests.items():
+        inputs = media_inputs(ids, media, engine.spec.image_token_id, video_token)
+        engine.add_request(rid, ids, SamplingParams(max_new_tokens=max_new), images=inputs)
     tokens: dict[str, list[int]] = {rid: [] for rid in requests}
     while engine.has_work():
         for d in engine.step():

@@ -102,7 +102,7 @@ def test_a_request_whose_placeholders_do_not_fit_its_pictures_is_refused(llava_d
 
     engine = make_engine(llava_dir)
     ids, _, pictures = references["one image"]
-    with pytest.raises(RequestRejected, match="image placeholder tokens that no image fills"):
+    with pytest.raises(RequestRejected, match="placeholder tokens that nothing fills"):
         engine.add_request("a", ids, SamplingParams(max_new_tokens=2))
     images = image_inputs(ids, pictures, engine.spec.image_token_id)
     short = [images[0].__class__(**{**{f: getattr(images[0], f) for f in images[0].__struct_fields__}, "length": 3})]

@@ -78,5 +78,5 @@ def test_a_data_url_of_another_kind_and_a_video_past_its_limit_are_refused():
 
 
 def test_load_media_is_for_video_and_audio_only():
-    with pytest.raises(ValueError, match="resolve_images"):
+    with pytest.raises(ValueError, match="resolve_media"):
         asyncio.run(load_media(MediaRef("image", "x", "i"), MediaPolicy()))

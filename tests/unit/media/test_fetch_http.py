@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from lmiserve.media import MediaError, MediaPolicy, MediaRef, load_bytes, resolve_images
+from lmiserve.media import MediaError, MediaPolicy, MediaRef, load_bytes, resolve_media
 from lmiserve.media.addresses import address_problem
 from tests.unit.media.conftest import encoded, picture
 
@@ -138,11 +138,11 @@ def test_a_given_client_is_used_and_left_open(media_server):
 def test_images_from_several_urls_decode_together_and_one_bad_url_fails_the_request(media_server):
     urls = [media_server.add(f"many{i}.png", encoded(picture(i + 1, 2), "PNG")) for i in range(4)]
     refs = [MediaRef("image", url, f"messages[0].content[{i}]") for i, url in enumerate(urls)]
-    images = asyncio.run(resolve_images(refs, LOOPBACK))
+    images = asyncio.run(resolve_media(refs, LOOPBACK))
     assert [i.width for i in images] == [1, 2, 3, 4]
     refs.append(MediaRef("image", f"{media_server.url}/gone.png", "messages[1].content[0]"))
     with pytest.raises(MediaError, match=r"^messages\[1\]\.content\[0\]: cannot fetch .* \(HTTP 404"):
-        asyncio.run(resolve_images(refs, LOOPBACK))
+        asyncio.run(resolve_media(refs, LOOPBACK))
 
 
 @pytest.mark.parametrize(

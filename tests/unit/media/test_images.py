@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from lmiserve.errors import BadRequest
-from lmiserve.media import DecodedImage, MediaError, MediaPolicy, MediaRef, decode_image, resolve_images
+from lmiserve.media import DecodedImage, MediaError, MediaPolicy, MediaRef, decode_image, resolve_media
 from tests.unit.media.conftest import encoded, picture
 
 WHERE = "messages[0].content[1]"
@@ -135,17 +135,17 @@ def test_one_picture_by_data_url_bare_base64_and_http_has_one_digest(media_serve
         MediaRef("image", url, "messages[0].content[2]"),
     ]
     policy = MediaPolicy(allowed_domains=("127.0.0.1",))
-    images = asyncio.run(resolve_images(refs, policy))
+    images = asyncio.run(resolve_media(refs, policy))
     assert all(isinstance(i, DecodedImage) for i in images)
     assert len({i.digest for i in images}) == 1
     assert images[0].pixels == picture().tobytes()
 
 
-def test_resolve_images_keeps_the_order_and_raises_the_failing_part():
+def test_resolve_media_keeps_the_order_and_raises_the_failing_part():
     good = base64.b64encode(encoded(picture(3, 2), "PNG")).decode()
     other = base64.b64encode(encoded(picture(2, 3), "PNG")).decode()
     refs = [MediaRef("image", good, "a"), MediaRef("video", "/x.mp4", "v"), MediaRef("image", other, "b")]
-    assert [(i.width, i.height) for i in asyncio.run(resolve_images(refs, POLICY))] == [(3, 2), (2, 3)]
+    assert [(i.width, i.height) for i in asyncio.run(resolve_media(refs, POLICY))] == [(3, 2), (2, 3)]
     bad = [MediaRef("image", good, "a"), MediaRef("image", "data:image/png;base64,aGVsbG8=", "b")]
     with pytest.raises(MediaError, match=r"^b: not a JPEG"):
-        asyncio.run(resolve_images(bad, POLICY))
+        asyncio.run(resolve_media(bad, POLICY))

@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from lmiserve.media import MediaError, MediaPolicy, MediaRef, classify, load_bytes, resolve_images
+from lmiserve.media import MediaError, MediaPolicy, MediaRef, classify, load_bytes, resolve_media
 from tests.unit.media.conftest import encoded, picture
 
 JPEG = encoded(picture(16, 16), "JPEG")
@@ -86,7 +86,7 @@ def test_inline_data_past_the_limit_is_refused_before_and_after_decoding():
 def test_more_than_twenty_parts_are_refused_before_anything_is_loaded():
     refs = [MediaRef("image", f"http://192.0.2.1/{i}.png", f"messages[0].content[{i}]") for i in range(21)]
     with pytest.raises(MediaError) as caught:
-        asyncio.run(resolve_images(refs, MediaPolicy()))
+        asyncio.run(resolve_media(refs, MediaPolicy()))
     assert str(caught.value) == (
         "messages[0].content[20]: too many media parts (at most 20 images, videos and audio files)"
     )

@@ -185,7 +185,7 @@ class QwenVisionTower:
         self, grids: list[tuple[int, int, int]], device: torch.device
     ) -> tuple[torch.Tensor, list[int], list[int]]:
         """The merge blocks in window order (each picture's windows in turn, each window's blocks
-        row by row), the windows' and the pictures' lengths in patches."""
+        row by row), the windows' and the frames' lengths in patches (a picture is one frame)."""
         order: list[torch.Tensor] = []
         windows: list[int] = []
         pictures: list[int] = []
@@ -200,5 +200,5 @@ class QwenVisionTower:
                         order.append(cell + base)
                         windows.append(cell.numel() * unit)
             base += t * gh * gw
-            pictures.append(t * h * w)
+            pictures.extend([h * w] * t)  # a video's frames each attend within themselves
         return torch.cat(order).to(device), windows, pictures

@@ -9,52 +9,87 @@ from typing import Any
 import torch
 
 from ....generation.qwen_grid import QwenGrid
+from ....wire import ImageInput
 from ...ops.interface import Ops
 from ..spec import ModelSpec, UnsupportedModel, read_config
 from .gemma3 import Gemma3Vision
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
 from .pixels import PixelProcessor
+from .qwen_video import QwenVideo
 from .qwen_vl import QwenVisionTower
 
 
 class VisionModel:
-    """A family's tower and projector with the model's image processor: pictures in, one
-    embedding run per picture out, on the tower's device and in the language model's dtype."""
+    """A family's tower and projector with the model's image processor: pictures (and, for Qwen,
+    videos) in, one embedding run each out, on the tower's device and in the language model's dtype."""
 
-    def __init__(self, family: Any, processor: PixelProcessor, dtype: torch.dtype, device: str):
+    def __init__(self, family: Any, processor: PixelProcessor, dtype: torch.dtype, device: str, video: Any = None):
         self.family = family
         self.processor = processor
         self.dtype = dtype
         self.device = device
+        self.video: QwenVideo | None = video
+        """How the model reads a video's frames (None: it takes no video)."""
 
-    def tokens_for(self, width: int, height: int) -> int:
-        """The embeddings (placeholder tokens) of a picture of this size."""
+    def tokens_for(self, width: int, height: int, frames: int = 0) -> int:
+        """The embeddings (placeholder tokens) of a picture of this size, or of a video's frames."""
         if isinstance(self.family, QwenVisionTower):
-            return self.family.grid.tokens(width, height)
+            grid = self.video.grid if frames and self.video is not None else self.family.grid
+            return grid.tokens(width, height, frames)
         sized = getattr(self.family, "tokens_for", None)
         return self.family.tokens_per_image if sized is None else sized(width, height)
 
-    def token_grid(self, width: int, height: int) -> tuple[int, int] | None:
-        """``(rows, columns)`` of a picture's tokens, for multimodal rotary positions (None: the
-        model's positions are one a token)."""
+    def token_grid(self, width: int, height: int, frames: int = 0) -> tuple[int, int, int] | None:
+        """``(steps, rows, columns)`` of a picture's (video's) tokens, for multimodal rotary
+        positions (None: the model's positions are one a token)."""
         if not isinstance(self.family, QwenVisionTower):
             return None
-        _, h, w = self.family.grid.patches(width, height)
-        return h // self.family.merge, w // self.family.merge
+        grid = self.video.grid if frames and self.video is not None else self.family.grid
+        t, h, w = grid.video_patches(frames, width, height) if frames else grid.patches(width, height)
+        return t, h // self.family.merge, w // self.family.merge
 
-    def encode(self, images: list[Any]) -> list[torch.Tensor]:
-        """PIL images (of one batch) to their embeddings ``(tokens, hidden)``."""
+    def time_step(self, image: ImageInput) -> float:
+        """How far apart a video's grid steps are in temporal position (1 for a picture)."""
+        return 1.0 if not image.frames or self.video is None else self.video.time_step(image.fps)
+
+    def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        """The pictures (and videos) of one batch to their embeddings ``(tokens, hidden)``."""
         if isinstance(self.family, QwenVisionTower):
-            out = self.processor.processor(images=images, return_tensors="pt")
-            grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"].tolist()]
-            embeddings = self.family.encode(out["pixel_values"].to(self.device), grids)  # type: ignore[arg-type]
+            embeddings = self._qwen(images)
         elif isinstance(self.family, LlavaNextVision):  # each picture its own number of tiles
-            tiles = [self.processor.pixel_values([image])[0].to(self.device) for image in images]
-            embeddings = self.family.encode_tiles(tiles, [image.size for image in images])
+            pictures = [_picture(image) for image in images]
+            tiles = [self.processor.pixel_values([p])[0].to(self.device) for p in pictures]
+            embeddings = self.family.encode_tiles(tiles, [p.size for p in pictures])
         else:
-            embeddings = self.family.encode(self.processor.pixel_values(images).to(self.device))
+            pixels = self.processor.pixel_values([_picture(image) for image in images])
+            embeddings = self.family.encode(pixels.to(self.device))
         return [e.to(self.dtype) for e in embeddings]
+
+    def _qwen(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        rows: list[torch.Tensor] = []
+        grids: list[tuple[int, int, int]] = []
+        pictures = [_picture(image) for image in images if not image.frames]
+        if pictures:
+            out = self.processor.processor(images=pictures, return_tensors="pt")
+            picture_rows = iter(torch.split(out["pixel_values"], [int(g.prod()) for g in out["image_grid_thw"]]))
+            picture_grids = iter(tuple(int(v) for v in g) for g in out["image_grid_thw"].tolist())
+        for image in images:
+            if image.frames:
+                assert self.video is not None
+                patches, grid = self.video.patches(image)
+                rows.append(patches)
+                grids.append(grid)
+            else:
+                rows.append(next(picture_rows))
+                grids.append(next(picture_grids))
+        return self.family.encode(torch.cat(rows).to(self.device), grids)
+
+
+def _picture(image: ImageInput) -> Any:
+    from PIL import Image
+
+    return Image.frombytes("RGB", (image.width, image.height), image.pixels)
 
 
 def split_vision(
@@ -72,6 +107,8 @@ def split_vision(
     elif spec.vision in ("qwen2_5_vl", "qwen2_vl"):
         grid = QwenGrid.of(processor.processor.to_dict())
         family = QwenVisionTower(config, grid, tensors, ops)
+        video = QwenVideo.of(model_dir, config, grid, processor.processor.to_dict())
+        return VisionModel(family, processor, dtype, device, video), language_model_tensors(tensors)
     else:
         family = (LlavaNextVision if spec.vision == "llava_next" else LlavaVision)(config, tensors, ops)
     return VisionModel(family, processor, dtype, device), language_model_tensors(tensors)

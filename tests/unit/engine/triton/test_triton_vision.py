@@ -27,13 +27,15 @@ def test_llava_on_the_cuda_ops_with_decode_graphs(monkeypatch, tmp_path, kernel_
 
 
 def test_qwen2_5_vl_on_the_cuda_ops(tmp_path, kernel_device):
-    from tests.tiny_vision import build_qwen_vl, hf_qwen_greedy, qwen_prompt
+    """A picture and a video (three frames: two grid steps, the last padded) in one prompt."""
+    from tests.tiny_video import clip, hf_qwen_video_greedy, video_prompt
+    from tests.tiny_vision import build_qwen_vl
 
     model_dir = build_qwen_vl(tmp_path / "qwen")
-    ids, pictures = qwen_prompt(model_dir, ["What is this?", picture(1, 100, 80)])
-    expected = hf_qwen_greedy(model_dir, ids, pictures, 5)
+    ids, media = video_prompt(model_dir, ["What is this?", picture(1, 100, 80), "and", clip(2, 3, 56, 56)])
+    expected = hf_qwen_video_greedy(model_dir, ids, media, 5)
     engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=16, enforce_eager=True)
-    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
+    tokens = run_pictures(engine, {"a": (ids, media)}, 5)["a"]
     assert tokens == expected
 
 
