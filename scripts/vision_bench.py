@@ -4,13 +4,14 @@ at 336 px, 576 image tokens, a random Llama) or Qwen2.5-VL shape (a windowed tow
 picture), one 448x448 picture a request:
 
     python scripts/vision_bench.py [--family llava|qwen2.5-vl] [--shape proportional|tests] [--new-tokens 64]
-                                   [--concurrency 8] [--runs 3]
+                                   [--concurrency 8] [--runs 3] [--video-frames 8]
 
 - TTFT of one picture request, against the tower alone plus a text prompt of the same length run
   alone (what the work costs without any overhead of carrying the picture through the engine);
 - throughput of ``--concurrency`` picture requests (each its own picture) against the same load of
   text-only prompts of the same token count;
-- one picture request on the engine against transformers' ``generate`` (batch 1, tokens/s).
+- one picture request on the engine against transformers' ``generate`` (batch 1, tokens/s);
+- (Qwen2.5-VL) TTFT of one video request against its tower alone plus a text prompt as long.
 
 Figures are medians over ``--runs``; the machine's class is printed with them."""
 
@@ -44,7 +45,7 @@ def engine(model_dir: Path, concurrency: int, dtype: str) -> Engine:
     return Engine(
         EngineConfig(
             model_dir=model_dir, dtype=dtype, device="cpu", max_num_seqs=max(8, concurrency),
-            max_num_batched_tokens=2048, max_model_len=1024, block_size=16, kv_cache_bytes=None,
+            max_num_batched_tokens=2048, max_model_len=2048, block_size=16, kv_cache_bytes=None,
             enable_prefix_caching=False,
         )
     )  # fmt: skip
@@ -113,12 +114,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--family", choices=("llava", "qwen2.5-vl"), default="llava")
+    ap.add_argument(
+        "--video-frames", type=int, default=8, help="qwen2.5-vl: also a video of this many frames (0: none)"
+    )
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp())
     if args.family == "llava":
         model_dir = build_llava(root / "llava", image_size=args.image_size, **SHAPES[args.shape])
     else:  # the processor's own default pixel bounds: a 448x448 picture is 16 x 16 tokens
-        model_dir = build_qwen_vl(root / "qwen", max_pixels=28 * 28 * 16384, **SHAPES[args.shape])
+        model_dir = build_qwen_vl(
+            root / "qwen", max_pixels=28 * 28 * 16384, video_max_pixels=768 * 28 * 28, **SHAPES[args.shape]
+        )
     ids, hf_inputs = reference_inputs(model_dir, args.family)
     token_id = ids[max(range(len(ids)), key=lambda i: ids.count(ids[i]))]  # the placeholder: the most frequent id
     text_ids = [t if t != token_id else 100 + (i % 200) for i, t in enumerate(ids)]  # as long, no picture
@@ -132,7 +138,7 @@ def main() -> None:
     for r in range(args.runs):
         pic = picture(1000 + r, 448, 448)
         t = time.perf_counter()
-        vision.encode([pic])
+        vision.encode(image_inputs(ids, [pic], token_id))
         rows["tower"].append(time.perf_counter() - t)
         rows["text_ttft"].append(run(eng, [(text_ids, [])], 1)[0])
         ttft, total, tokens = run(eng, [(ids, [picture(2000 + r, 448, 448)])], n)
@@ -152,6 +158,8 @@ def main() -> None:
         with torch.no_grad():
             out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         rows["hf_tps"].append((out.shape[1] - inputs["input_ids"].shape[1]) / (time.perf_counter() - t))
+    if args.family == "qwen2.5-vl" and args.video_frames:
+        video_rows(model_dir, eng, args, rows)
     m = {k: statistics.median(v) for k, v in rows.items()}
     print(f"{args.family}, shape {args.shape}: {cpu_model_name()}, class {isa_class()}, torch threads {torch.get_num_threads()}, {len(ids)}-token prompt "
           f"({len(ids) - ids.count(token_id)} text + {ids.count(token_id)} image), {n} new tokens, engine {args.dtype}, median of {args.runs}")  # fmt: skip
@@ -167,6 +175,32 @@ def main() -> None:
     print(
         f"| batch 1 tok/s, engine / transformers generate | {m['one_tps']:.0f} / {m['hf_tps']:.0f} = {m['one_tps'] / m['hf_tps']:.2f}x |"
     )
+    if "video_ttft" in m:
+        print(f"| TTFT, one video request ({args.video_frames} frames of 448x448, {m['video_tokens']:.0f} tokens) | {m['video_ttft'] * 1e3:.1f} ms |")  # fmt: skip
+        print(f"| its tower alone + the same-length text prompt alone | {m['video_tower'] * 1e3:.1f} + {m['video_text'] * 1e3:.1f} ms |")  # fmt: skip
+        print(f"| TTFT / (tower + text), video | {m['video_ttft'] / (m['video_tower'] + m['video_text']):.2f} |")
+
+
+def video_rows(model_dir: Path, eng: Engine, args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
+    """A request with one video of ``--video-frames`` 448x448 frames (2 a second, as sampled)."""
+    from tests.tiny_video import clip, media_inputs, video_prompt
+
+    video_token = eng.runner.images.token_ids[1]
+    for r in range(args.runs):
+        c = clip(5000 + r, args.video_frames, 448, 448)
+        ids, media = video_prompt(model_dir, [c, "Describe the video."])
+        inputs = media_inputs(ids, media, eng.spec.image_token_id, video_token)
+        text_ids = [t if t != video_token else 100 + (i % 200) for i, t in enumerate(ids)]
+        t = time.perf_counter()
+        eng.runner.images.vision.encode(inputs)
+        rows.setdefault("video_tower", []).append(time.perf_counter() - t)
+        rows.setdefault("video_text", []).append(run(eng, [(text_ids, [])], 1)[0])
+        start = time.perf_counter()
+        eng.add_request(f"v{r}", ids, SamplingParams(max_new_tokens=1), images=inputs)
+        while eng.has_work():
+            eng.step()
+        rows.setdefault("video_ttft", []).append(time.perf_counter() - start)
+        rows.setdefault("video_tokens", []).append(ids.count(video_token))
 
 
 if __name__ == "__main__":

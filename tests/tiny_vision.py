@@ -173,10 +173,18 @@ QWEN_TEMPLATE = (
 )
 
 
-def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: bool = False, **sizes: int) -> Path:
+def build_qwen_vl(
+    out: Path,
+    seed: int = 0,
+    max_pixels: int = 224 * 224,
+    v2: bool = False,
+    video_max_pixels: int = 112 * 112,
+    **sizes: int,
+) -> Path:
     """A Qwen2.5-VL layout (or Qwen2-VL's, ``v2``): a Qwen2 language model with multimodal rotary
     positions (sections 2, 3 and 3 of its 8 frequencies), a 3-block tower (Qwen2.5-VL: 56 px windows
-    and one full-attention block), and its ``Qwen2VLImageProcessor``, saved as transformers saves them.
+    and one full-attention block), its ``Qwen2VLImageProcessor`` and its video processor's bounds
+    (frames of 56 x 56 to ``video_max_pixels``), saved as transformers saves them.
     ``sizes``: ``text_hidden``, ``text_layers``, ``vision_hidden``, ``vision_layers`` (64, 2, 32, 3 unless
     given; Qwen2.5-VL only)."""
     import torch
@@ -226,7 +234,7 @@ def build_qwen_vl(out: Path, seed: int = 0, max_pixels: int = 224 * 224, v2: boo
     torch.manual_seed(seed)
     model_class(config).eval().save_pretrained(out)
     Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels).save_pretrained(out)
-    video = {"size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, "patch_size": 14, "merge_size": 2,
+    video = {"size": {"shortest_edge": 56 * 56, "longest_edge": video_max_pixels}, "patch_size": 14, "merge_size": 2,
              "temporal_patch_size": 2, "video_processor_type": "Qwen2VLVideoProcessor"}  # fmt: skip
     (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     return out
