@@ -25,6 +25,7 @@ FAMILIES = {
     "LlavaNextForConditionalGeneration": "llava_next",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Gemma3ForConditionalGeneration": "gemma3",
 }
 """The vision-language architectures whose prompts are read here, and their families."""
@@ -66,7 +67,7 @@ class VisionPrompt:
         family = FAMILIES.get(architectures[0]) if architectures else None
         if family is None:
             return None
-        if family in ("qwen2_5_vl", "qwen2_vl"):
+        if family in ("qwen2_5_vl", "qwen2_vl", "qwen3_vl"):
             return cls._qwen(path, family, config, tokenizer)
         if family == "gemma3":
             return cls._gemma3(config, tokenizer)
@@ -84,13 +85,16 @@ class VisionPrompt:
 
     @classmethod
     def _qwen(cls, path: Path, family: str, config: dict[str, Any], tokenizer: Any) -> VisionPrompt:
-        """Qwen2.5-VL and Qwen2-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and ``<|vision_end|>``."""
+        """Qwen2.5-VL, Qwen2-VL and Qwen3-VL: ``<|image_pad|>`` between ``<|vision_start|>`` and
+        ``<|vision_end|>``; videos for Qwen2-VL and Qwen2.5-VL (Qwen3-VL's are not taken yet)."""
         token_id, video_id = int(config.get("image_token_id", 151655)), int(config.get("video_token_id", 151656))
         ends = [config.get("vision_start_token_id", 151652), config.get("vision_end_token_id", 151653)]
         token, video, start, end = "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"
         if tokenizer is not None:
             token, video, start, end = (tokenizer.convert_ids_to_tokens(int(i)) for i in (token_id, video_id, *ends))
         grid = QwenGrid.of(_json(path / "preprocessor_config.json"))
+        if family == "qwen3_vl":
+            return cls(family, token, token_id, 0, qwen=grid, placeholder=start + token + end)
         video_grid = QwenGrid.of_video(_json(path / "video_preprocessor_config.json"), grid)
         return cls(
             family, token, token_id, 0, qwen=grid, placeholder=start + token + end, video_token=video,

@@ -11,8 +11,12 @@ from tests.tiny_vision import IMAGE_TOKEN, build_llava, build_qwen_vl, picture
 SIZES = [(100, 80), (30, 200), (500, 60), (56, 56), (448, 448), (57, 113)]
 
 
-@pytest.fixture(scope="module", params=["llava", "llava-next", "qwen2.5-vl"])
+@pytest.fixture(scope="module", params=["llava", "llava-next", "qwen2.5-vl", "qwen3-vl"])
 def model_dir(request, tmp_path_factory):
+    if request.param == "qwen3-vl":
+        from tests.tiny_qwen3_vl import build_qwen3_vl
+
+        return build_qwen3_vl(tmp_path_factory.mktemp(request.param))
     if request.param == "qwen2.5-vl":
         return build_qwen_vl(tmp_path_factory.mktemp(request.param))
     return build_llava(tmp_path_factory.mktemp(request.param), next_=request.param == "llava-next")
@@ -89,4 +93,8 @@ def test_qwen_widens_video_tokens_by_the_video_grid_and_sizes_frames_within_its_
 
 
 def test_models_without_video_rules_take_none(tmp_path):
+    from tests.tiny_qwen3_vl import build_qwen3_vl
+
     assert not VisionPrompt.of(build_llava(tmp_path / "llava")).takes_video
+    qwen3 = VisionPrompt.of(build_qwen3_vl(tmp_path / "qwen3"))
+    assert qwen3.family == "qwen3_vl" and qwen3.qwen.patch == 16 and not qwen3.takes_video

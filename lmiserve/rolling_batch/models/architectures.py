@@ -9,8 +9,13 @@ from typing import Any
 
 from .spec import FAMILY_ARCHITECTURES, ModelSpec, UnsupportedModel, read_config
 from .variants import VARIANT_ARCHITECTURES
+from .vision_specs import VISION_SPEC_ARCHITECTURES
 
-ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {**FAMILY_ARCHITECTURES, **VARIANT_ARCHITECTURES}
+ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
+    **FAMILY_ARCHITECTURES,
+    **VARIANT_ARCHITECTURES,
+    **VISION_SPEC_ARCHITECTURES,
+}
 
 
 def spec_from_config(config: dict[str, Any]) -> ModelSpec:

@@ -155,10 +155,15 @@ class DecoderModel:
 
     def _mrope(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Multimodal rotary tables: each frequency takes the temporal, height or width position
-        of its section (``spec.mrope_section``), in both halves of the head."""
+        of its section (``spec.mrope_section``: three runs, or interleaved), in both halves of the head."""
         if self._mrope_pick is None:  # each frequency's section, in both halves of the head: once
             sections = self.spec.mrope_section
-            half = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
+            if self.spec.mrope_interleaved:  # T H W T H W ... while height and width last, then T
+                half = torch.zeros(sum(sections), dtype=torch.long)
+                for axis in (1, 2):
+                    half[axis : 3 * sections[axis] : 3] = axis
+            else:
+                half = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
             self._mrope_pick = torch.cat([half, half]).to(positions.device).view(1, 1, -1)
         pick = self._mrope_pick.expand(1, positions.shape[1], -1)
         cos = self.cos[positions].gather(0, pick)[0].to(self.dtype)
@@ -181,14 +186,20 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Hidden states ``(T, hidden)`` after the final norm, for every token of the step.
         ``inserts``: ``(rows, embeddings)``, input embeddings that take the place of those rows'
-        token embeddings (an image's, at its placeholder tokens). ``rope_positions``: ``(3, T)``
+        token embeddings (an image's, at its placeholder tokens); embeddings ``k + 1`` times as wide
+        as the model carry ``k`` more (Qwen3-VL's DeepStack features), added to those rows of the
+        first ``k`` layers' outputs. ``rope_positions``: ``(3, T)``
         multimodal rotary positions (``spec.mrope_section``) in place of ``positions``.
         ``image_blocks``: pictures whose tokens attend to each other both ways (Gemma 3)."""
         ops, spec = self.ops, self.spec
         rope = self._rope(positions) if rope_positions is None else self._mrope(rope_positions)
         h = self._embed(input_ids)
+        stacked: list[torch.Tensor] = []
         if inserts is not None:
-            h = h.index_copy(0, inserts[0], inserts[1].to(h.dtype))
+            width = h.shape[1]
+            h = h.index_copy(0, inserts[0], inserts[1][:, :width].to(h.dtype))
+            if inserts[1].shape[1] > width:
+                stacked = list(inserts[1][:, width:].split(width, dim=1))
         tokens = h.shape[0]
         residual = h
         x = h if self.layers[0].input_norm is None else self._norm(h, self.layers[0].input_norm)
@@ -237,6 +248,9 @@ class DecoderModel:
             if lora is not None:
                 self._adapt(mlp, act, i, "down", lora)
             x, residual = self._join(mlp, residual, layer.mlp_norm, next_norm)
+            if i < len(stacked):  # a DeepStack feature joins the residual after this layer
+                residual = residual.index_add(0, inserts[0], stacked[i].to(residual.dtype))  # type: ignore[index]
+                x = self._norm(residual, next_norm)  # type: ignore[arg-type]
         return x
 
     def _join(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +77,9 @@ class ModelSpec:
     mrope_section: tuple[int, ...] = ()
     """Multimodal rotary positions (Qwen2-VL): how many of the head's rotary frequencies take the
     temporal, height and width position; empty: one position per token."""
+    mrope_interleaved: bool = False
+    """Qwen3-VL: the sections' frequencies interleaved (time, height, width, time, ...) rather than
+    in three runs."""
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:
@@ -243,48 +245,6 @@ def _gemma(config: dict[str, Any]) -> ModelSpec:
     )
 
 
-def _llava(config: dict[str, Any]) -> ModelSpec:
-    """LLaVA and LLaVA-NeXT: the language model of their ``text_config`` (Llama, Mistral or Qwen2)
-    fed by a CLIP tower."""
-    text_type = config.get("model_type", "llama")
-    readers = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2}
-    if text_type not in readers:
-        raise UnsupportedModel(f"LLaVA over a {text_type} language model is not supported")
-    whole = config.get("multimodal", config)
-    return dataclasses.replace(
-        readers[text_type](config),
-        vision="llava_next" if "LlavaNextForConditionalGeneration" in whole["architectures"] else "llava",
-        image_token_id=int(whole.get("image_token_index", whole.get("image_token_id", -1))),
-        tp_refusal="vision-language models do not run tensor parallel yet",
-    )
-
-
-def _qwen_vl(config: dict[str, Any]) -> ModelSpec:
-    """Qwen2.5-VL and Qwen2-VL: a Qwen2 language model with multimodal rotary positions, fed by
-    their own tower."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    section = tuple(int(n) for n in rope.get("mrope_section") or ())
-    whole = config.get("multimodal", config)
-    return dataclasses.replace(
-        _common(config, "qwen2", qkv_bias=True),
-        vision="qwen2_vl" if "Qwen2VLForConditionalGeneration" in whole["architectures"] else "qwen2_5_vl",
-        image_token_id=int(whole.get("image_token_id", 151655)),
-        mrope_section=section,
-        tp_refusal="vision-language models do not run tensor parallel yet",
-    )
-
-
-def _gemma3_vision(config: dict[str, Any]) -> ModelSpec:
-    """Gemma 3 with its SigLIP tower: the language model of its ``text_config``."""
-    whole = config.get("multimodal", config)
-    return dataclasses.replace(
-        _gemma(config),
-        vision="gemma3",
-        image_token_id=int(whole.get("image_token_index", whole.get("image_token_id", 262144))),
-        tp_refusal="vision-language models do not run tensor parallel yet",
-    )
-
-
 FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -296,13 +256,9 @@ FAMILY_ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     "OlmoeForCausalLM": _olmoe,
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
-    "LlavaForConditionalGeneration": _llava,
-    "LlavaNextForConditionalGeneration": _llava,
-    "Qwen2_5_VLForConditionalGeneration": _qwen_vl,
-    "Qwen2VLForConditionalGeneration": _qwen_vl,
-    "Gemma3ForConditionalGeneration": _gemma3_vision,
 }
-"""The families read here; :mod:`.variants` reads more, :mod:`.architectures` holds them all."""
+"""The families read here; :mod:`.variants` and :mod:`.vision_specs` read more, :mod:`.architectures`
+holds them all."""
 
 
 VISION_ARCHITECTURES = (
@@ -310,6 +266,7 @@ VISION_ARCHITECTURES = (
     "LlavaNextForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
     "Gemma3ForConditionalGeneration",
 )
 """Vision-language models whose language model the decoder runs (their ``text_config``)."""

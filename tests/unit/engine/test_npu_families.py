@@ -40,3 +40,14 @@ def test_qwen2_5_vl_on_the_npu_ops(tmp_path, fake_npu):
     engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
     tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
     assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)
+
+
+def test_qwen3_vl_on_the_npu_ops(tmp_path, fake_npu):
+    from tests.tiny_qwen3_vl import build_qwen3_vl
+    from tests.tiny_vision import hf_qwen_greedy, picture, qwen_prompt
+
+    model_dir = build_qwen3_vl(tmp_path / "qwen3")
+    ids, pictures = qwen_prompt(model_dir, [picture(2, 150, 60), "Describe it."])
+    engine = make_engine(model_dir, ops="npu", block_size=128, max_num_batched_tokens=8)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
+    assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)

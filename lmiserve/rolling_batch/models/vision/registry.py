@@ -16,6 +16,7 @@ from .gemma3 import Gemma3Vision
 from .llava import LlavaVision, language_model_tensors
 from .llava_next import LlavaNextVision
 from .pixels import PixelProcessor
+from .qwen3_vl import Qwen3VisionTower
 from .qwen_video import QwenVideo
 from .qwen_vl import QwenVisionTower
 
@@ -104,6 +105,8 @@ def split_vision(
         if processor.processor.to_dict().get("do_pan_and_scan"):
             raise UnsupportedModel("Gemma 3 with do_pan_and_scan=true (its crops of a picture) is not supported")
         family: Any = Gemma3Vision(config, tensors, ops)
+    elif spec.vision == "qwen3_vl":  # pictures; its videos (frames between timestamps) are not taken yet
+        family = Qwen3VisionTower(config, QwenGrid.of(processor.processor.to_dict()), tensors, ops)
     elif spec.vision in ("qwen2_5_vl", "qwen2_vl"):
         grid = QwenGrid.of(processor.processor.to_dict())
         family = QwenVisionTower(config, grid, tensors, ops)

@@ -61,3 +61,15 @@ def test_gemma3_vision_on_the_cuda_ops(tmp_path, kernel_device):
     engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=7, enforce_eager=True)
     tokens = run_pictures(engine, {"a": (ids, [picture(1)])}, 6)["a"]
     assert tokens == hf_gemma3_greedy(model_dir, ids, [picture(1)], 6)
+
+
+def test_qwen3_vl_on_the_cuda_ops(tmp_path, kernel_device):
+    """DeepStack's additions and the interleaved rotary sections on the CUDA ops, chunked."""
+    from tests.tiny_qwen3_vl import build_qwen3_vl
+    from tests.tiny_vision import hf_qwen_greedy, qwen_prompt
+
+    model_dir = build_qwen3_vl(tmp_path / "qwen3")
+    ids, pictures = qwen_prompt(model_dir, ["What is this?", picture(1, 100, 80)])
+    engine = make_engine(model_dir, ops="cuda", device=kernel_device, max_num_batched_tokens=16, enforce_eager=True)
+    tokens = run_pictures(engine, {"a": (ids, pictures)}, 5)["a"]
+    assert tokens == hf_qwen_greedy(model_dir, ids, pictures, 5)
