@@ -40,7 +40,12 @@ _ROLLING = {
     "disable": "disable",
     "disabled": "disable",
     "false": "disable",
+    **dict.fromkeys(("trtllm", "tensorrt-llm", "scheduler", "hf-accelerate"), "auto"),
 }
+OTHER_BACKENDS = {"trtllm": "TensorRT-LLM", "tensorrt-llm": "TensorRT-LLM", "scheduler": "hf-accelerate",
+                  "hf-accelerate": "hf-accelerate"}  # fmt: skip
+"""LMI's rolling-batch backends that lmiserve does not ship: such a configuration starts as ``auto``
+would, with a warning naming the substitution."""
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")
 _FORMATTER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
@@ -134,8 +139,9 @@ class ModelSettings(Area):
         "transformers generate); auto picks our engine for the architectures it supports (Llama, Mistral, "
         "Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Phi-3/Phi-4, OLMo 2, Granite, Gemma 2, Gemma 3 text; "
         "the Architectures table of docs/engine.md), on an NPU when one is present, an installed vLLM for the others, "
-        "else transformers generate (with a warning).",
-        allowed="auto, lmi, npu, vllm, disable",
+        "else transformers generate (with a warning). LMI's trtllm and scheduler (TensorRT-LLM, hf-accelerate), "
+        "which lmiserve does not ship, start as auto with a warning.",
+        allowed="auto, lmi, npu, vllm, disable (trtllm and scheduler: as auto)",
     )
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = setting(
         "auto",
@@ -184,6 +190,12 @@ class ModelSettings(Area):
     )
     enable_streaming: bool = setting(
         False, "option.enable_streaming", "Stream every response, even when the request does not ask for it."
+    )
+    full_text_enabled: bool = setting(
+        False,
+        "option.full_text_enabled",
+        "MindIE's fullTextEnabled: each event of a MindIE stream (POST / with stream: true) carries the whole "
+        "text so far in token.text, not only the text of its new tokens.",
     )
     max_model_len: int | None = optional_setting(
         "option.max_model_len",

@@ -31,6 +31,30 @@ class ServerSettings(Area):
         ge=0,
         le=65535,
     )
+    ssl_certfile: str | None = setting(
+        None,
+        "ssl_certfile",
+        "The server's certificate (PEM, with its chain): HTTPS on port and TLS on grpc_port, for every route "
+        "/ping included. option.ssl_certfile is the same key. Empty: plain HTTP and gRPC.",
+        key_aliases=("option.ssl_certfile",),
+        allowed="a file path",
+    )
+    ssl_keyfile: str | None = setting(
+        None,
+        "ssl_keyfile",
+        "The certificate's private key (PEM), needed with ssl_certfile. option.ssl_keyfile is the same key.",
+        key_aliases=("option.ssl_keyfile",),
+        allowed="a file path",
+    )
+    ssl_ca_certs: str | None = setting(
+        None,
+        "ssl_ca_certs",
+        "CA certificates (PEM) that a client's certificate must chain to: mutual TLS, on HTTP and gRPC; a client "
+        "without such a certificate is refused during the handshake. option.ssl_ca_certs is the same key. "
+        "Empty: no client certificate is asked for.",
+        key_aliases=("option.ssl_ca_certs",),
+        allowed="a file path",
+    )
     max_request_size: int = setting(
         64 * MIB,
         "max_request_size",

@@ -9,7 +9,8 @@ follow MindIE's document, where it differs from TGI's own routes:
 - streaming: SSE events ``data: {...}`` (a space after the colon), one per update, whose
   ``token.id`` is the list of the ids the update generated; the last one carries
   ``generated_text`` and, when asked for, ``details`` (``prompt_tokens, finish_reason,
-  generated_tokens, seed``).
+  generated_tokens, seed``). With ``fullTextEnabled`` (``option.full_text_enabled``) each event's
+  ``token.text`` is the whole text so far.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ class MindieResponder(errors.ErrorsIn):
 
     error_shape = staticmethod(errors.tgi)
 
-    def __init__(self, parsed: ParsedTgi):
+    def __init__(self, parsed: ParsedTgi, full_text: bool = False):
         self.parsed = parsed
+        self.full_text = full_text
         self.stream = parsed.stream
         self.media_type = SSE if parsed.stream else "application/json"
         self._first = True
@@ -75,9 +77,12 @@ class MindieResponder(errors.ErrorsIn):
         new = seq.new_tokens
         if not new:
             return b""
-        text = "".join(t.text for t in new)
-        if self._first and p.return_full_text:
-            text = out.prompt + text
+        if self.full_text:  # MindIE's fullTextEnabled: the text so far
+            text = tokens.generated_text(out, seq, p.return_full_text)
+        else:
+            text = "".join(t.text for t in new)
+            if self._first and p.return_full_text:
+                text = out.prompt + text
         self._first = False
         last = new[-1]
         token = {"id": [t.id for t in new], "text": text, "logprob": last.logprob, "special": last.special}

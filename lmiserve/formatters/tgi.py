@@ -107,8 +107,6 @@ class TgiParameters(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self) -> TgiParameters:
-        if self.watermark:
-            raise ValueError("watermark is not supported by this server")
         if (self.best_of or 1) > 1 and not self.sampling:
             raise ValueError("best_of > 1 needs sampling (do_sample, temperature, top_k, top_p or typical_p)")
         if self.grammar is not None:
@@ -190,6 +188,8 @@ def parse(body: bytes, stream: bool | None = None, mindie: bool = False) -> Pars
         raise ValidationFailed("decoder_input_details == true is not supported when streaming tokens")
     if wants_stream and (p.best_of or 1) > 1:
         raise ValidationFailed("best_of > 1 is not supported when streaming tokens")
+    if p.watermark and not mindie:  # MindIE's document accepts it and applies none; TGI's routes refuse it
+        raise ValidationFailed("watermark is not supported by this server")
     parsed = ParsedTgi(request, wants_stream, cap_max_new_tokens=mindie)
     if refs:
         parsed.generation.media, parsed.generation.media_at = refs, offsets

@@ -25,6 +25,7 @@ from ..serving import (
 from .api_processes import ApiProcesses
 from .app import StartupHook, create_app
 from .drain import DrainingServer
+from .tls import ServerTls, TlsError
 
 log = logging.getLogger("lmiserve")
 
@@ -40,7 +41,15 @@ def run(settings: Settings, argv: list[str] | None = None) -> int:
     for warning in settings.warnings:
         log.warning(warning)
     registry = ModelRegistry()
+    try:
+        tls = ServerTls.from_settings(settings)
+    except TlsError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     count = settings.server.api_process_count(os.cpu_count())
+    if tls is not None and count > 1:  # the processes forward to each other over plain sockets
+        log.warning("TLS is on: one API process serves the port (api_processes %d asked for)", count)
+        count = 1
     processes = ApiProcesses(settings, count, argv or []) if count > 1 else None
     if settings.server.multi_model:  # no model at start-up: each loads on demand
         root, budget = settings.server.multi_model_root, memory_budget(settings) // MIB
@@ -102,7 +111,8 @@ def _serve(
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain, settings.server.drain_timeout, processes)
     if servers is not None:
         servers.append(server)
-    log.info("lmiserve %s: %s on http://%s:%s", __version__, what, settings.server.host, settings.server.port)
+    scheme = "https" if settings.server.ssl_certfile else "http"
+    log.info("lmiserve %s: %s on %s://%s:%s", __version__, what, scheme, settings.server.host, settings.server.port)
     if processes is None:
         server.run()
     else:
@@ -120,6 +130,7 @@ def _serve(
 
 
 def uvicorn_config(app, settings: Settings) -> uvicorn.Config:  # type: ignore[no-untyped-def]
+    tls = ServerTls.from_settings(settings)
     return uvicorn.Config(
         app,
         host=settings.server.host,
@@ -130,6 +141,7 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:  # type: ignore[n
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
         timeout_graceful_shutdown=CONNECTION_CLOSE_S,
         log_config=None,
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
 
 

@@ -25,7 +25,9 @@ from .model_sources import fetch
 
 log = logging.getLogger("lmiserve.adapters")
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")
+"""What MindIE's ``adapter_id`` may hold (letters, digits, ``.``, ``_``, ``-`` and ``/``, at most 256:
+a Hub-style ``org/name`` too), beginning with a letter or digit as DJL's names do."""
 ADAPTERS_DIR = "adapters"
 
 
@@ -119,8 +121,10 @@ class ModelAdapters:
         self.check_enabled()
         if not NAME.match(name or ""):
             raise BadRequest(
-                f"adapter name {name!r}: letters, digits, '.', '_' and '-', at most 128, first a letter or digit"
+                f"adapter name {name!r}: letters, digits, '.', '_', '-' and '/', at most 256, first a letter or digit"
             )
+        if name == "None":
+            raise BadRequest("adapter name 'None' names the base model (MindIE's adapter_id)")
         if not src:
             raise BadRequest("src is required: the adapter's directory")
         path = await self._located(src)

@@ -210,3 +210,24 @@ def test_per_adapter_metrics(server):
         line.startswith('lmiserve_adapter_generation_tokens_total{adapter="alpha",model="tiny"}') for line in lines
     )
     assert any(line.startswith('lmiserve_adapter_prompt_tokens_total{adapter="alpha",model="tiny"}') for line in lines)
+
+
+def test_an_adapter_named_org_slash_name_is_found_by_mindies_adapter_id(server, expected):
+    """MindIE's adapter_id: letters, digits, '.', '-', '_' and '/', up to 256 characters."""
+    name = "org/gamma-1.0_x"
+    gamma = server.adapters["gamma"]
+    r = httpx.post(server.url + "/models/tiny/adapters", params={"name": name, "src": str(gamma)})
+    assert r.status_code == 200 and r.json() == {"status": f"Adapter {name} registered"}
+    try:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": N, "adapter_id": name}}
+        assert httpx.post(server.url + "/", json=body).json()[0]["generated_text"] == expected["gamma"]
+        assert httpx.get(server.url + f"/models/tiny/adapters/{name}").json()["name"] == name
+        r = httpx.post(server.url + f"/adapters/{name}/update", params={"pin": "false"})
+        assert r.json() == {"status": f"Adapter {name} updated"}
+    finally:
+        assert httpx.delete(server.url + f"/models/tiny/adapters/{name}").status_code == 200
+    for bad in ("None", "a" * 257, "/lead", "sp ace"):
+        r = httpx.post(server.url + "/models/tiny/adapters", params={"name": bad, "src": str(gamma)})
+        assert r.status_code == 400, bad
+    body = {"inputs": PROMPT, "parameters": {"adapter_id": "a" * 257}}
+    assert httpx.post(server.url + "/", json=body).status_code == 422

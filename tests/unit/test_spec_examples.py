@@ -7,6 +7,8 @@ Where a document's example shows ``null`` for something it says is "not supporte
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -132,6 +134,33 @@ def test_mindie_stream_inference_example():
     assert last["details"] == {"prompt_tokens": 8, "finish_reason": "length", "generated_tokens": 20, "seed": 218884523}
 
 
+def test_mindie_stream_example_with_full_text_enabled():
+    """The document's second stream (fullTextEnabled=true): each token.text is the text so far."""
+    body = {"inputs": "I", "stream": True, "parameters": {"details": True, "decoder_input_details": False}}
+    parsed = mindie_parse(body, 1621189503)
+    pieces = [(11, ","), (600, " i"), (1184, " need"), (498, " you"), (151645, "")]
+    toks = [TokenOutput(i, t, None, special=i == 151645) for i, t in pieces]
+    seq = SequenceOutput(0, ", i need you", toks, list(toks), "eos_token")
+    out = RequestOutput("r", "I", [40], [seq], seed=1621189503)
+    data = replay_all(mindie_tgi.MindieResponder(parsed, full_text=True), out)
+    document = [
+        '{"token":{"id":[11],"text":",","logprob":null,"special":null},"generated_text":null,"details":null}',
+        '{"token":{"id":[600],"text":", i","logprob":null,"special":null},"generated_text":null,"details":null}',
+        '{"token":{"id":[1184],"text":", i need","logprob":null,"special":null},"generated_text":null,"details":null}',
+        '{"token":{"id":[498],"text":", i need you","logprob":null,"special":null},"generated_text":null,"details":null}',
+    ]
+    document_eos = (
+        '{"token":{"id":[151645],"text":", i need you","logprob":null,"special":null},"generated_text":", i need you",'
+        '"details":{"prompt_tokens":1,"finish_reason":"eos_token","generated_tokens":5,"seed":1621189503}}'
+    )
+    # "special": the token's flag where the document prints null (as the golden stream above does)
+    document = [line.replace('"special":null', '"special":false') for line in document[:4]]
+    document.append(document_eos.replace('"special":null', '"special":true'))
+    assert data == "".join(f"data: {line}\n\n" for line in document).encode()
+    plain = replay_all(mindie_tgi.MindieResponder(parsed), out)
+    assert b'"text":" need"' in plain and b'"text":", i need"' not in plain
+
+
 def test_mindie_multimodal_inputs():
     parts = [{"type": "text", "text": "My name is Olivier and I"}, {"type": "text", "text": "tell me more"}]
     parsed = tgi.parse(orjson.dumps({"inputs": parts}), None, mindie=True)
@@ -245,6 +274,8 @@ def test_mindie_completions_fake_streaming_example():
     event = orjson.loads(events[0][len(b"data: ") :])
     assert [c["index"] for c in event["choices"]] == [0, 1]
     assert [c["text"] for c in event["choices"]] == ["\nI am a large", "\n\nI am a large"]
+    # the document's offsets: the second choice's count on from the first choice's 13 characters
+    assert [c["logprobs"]["text_offset"] for c in event["choices"]] == [[0, 1, 2, 5, 7], [13, 15, 16, 19, 21]]
     assert event["usage"]["completion_tokens"] == 10 and event["usage"]["total_tokens"] == 13
 
 
@@ -276,6 +307,17 @@ def test_mindie_completions_ranges():
     assert gen(stop_token_ids=[5, 2**31, -(2**40), 2**31 - 1]).params.stop_token_ids == [5, 2**31 - 1]
     assert gen(stop=["a" * 32768]).stop == ["a" * 32768]
     assert gen(max_tokens=2**31 - 1).params.max_new_tokens == 2**31 - 1
+    mindie = {"model": "m", "prompt": "x"}
+    for fields, fragment in (
+        ({"model": None}, "'model' is required"),
+        ({"seed": 0}, "seed must be in (0, 18446744073709551615]"),
+        ({"top_k": 0}, "top_k must be -1 or in (0, 2147483647]"),
+        ({"n": 2, "temperature": 0}, "n or best_of above 1 needs temperature above 0"),
+    ):
+        with pytest.raises(ValidationFailed, match=re.escape(fragment)):
+            oc.parse({**mindie, **fields}, mindie=True)
+        oc.parse({**mindie, **fields, "model": "m"} if "model" in fields else {**mindie, **fields})  # not MindIE's
+    assert oc.parse({**mindie, "seed": 1, "top_k": -1}, mindie=True).seed == 1
     for bad in (
         {"temperature": -0.5},
         {"n": 129},

@@ -28,6 +28,7 @@ from ...serving import ModelRegistry
 from ..data_plane import DataPlane
 from ..metrics import ServerMetrics
 from ..security import ApiKeys
+from ..tls import ServerTls
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
 from .auth import ApiKeyInterceptor
@@ -195,8 +196,9 @@ async def start_grpc(
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(registry, metrics), server)
     address = _address(host, port)
+    tls = ServerTls.from_settings(settings)
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError as exc:
         bound, reason = 0, str(exc)
     else:
@@ -210,7 +212,7 @@ async def start_grpc(
         log.error("the KServe V2 gRPC service is off; the HTTP routes are served")
         return None
     await server.start()
-    log.info("KServe V2 gRPC (inference.GRPCInferenceService) on %s", address)
+    log.info("KServe V2 gRPC (inference.GRPCInferenceService) on %s%s", address, " over TLS" if tls else "")
     return server
 
 

@@ -108,20 +108,20 @@ async def list_adapters(request: Request) -> JSONResponse:
     return await _list(request, _names(request)[0])
 
 
-@router.get("/models/{model_name}/adapters/{name}")
-@router.get("/adapters/{name}")
+@router.get("/models/{model_name}/adapters/{name:path}")
+@router.get("/adapters/{name:path}")
 async def describe(request: Request) -> JSONResponse:
     model_name, name = _names(request)
     return JSONResponse(_model(request, model_name).adapters.get(name).describe())
 
 
-@router.post("/models/{model_name}/adapters/{name}/update")
-@router.post("/adapters/{name}/update")
+@router.post("/models/{model_name}/adapters/{name:path}/update")
+@router.post("/adapters/{name:path}/update")
 async def update(request: Request) -> JSONResponse:
     return await _update(request, *_names(request))
 
 
-@router.delete("/models/{model_name}/adapters/{name}")
-@router.delete("/adapters/{name}")
+@router.delete("/models/{model_name}/adapters/{name:path}")
+@router.delete("/adapters/{name:path}")
 async def unregister(request: Request) -> JSONResponse:
     return await _unregister(request, *_names(request))

@@ -38,7 +38,8 @@ async def compat_generate(request: Request) -> Response:
     request.state.protocol = "tgi"
     model = engine_model(request)
     parsed = tgi.parse(await read_body(request), None, mindie=True)
-    return await respond_over_http(model, [parsed.generation], mindie_tgi.MindieResponder(parsed), request)
+    responder = mindie_tgi.MindieResponder(parsed, full_text=model.settings.model.full_text_enabled)
+    return await respond_over_http(model, [parsed.generation], responder, request)
 
 
 @router.post("/generate")
