@@ -73,9 +73,13 @@ class Style:
     """Add MindIE's per-token ``batch_size`` and ``queue_wait_time`` lists to ``usage``."""
     usage_in_chunks: bool = False
     """Every streamed chunk carries the usage so far (Databricks)."""
+    index_is_prompt: bool = False
+    """A completion choice's ``index`` is its prompt's (Databricks), not its place among all choices."""
+    offsets_across_choices: bool = False
+    """Completion ``logprobs.text_offset`` counts on from the choices before (MindIE's example)."""
 
 
-OPENAI_COMPLETIONS = Style("text_completion")
+OPENAI_COMPLETIONS = Style("text_completion", offsets_across_choices=True)
 OPENAI_CHAT = Style("chat.completion")
 
 
@@ -201,8 +205,6 @@ class SamplingFields(BaseModel):
         best_of = self.best_of or self.n
         if best_of < self.n:
             raise ValueError(f"best_of ({best_of}) must be at least n ({self.n})")
-        if best_of > 1 and self.temperature == 0 and not self.use_beam_search:
-            raise ValueError("n or best_of above 1 needs temperature above 0")
         if self.stream and self.best_of is not None and self.best_of != self.n and not self.use_beam_search:
             raise ValueError("when streaming, best_of must equal n")
         if self.use_beam_search and self.stop:

@@ -89,10 +89,28 @@ class CompletionRequest(SamplingFields):
         return [("", list(x)) for x in p]  # type: ignore[union-attr]
 
 
-def parse(data: dict[str, Any]) -> CompletionRequest:
+def parse(data: dict[str, Any], mindie: bool = False) -> CompletionRequest:
+    """``mindie``: ``POST /v1/completions``, with MindIE's document's rules on top of the request's
+    own: ``model`` is required, ``seed`` lies in (0, 2**64 - 1] and ``top_k`` is -1 or positive."""
     if "prompt" not in data:
         raise ValidationFailed("'prompt' is required")
-    return validated(CompletionRequest, data)
+    if mindie:
+        _mindie_ranges(data)
+    req = validated(CompletionRequest, data)
+    if mindie and (req.best_of or req.n) > 1 and req.temperature == 0 and not req.use_beam_search:
+        raise ValidationFailed("n or best_of above 1 needs temperature above 0")
+    return req
+
+
+def _mindie_ranges(data: dict[str, Any]) -> None:
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValidationFailed("'model' is required: the served model's name")
+    seed, top_k = data.get("seed"), data.get("top_k")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed == 0:
+        raise ValidationFailed("seed must be in (0, 18446744073709551615]")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k == 0:
+        raise ValidationFailed("top_k must be -1 or in (0, 2147483647]")
 
 
 def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
@@ -148,7 +166,7 @@ class CompletionResponder(StyledResponder):
         self._echoed: set[tuple[int, int]] = set()
 
     def _choice_index(self, prompt_index: int, seq_index: int) -> int:
-        return prompt_index * self.req.n + seq_index
+        return prompt_index if self.style.index_is_prompt else prompt_index * self.req.n + seq_index
 
     def _echoed_prompt(self, prompt_index: int, out: RequestOutput) -> str:
         """The prompt as the client sent it (not as a chat template rendered it)."""
@@ -160,13 +178,15 @@ class CompletionResponder(StyledResponder):
             text += self.req.suffix
         return text
 
-    def _choice(self, prompt_index: int, out: RequestOutput, seq: SequenceOutput, rank: int) -> dict[str, Any]:
+    def _choice(
+        self, prompt_index: int, out: RequestOutput, seq: SequenceOutput, rank: int, start: int = 0
+    ) -> dict[str, Any]:
         lp = None
         if self.req.logprobs is not None:
             tokens = list(seq.tokens)
             if self.req.echo and out.prompt_tokens is not None:
                 tokens = list(out.prompt_tokens) + tokens
-            lp = logprobs(tokens)
+            lp = logprobs(tokens, start)
         return {
             "index": self._choice_index(prompt_index, rank),
             "text": self._text(prompt_index, out, seq),
@@ -176,10 +196,13 @@ class CompletionResponder(StyledResponder):
         }
 
     def _whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
-        choices = []
+        choices: list[dict[str, Any]] = []
+        start = 0
         for i, out in enumerate(outs):
             for rank, seq in enumerate(chosen(out, self.req.n)):
-                choices.append(self._choice(i, out, seq, rank))
+                choices.append(self._choice(i, out, seq, rank, start))
+                if self.style.offsets_across_choices:
+                    start += len(choices[-1]["text"])
         return self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage))
 
     def body(self, outs: list[RequestOutput]) -> bytes:

@@ -125,7 +125,7 @@ def test_bad_input_openai_error_shape(server, body):
 
 
 def test_generation_routes_refuse_embedding_model(server):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, timeout=60)
+    r = httpx.post(server.url + "/v1/completions", json={"model": "minilm", "prompt": "hi"}, timeout=60)
     assert r.status_code == 404 and "error" in r.json()
 
 

@@ -45,8 +45,10 @@ def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
     )
 
 
-async def completions(request: Request, data: dict, style: Style = OPENAI_COMPLETIONS) -> Response:
-    req = openai_completions.parse(data)
+async def completions(
+    request: Request, data: dict, style: Style = OPENAI_COMPLETIONS, mindie: bool = False
+) -> Response:
+    req = openai_completions.parse(data, mindie)
     model, adapter = model_and_adapter(request, req.model)
     responder = openai_completions.CompletionResponder(req, adapter or model.name, style)
     generations = openai_completions.generation_requests(req)
@@ -71,7 +73,7 @@ async def _openai_body(request: Request) -> dict:
 
 @router.post("/v1/completions")
 async def v1_completions(request: Request) -> Response:
-    return await completions(request, await _openai_body(request))
+    return await completions(request, await _openai_body(request), mindie=True)
 
 
 @router.post("/v1/chat/completions")
