@@ -84,7 +84,7 @@ class Shutdown(Msg):
 
 class GuidedDecoding(msgspec.Struct, frozen=True):
     """Constrain the output: ``json_schema`` (value: the schema as JSON), ``json_object`` (any
-    JSON object) or ``regex`` (value: the pattern)."""
+    JSON object), ``regex`` (value: the pattern) or ``structural_tag`` (xgrammar's, as JSON)."""
 
     kind: str
     value: str = ""

@@ -26,7 +26,9 @@ from .validation import validated
 TASKS = (("messages", "chat"), ("prompt", "completions"), ("input", "embeddings"))
 
 CHAT = Style("chat.completions", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
-COMPLETIONS = Style("text_completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+COMPLETIONS = Style(
+    "text_completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True, index_is_prompt=True
+)
 # The OpenAI-compatible paths of a Databricks workspace (/serving-endpoints/chat/completions)
 OPENAI_CHAT = Style("chat.completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
 
@@ -90,7 +92,9 @@ def completion_requests(
     """The generation requests of a completion: ``templated`` replaces the text prompts when
     they went through the chat template. Without ``max_tokens`` a completion may run to the
     end of the context; with it and ``error_behavior: "error"``, a prompt that leaves no
-    room for ``max_tokens`` is refused, while ``"truncate"`` returns what fits."""
+    room for ``max_tokens`` is refused, while ``"truncate"`` returns what fits: a prompt longer than
+    the context keeps its last ``max_model_len - 1`` tokens (TGI's ``truncate``), so at least one
+    token is generated."""
     limited = req.max_tokens is not None
     sized = req.model_copy(update={"max_tokens": req.max_tokens or max_model_len})
     out = generation_requests(sized)  # type: ignore[arg-type]
@@ -99,5 +103,7 @@ def completion_requests(
             gen.prompt = templated[i]
             gen.add_special_tokens = False
         gen.fit_context = limited and req.error_behavior == "error"
+        if req.error_behavior == "truncate" and gen.truncate is None:  # the prompt's end, what fits
+            gen.truncate = max_model_len - 1
         gen.cap_max_new_tokens = gen.max_new_tokens_omitted = False  # MindIE's rules are not Databricks'
     return out

@@ -161,6 +161,8 @@ class ChatRequest(SamplingFields):
                 "json_schema", json.dumps(tool_calls.required_schema(self.tool_dicts, self.parallel_tool_calls))
             )
         rf = self.response_format
+        if (rf is None or rf.type == "text") and mode == "auto" and any(t.get("strict") for t in self.tool_dicts):
+            return GuidedDecoding("structural_tag", json.dumps(tool_calls.auto_strict_tag(self.tool_dicts)))
         if rf is None or rf.type == "text":
             return None
         if rf.type == "json_object":

@@ -4,7 +4,8 @@
 the schema built here, so the output is always a valid call. With ``"auto"`` the model may
 answer in prose or call tools the way its chat template taught it: ``<tool_call>{...}</tool_call>``
 blocks (Hermes, Qwen), or a bare JSON object / array of ``{"name", "arguments"|"parameters"}``
-(Llama 3.1 style).
+(Llama 3.1 style); where a function says ``strict: true``, a tagged call's arguments are held to
+its parameters by a structural tag (bare JSON calls are not constrained).
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def parameters_schema(tool: dict[str, Any]) -> dict[str, Any]:
 def named_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """Output = the arguments of this one function."""
     return parameters_schema(tool)
+
+
+def auto_strict_tag(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """``tool_choice: "auto"`` with ``strict`` functions: xgrammar's structural tag. The text is free
+    until the model writes ``<tool_call>``; from there the call must be one of the functions as the
+    Hermes / Qwen templates write it, a strict function's arguments matching its parameters (any
+    JSON object for the others)."""
+    tags = [
+        {
+            "begin": f'{OPEN_TAG}\n{{"name": {json.dumps(t["name"])}, "arguments": ',
+            "content": {
+                "type": "json_schema",
+                "json_schema": parameters_schema(t) if t.get("strict") else {"type": "object"},
+            },
+            "end": "}\n</tool_call>",
+        }
+        for t in tools
+    ]
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [OPEN_TAG], "tags": tags}}
 
 
 def required_schema(tools: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:

@@ -105,6 +105,23 @@ def test_error_behavior(server, reference):
     assert r.status_code == 200
     assert r.json()["choices"][0]["finish_reason"] == "length"
     assert r.json()["usage"]["total_tokens"] == 256
+    # a prompt longer than the context: refused, or truncated to its last 255 tokens and answered
+    long_prompt = " ".join(["word"] * 400)
+    over = {"prompt": long_prompt, "max_tokens": 4, "temperature": 0, "use_raw_prompt": True, "ignore_eos": True}
+    assert post(server, ENDPOINT, over).status_code == 400
+    r = post(server, ENDPOINT, {**over, "error_behavior": "truncate"})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {"prompt_tokens": 255, "completion_tokens": 1, "total_tokens": 256}
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_completion_choices_carry_their_prompts_index_and_n_greedy_choices(server, reference):
+    body = {"prompt": [PROMPT, "Hello"], "n": 2, "max_tokens": 3, "temperature": 0, "use_raw_prompt": True}
+    r = post(server, ENDPOINT, body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 0, 1, 1]
+    assert choices[0]["text"] == choices[1]["text"] == reference.text(PROMPT, 3)
 
 
 def test_no_max_tokens_means_up_to_the_context(server, reference):

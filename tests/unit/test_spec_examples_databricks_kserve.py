@@ -102,6 +102,38 @@ def test_databricks_truncate_answers_what_was_generated_when_time_runs_out():
     assert b'"finish_reason":"length"' in data and data.endswith(b"data: [DONE]\n\n")
 
 
+def test_databricks_completion_choices_carry_their_prompts_index():
+    """CompletionChoice.index: "the index of the prompt in the request", n choices each."""
+    from lmiserve.formatters import databricks, openai_completions
+    from lmiserve.generation.request import RequestOutput, SequenceOutput
+
+    req = databricks.parse_completion({"prompt": ["a", "b"], "n": 2, "temperature": 0})  # n > 1 greedy: allowed
+    r = openai_completions.CompletionResponder(req, "tiny", databricks.COMPLETIONS)
+    outs = [RequestOutput(f"r{p}", p, [1], [SequenceOutput(i, f"{p}{i}", [], [], "length") for i in range(2)])
+            for p in "ab"]  # fmt: skip
+    choices = orjson.loads(r.body(outs))["choices"]
+    assert [(c["index"], c["text"]) for c in choices] == [(0, "a0"), (0, "a1"), (1, "b0"), (1, "b1")]
+    assert [g.params.n for g in databricks.completion_requests(req, 64)] == [2, 2]
+
+
+def test_databricks_chat_n_with_temperature_zero_returns_n_choices():
+    from lmiserve.formatters import databricks, openai_chat
+
+    req = databricks.parse_chat({"messages": [USER], "n": 3, "temperature": 0})
+    params = openai_chat.generation_request(req, "prompt", 64).params
+    assert (params.n, params.do_sample) == (3, False)
+
+
+def test_databricks_truncate_keeps_the_end_of_an_over_long_prompt():
+    from lmiserve.formatters import databricks
+
+    req = databricks.parse_completion({"prompt": "x", "error_behavior": "truncate", "max_tokens": 8})
+    [gen] = databricks.completion_requests(req, 64)
+    assert (gen.truncate, gen.fit_context) == (63, False)
+    [gen] = databricks.completion_requests(databricks.parse_completion({"prompt": "x", "max_tokens": 8}), 64)
+    assert (gen.truncate, gen.fit_context) == (None, True)
+
+
 # --- KServe open inference protocol V2 -----------------------------------------------------------
 
 V2_REQUEST = {

@@ -1,6 +1,6 @@
 """Constrained decoding: only tokens that keep the output valid for a grammar can be sampled.
 
-Grammars (a JSON schema, any JSON object, a regular expression) are compiled once with
+Grammars (a JSON schema, any JSON object, a regular expression, a structural tag) are compiled once with
 xgrammar against the model's tokenizer and cached; every constrained sequence has a matcher
 that masks its logits before sampling and advances with each chosen token.
 """
@@ -62,6 +62,8 @@ class GuidedDecoder:
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "regex":
             return compiler.compile_regex(value)
+        if kind == "structural_tag":  # xgrammar's structural tag, as JSON
+            return compiler.compile_structural_tag(value)
         raise ValueError(f"unknown constraint {kind!r}")
 
     def check(self, spec: GuidedDecoding) -> None:

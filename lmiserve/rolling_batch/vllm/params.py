@@ -91,6 +91,8 @@ def _structured(guided: wire.GuidedDecoding, api: VllmApi) -> Any:
         return api.structured(json_object=True)
     if guided.kind == "regex":
         return api.structured(regex=guided.value)
+    if guided.kind == "structural_tag":
+        return api.structured(structural_tag=guided.value)
     raise RequestRefused(f"constrained decoding of kind {guided.kind!r} is not available on the vllm backend")
 
 

@@ -19,9 +19,11 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
-        count = sum(v is not None for v in (self.json, self.regex, self.choice, self.grammar, self.json_object))
+        kinds = (self.json, self.regex, self.choice, self.grammar, self.json_object, self.structural_tag)
+        count = sum(v is not None for v in kinds)
         if count != 1:
             raise ValueError("exactly one kind of structured outputs constraint must be given")
 
