@@ -5,7 +5,10 @@ answer is a BYTES ``text_output`` tensor of the same shape, one generated text p
 Generation parameters come from the request's ``parameters``, then the ``text_input``
 tensor's ``parameters``, then optional one-element input tensors named after a parameter
 (``max_tokens``, ``temperature``, ``stop_words``..., or ``sampling_parameters``: a JSON
-object); later sources win. Unknown parameters are ignored, unknown inputs are refused.
+object); later sources win. Generation parameters of other servers that these routes do not apply
+(``n``, ``best_of``, ``logprobs``, ``details``...: :data:`NOT_APPLIED`) are refused by name; other
+unknown parameters (the protocol's own, such as ``binary_data_output``) are ignored, unknown
+inputs are refused.
 
 REST bodies may use the binary tensor extension: with ``Inference-Header-Content-Length: N``
 the first N bytes are the JSON header and the rest holds the tensors whose ``parameters``
@@ -54,8 +57,9 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-PLATFORM = "pytorch_lmiserve"
-HANDLER_PLATFORM = "python_lmiserve"
+PLATFORM = "pytorch_torchscript"
+"""The only PyTorch name among the platforms the protocol allows (``<framework>_<format>``); the field
+is for information only."""
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -142,7 +146,7 @@ _ALIASES = {
 
 
 class GenerateParameters(BaseModel):
-    """The generation parameters this server understands (others are ignored)."""
+    """The generation parameters this server applies (:data:`NOT_APPLIED` is refused, others ignored)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -232,7 +236,25 @@ PARAMETER_INPUTS = frozenset(GenerateParameters.model_fields) | {
 }
 
 
+NOT_APPLIED = frozenset({
+    "n", "best_of", "logprobs", "prompt_logprobs", "details", "decoder_input_details", "top_n_tokens",
+    "use_beam_search", "num_beams", "beam_width", "length_penalty", "early_stopping", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_perf_metrics", "guided_decoding",
+    "structured_outputs", "response_format", "grammar", "watermark", "truncate", "truncate_prompt_tokens",
+    "num_return_sequences", "output_log_probs",
+})  # fmt: skip
+"""Generation parameters of other servers' V2 routes (vLLM's, TensorRT-LLM's and TGI's) that these
+routes do not apply: refused by name, never ignored (one text per prompt, no log-probabilities)."""
+
+
 def parameters(merged: dict[str, Any]) -> GenerateParameters:
+    """The generation parameters; one this server does not apply is a 400 naming it."""
+    refused = sorted(k for k, v in merged.items() if k in NOT_APPLIED and v is not None)
+    if refused:
+        raise BadRequest(
+            f"parameters.{refused[0]}: not applied by this server's KServe V2 routes, which answer one text "
+            f"a prompt (refused: {', '.join(refused)})"
+        )
     return validated(GenerateParameters, merged, "parameters.")
 
 
@@ -243,7 +265,7 @@ def server_metadata(version: str) -> dict[str, Any]:
 def model_metadata(name: str, generates_text: bool) -> dict[str, Any]:
     """A model's metadata; models served by a custom handler list no tensors."""
     if not generates_text:
-        return {"name": name, "versions": [MODEL_VERSION], "platform": HANDLER_PLATFORM, "inputs": [], "outputs": []}
+        return {"name": name, "versions": [MODEL_VERSION], "platform": PLATFORM, "inputs": [], "outputs": []}
     return {
         "name": name,
         "versions": [MODEL_VERSION],

@@ -69,6 +69,7 @@ def test_health_and_metadata(kind, http_client, grpc_client):
         t["shape"] = [int(d) for d in t["shape"]]  # int64 values are strings in protobuf's JSON
     assert server_meta["name"] == "lmiserve" and "generate" in server_meta["extensions"]
     assert model_meta["name"] == "tiny" and model_meta["versions"] == ["1"]
+    assert model_meta["platform"] == "pytorch_torchscript"  # one of the names the protocol allows
     assert model_meta["inputs"] == [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}]
     assert model_meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
 
@@ -152,6 +153,8 @@ def test_http_errors_then_the_server_still_answers(server, http_client, referenc
     assert _http_error(lambda: http_client.infer("nope", [prompts_input(httpclient)])).status() == "404"
     err = _http_error(lambda: http_client.infer("tiny", [prompts_input(httpclient)], parameters={"temperature": -1}))
     assert err.status() == "400" and "temperature" in err.message()
+    err = _http_error(lambda: http_client.infer("tiny", [prompts_input(httpclient)], parameters={"n": 3}))
+    assert err.status() == "400" and "parameters.n: not applied" in err.message()
 
     with server.client() as c:
         body = {"inputs": [{"name": "text_input", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
@@ -185,6 +188,9 @@ def test_grpc_errors_then_the_server_still_answers(server, grpc_client, referenc
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "top_p" in err.message()
     err = _grpc_error(lambda: grpc_client.infer("nope", [prompts_input(grpcclient)]))
     assert err.status() == "StatusCode.NOT_FOUND"
+    for unapplied in ({"n": 2}, {"logprobs": 1}, {"details": True}, {"best_of": 2}):  # never ignored
+        err = _grpc_error(lambda u=unapplied: grpc_client.infer("tiny", [prompts_input(grpcclient)], parameters=u))
+        assert err.status() == "StatusCode.INVALID_ARGUMENT" and f"parameters.{next(iter(unapplied))}" in err.message()
     assert _grpc_error(lambda: grpc_client.is_model_ready("nope")).status() == "StatusCode.NOT_FOUND"
     with grpc.insecure_channel(server.grpc_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
