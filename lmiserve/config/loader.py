@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from .fields import KeySpec, describe_allowed, key_specs, normalize_key
 from .properties import read_properties
-from .schema import AREAS, EngineSettings, MediaSettings, ModelSettings, ServerSettings
+from .schema import AREAS, OTHER_BACKENDS, EngineSettings, MediaSettings, ModelSettings, ServerSettings
 
 PROPERTIES_FILE = "serving.properties"
 
@@ -232,6 +232,13 @@ def load_settings(
         if value is not None:
             merged[key] = (str(value), Source("cli", SPECS_BY_KEY[key].cli or key))
 
+    rolling = merged.get("option.rolling_batch")
+    if rolling is not None and rolling[0].strip().lower() in OTHER_BACKENDS:
+        warnings.append(
+            f"option.rolling_batch={rolling[0]} (set by {rolling[1]}): {OTHER_BACKENDS[rolling[0].strip().lower()]} "
+            "is not part of lmiserve; the model starts as with option.rolling_batch=auto (lmiserve's engine where "
+            "it runs the architecture, else an installed vLLM, else transformers generate)"
+        )
     values: dict[str, dict[str, str]] = {area: {} for area in AREAS}
     unknown: dict[str, str] = {}
     for key, (value, source) in merged.items():

@@ -83,8 +83,12 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
 
 
 def _frame(obj: Any, req: ParsedRequest) -> bytes:
+    """A JSON line, or an SSE event: ``data:{`` as the document's sse example writes it, ``data: {``
+    as its tgi_compat example does."""
     data = json_wire.dumps(obj)
-    return b"data:" + data + b"\n\n" if req.output_format == "sse" else data + b"\n"
+    if req.output_format != "sse":
+        return data + b"\n"
+    return (b"data: " if req.tgi_compat else b"data:") + data + b"\n\n"
 
 
 def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:

@@ -217,6 +217,7 @@ def test_tgi_compat(tiny_llama_dir, tmp_path, reference):
     assert isinstance(body, list) and body[0]["generated_text"] == reference(PROMPTS[0], 5)
     assert set(body[0]["details"]["tokens"][0]) == {"id", "text", "logprob", "special"}
     assert r.headers["content-type"].startswith("text/event-stream")
-    events = [json.loads(e[len("data:") :]) for e in r.text.split("\n\n") if e]
+    assert all(e.startswith("data: {") for e in r.text.split("\n\n") if e)  # the document's tgi_compat example
+    events = [json.loads(e[len("data: ") :]) for e in r.text.split("\n\n") if e]
     assert events[-1]["generated_text"] == body[0]["generated_text"]
     assert events[-1]["details"]["finish_reason"]  # details are on by default under tgi_compat

@@ -118,8 +118,9 @@ def test_djl_option_prefixed_timeouts_in_file(tmp_path):
             "invalid value for option.enable_streaming: 'maybe' (set by env OPTION_ENABLE_STREAMING); allowed: true or false",
         ),
         (
-            {"OPTION_ROLLING_BATCH": "trtllm"},
-            "invalid value for option.rolling_batch: 'trtllm' (set by env OPTION_ROLLING_BATCH); allowed: auto, lmi, npu, vllm, disable",
+            {"OPTION_ROLLING_BATCH": "deepspeed"},
+            "invalid value for option.rolling_batch: 'deepspeed' (set by env OPTION_ROLLING_BATCH); allowed: auto, lmi, "
+            "npu, vllm, disable (trtllm and scheduler: as auto)",
         ),
         (
             {"OPTION_DEVICE": "gpu"},
@@ -151,6 +152,17 @@ def test_aliases_of_values_are_normalised(tmp_path):
     write(tmp_path, "engine=python\noption.dtype=bfloat16\noption.rolling_batch=lmi-dist\noption.device=CUDA:1\n")
     s = load_settings(tmp_path, env={})
     assert (s.model.engine, s.model.dtype, s.model.rolling_batch, s.model.device) == ("Python", "bf16", "lmi", "cuda:1")
+
+
+@pytest.mark.parametrize("value,backend", [("trtllm", "TensorRT-LLM"), ("scheduler", "hf-accelerate")])
+def test_backends_lmiserve_does_not_ship_start_as_auto_with_the_substitution_named(tmp_path, value, backend):
+    write(tmp_path, f"option.rolling_batch={value}\n")
+    s = load_settings(tmp_path, env={})
+    assert s.model.rolling_batch == "auto"
+    assert any(w.startswith(f"option.rolling_batch={value} (set by file") and backend in w for w in s.warnings)
+    (tmp_path / "none").mkdir()
+    s = load_settings(tmp_path / "none", env={"OPTION_ROLLING_BATCH": value.upper()})
+    assert s.model.rolling_batch == "auto" and any("option.rolling_batch=" in w for w in s.warnings)
 
 
 def test_unknown_keys_are_warned_with_the_nearest_name(tmp_path):

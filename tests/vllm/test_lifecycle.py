@@ -42,7 +42,7 @@ def test_tgi_compat_shapes(server):
             "POST", "/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 4}, "stream": True}
         ) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
-            events = [json.loads(d) for d in sse_data(r.read())]
+            events = [json.loads(d) for d in sse_data(r.read(), space=True)]  # the document: data: {
     assert (
         len(events) == 4 and events[-1]["generated_text"] == body["generated_text"][: len(events[-1]["generated_text"])]
     )
