@@ -124,6 +124,18 @@ def test_best_of_and_greedy_typical_p_are_fine(api):
     sampling_params(wire.SamplingParams(typical_p=0.5), api)
 
 
+def test_typical_p_travels_in_extra_args_where_vllm_takes_them(api):
+    import dataclasses
+
+    from lmiserve.rolling_batch.vllm.params import TYPICAL_P_KEY
+
+    newer = dataclasses.replace(api, typical_p=True)  # vLLM 0.10 and later: SamplingParams(extra_args=...)
+    kw = sampling_kwargs(wire.SamplingParams(do_sample=True, typical_p=0.4), newer)
+    assert kw["extra_args"] == {TYPICAL_P_KEY: 0.4}
+    assert "extra_args" not in sampling_kwargs(wire.SamplingParams(do_sample=True), newer)
+    assert "extra_args" not in sampling_kwargs(wire.SamplingParams(typical_p=0.4), newer)  # greedy: no filter
+
+
 def test_vllm_own_checks_raise_value_errors(api):
     with pytest.raises(ValueError, match="top_p"):
         sampling_params(wire.SamplingParams(do_sample=True, top_p=0.0), api)

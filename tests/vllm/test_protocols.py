@@ -121,6 +121,26 @@ def test_mindie_root_route(server, reference):
     assert events[-1]["generated_text"] == reference.text(PROMPT, 5)
 
 
+def test_typical_p_is_applied_in_vllms_engine(server, reference):
+    """MindIE's example sets typical_p. With a tiny mass the typical set is one token (the one whose
+    information content is nearest the entropy, often not the most likely), so two seeds sample the
+    same text, and it is transformers' own typical sampling's."""
+    import torch
+
+    params = {"max_new_tokens": 6, "do_sample": True, "typical_p": 0.001, "temperature": 0.7}
+    texts = [
+        post(server, "/", {"inputs": PROMPT, "parameters": {**params, "seed": seed}}).json()[0]["generated_text"]
+        for seed in (1, 2)
+    ]
+    ids = reference.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference.model.generate(
+            ids, max_new_tokens=6, do_sample=True, typical_p=0.001, temperature=0.7, top_k=0, top_p=1.0
+        )
+    expected = reference.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert texts == [expected, expected] and expected != reference.text(PROMPT, 6)
+
+
 def test_mindie_step_lists_are_left_out_not_zeros(server):
     """vLLM reports no per-step batch size or queue wait for a request."""
     r = post(server, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 0})
@@ -166,6 +186,18 @@ def test_openai_completions_stream(server, reference):
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == reference.text(OTHER, 7)
+
+
+def test_a_strict_function_reaches_vllm_as_a_structural_tag(server):
+    """vLLM takes the structural tag lmiserve builds for strict functions under tool_choice auto."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": schema}}
+    body = {"model": NAME, "messages": USER, "tools": [tool], "tool_choice": "auto", "max_tokens": 8, "temperature": 0}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    for call in message.get("tool_calls") or []:
+        assert "city" in json.loads(call["function"]["arguments"])
 
 
 def test_openai_chat_equals_the_chat_template(server, reference):

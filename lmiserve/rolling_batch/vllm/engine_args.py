@@ -20,7 +20,7 @@ from typing import Any
 from ...config import Settings
 from ...devices import TORCH_DTYPE_NAMES
 from ..process.client import EngineStartError
-from .params import field_names
+from .params import TYPICAL_P_PROCESSOR, field_names
 
 RENAMED = {
     "tensor_parallel_size": "option.tensor_parallel_degree",
@@ -55,6 +55,8 @@ def lmiserve_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
         "enforce_eager": engine.enforce_eager,
         "enable_log_requests": False,
         "disable_log_requests": True,
+        # typical_p, which vLLM does not sample with: lmiserve's filter as an engine logits processor
+        "logits_processors": [TYPICAL_P_PROCESSOR],
     }
     if model.max_model_len is not None:
         kw["max_model_len"] = model.max_model_len
@@ -138,6 +140,8 @@ def engine_kwargs(settings: Settings, model_path: Path, args_cls: type | None = 
                 f"option.{name}={value} disagrees with {ours}={kw[name]}; set {ours} only (lmiserve's name for it)"
             )
     kw.update(passed)
+    if TYPICAL_P_PROCESSOR not in (kw.get("logits_processors") or []):  # a user's own list keeps ours too
+        kw["logits_processors"] = [*(kw.get("logits_processors") or []), TYPICAL_P_PROCESSOR]
     return kw
 
 

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from ... import wire
+
+TYPICAL_P_KEY = "lmiserve_typical_p"
+"""Where a request's typical_p travels to :class:`.typical_p.TypicalP` (``SamplingParams.extra_args``)."""
+TYPICAL_P_PROCESSOR = "lmiserve.rolling_batch.vllm.typical_p:TypicalP"
+"""The logits processor's class path, as vLLM's ``logits_processors`` engine argument takes it."""
 
 VALIDATION_ERRORS = frozenset({"VLLMValidationError", "VLLMClientError"})
 """vLLM's exception classes for a request it refuses (besides ValueError and TypeError)."""
@@ -51,6 +57,8 @@ class VllmApi:
     structured_field: str = ""
     """The SamplingParams field that takes it: ``structured_outputs`` or ``guided_decoding``."""
     version: str = "unknown"
+    typical_p: bool = False
+    """SamplingParams take ``extra_args``, which carry typical_p to the engine's logits processor."""
 
     @classmethod
     def load(cls) -> VllmApi:
@@ -68,15 +76,22 @@ class VllmApi:
             if hasattr(module, class_name) and field_name in fields:
                 structured, field = getattr(module, class_name), field_name
                 break
-        return cls(params_cls, delta, structured, field, str(getattr(vllm, "__version__", "unknown")))
+        version = str(getattr(vllm, "__version__", "unknown"))
+        return cls(params_cls, delta, structured, field, version, typical_p=typical_p_available(fields))
 
 
-def check(params: wire.SamplingParams) -> None:
+def typical_p_available(sampling_fields: frozenset[str]) -> bool:
+    """Whether this vLLM takes :data:`TYPICAL_P_PROCESSOR`: per-request ``extra_args`` and V1 logits
+    processors (both of vLLM 0.10 and later)."""
+    return "extra_args" in sampling_fields and importlib.util.find_spec("vllm.v1.sample.logits_processor") is not None
+
+
+def check(params: wire.SamplingParams, api: VllmApi | None = None) -> None:
     """Refuse what the vLLM backend does not do (raises RequestRefused)."""
     if params.num_beams > 1:
         raise RequestRefused("beam search (num_beams > 1) is not available on the vllm backend")
-    if params.do_sample and params.typical_p < 1.0:
-        raise RequestRefused("typical_p is not available on the vllm backend")
+    if params.do_sample and params.typical_p < 1.0 and not (api is not None and api.typical_p):
+        raise RequestRefused(f"typical_p is not available on the vllm backend ({api.version if api else 'vLLM'})")
 
 
 def _structured(guided: wire.GuidedDecoding, api: VllmApi) -> Any:
@@ -98,7 +113,7 @@ def _structured(guided: wire.GuidedDecoding, api: VllmApi) -> Any:
 
 def sampling_kwargs(params: wire.SamplingParams, api: VllmApi, index: int = 0) -> dict[str, Any]:
     """vLLM SamplingParams arguments for sequence ``index`` of a request (one vLLM request each)."""
-    check(params)
+    check(params, api)
     kw: dict[str, Any] = {
         "n": 1,
         "max_tokens": params.max_new_tokens,
@@ -122,6 +137,8 @@ def sampling_kwargs(params: wire.SamplingParams, api: VllmApi, index: int = 0) -
         )
     else:
         kw.update(temperature=0.0, top_k=-1, top_p=1.0, min_p=0.0)
+    if params.do_sample and params.typical_p < 1.0:
+        kw["extra_args"] = {TYPICAL_P_KEY: params.typical_p}
     if params.seed is not None:
         kw["seed"] = params.seed + index  # the sequences of one seeded request differ, reproducibly
     if api.delta_kind is not None:
