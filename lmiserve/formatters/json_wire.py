@@ -18,7 +18,11 @@ _LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe
 
 def dumps(obj: Any) -> bytes:
     """``orjson.dumps(obj)`` with U+0085, U+2028 and U+2029 escaped."""
-    out = orjson.dumps(obj)
+    return one_line(orjson.dumps(obj))
+
+
+def one_line(out: bytes) -> bytes:
+    """JSON bytes (UTF-8) with U+0085, U+2028 and U+2029 escaped, from any JSON encoder."""
     if out.isascii():  # the common case, checked at memory speed
         return out
     for raw, escaped in _LINE_BREAKS:

@@ -8,21 +8,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..formatters import json_wire
+
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
 
 StreamFormatter = Callable[[Any], "bytes | str | None"]
 
-# Line breaks to str.splitlines (and so to httpx's iter_lines) that JSON may leave raw: escaped, so a
-# JSON line stays one line for every line reader.
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
 
 def _json(value: Any) -> bytes:
-    text = json.dumps(value, ensure_ascii=False)
-    if "\x85" in text or "\u2028" in text or "\u2029" in text:
-        text = text.translate(_LINE_BREAKS)
-    return text.encode("utf-8")
+    """A handler's value as JSON, one line for every line reader (:mod:`..formatters.json_wire`)."""
+    return json_wire.one_line(json.dumps(value, ensure_ascii=False).encode("utf-8"))
 
 
 def default_stream_formatter(item: Any) -> bytes | None:
