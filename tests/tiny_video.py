@@ -100,8 +100,12 @@ def hf_qwen_video_greedy(model_dir: Path, ids: list[int], media: list, max_new: 
     from lmiserve.generation.qwen_grid import QwenGrid
     from lmiserve.rolling_batch.models.spec import read_config
     from lmiserve.rolling_batch.models.vision.qwen_video import QwenVideo
+    from tests.tiny_vision import _models
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    key = str(model_dir)
+    if key not in _models:
+        _models[key] = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = _models[key]
     processor = AutoImageProcessor.from_pretrained(model_dir)
     config = read_config(model_dir).get("multimodal") or read_config(model_dir)
     video = QwenVideo.of(model_dir, config, QwenGrid.of(processor.to_dict()), processor.to_dict())

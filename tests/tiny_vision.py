@@ -262,24 +262,8 @@ def qwen_prompt(model_dir: Path, parts: list) -> tuple[list[int], list]:
 
 
 def hf_qwen_greedy(model_dir: Path, ids: list[int], pictures: list, max_new: int) -> list[int]:
-    """transformers' Qwen2.5-VL (or Qwen2-VL) ``generate`` (greedy, fp32) for these ids and pictures."""
-    import torch
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    """transformers' Qwen2.5-VL, Qwen2-VL or Qwen3-VL ``generate`` (greedy, fp32) for these ids and
+    pictures (:func:`tests.tiny_video.hf_qwen_video_greedy`, which takes clips too)."""
+    from tests.tiny_video import hf_qwen_video_greedy
 
-    key = str(model_dir)
-    if key not in _models:
-        _models[key] = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model = _models[key]
-    input_ids = torch.tensor([ids])
-    extra = {}
-    if pictures:
-        px = AutoImageProcessor.from_pretrained(model_dir)(images=pictures, return_tensors="pt")
-        extra = {"pixel_values": px["pixel_values"], "image_grid_thw": px["image_grid_thw"]}
-    mm = (input_ids == model.config.image_token_id).int()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids, mm_token_type_ids=mm, max_new_tokens=max_new, do_sample=False, **extra
-        )
-    gen = out[0, len(ids) :].tolist()
-    eos = model.generation_config.eos_token_id
-    return gen[: gen.index(eos) + 1] if eos in gen else gen
+    return hf_qwen_video_greedy(model_dir, ids, pictures, max_new)
