@@ -104,8 +104,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/ping", timeout=2).status_code == 200:
-                    return self
+                with self.client(timeout=2) as c:  # a subclass's client (TLS) is the one that asks
+                    if c.get("/ping").status_code == 200:
+                        return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)

@@ -32,7 +32,7 @@ def trust(certs, cert: tuple[str, str] | None = None) -> ssl.SSLContext:
 
 
 class TlsServer(ServerProcess):
-    """A server on https, its /ping checked with the test CA (and the client certificate, if any)."""
+    """A server on https, asked (its /ping too) with the test CA and the client certificate, if any."""
 
     def __init__(self, model_dir, certs, client_cert=None, env=None):
         self.certs, self.client_cert = certs, client_cert
@@ -45,20 +45,6 @@ class TlsServer(ServerProcess):
             base_url=self.url, verify=trust(self.certs, kwargs.pop("cert", self.client_cert)),
             timeout=kwargs.pop("timeout", 60), **kwargs,
         )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 180) -> TlsServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with self.client(timeout=2) as c:
-                    if c.get("/ping").status_code == 200:
-                        return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
 
 
 @pytest.fixture(scope="module")
