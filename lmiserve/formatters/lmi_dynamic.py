@@ -38,6 +38,15 @@ class DynamicParameters(LmiSampling):
     max_new_tokens: int = Field(30, ge=1)
     return_full_text: bool = False
     stop_sequences: tuple[StrictStr, ...] = ()
+    min_p: float = Field(0.0, ge=0, le=1)
+    typical_p: float = Field(1.0, gt=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    decoder_input_details: bool = False
+    """Each prompt token's log-probability in ``details.prefill`` (with ``details``)."""
+    details: bool = False
+    """Answer each prompt with its tokens and why it ended, in the rolling-batch schema's shape
+    (a streamed answer: one ``{"token": ...}`` line per token; one prompt only)."""
 
     @field_validator("stop_sequences", mode="before")
     @classmethod
@@ -92,3 +101,37 @@ def format_response(texts: list[str]) -> bytes:
 
 def format_stream_line(deltas: list[str]) -> bytes:
     return json_wire.dumps({"outputs": deltas}) + b"\n"
+
+
+def token_object(token_id: int, text: str, logprob: float | None) -> dict[str, Any]:
+    """A token as the rolling-batch schema writes it."""
+    return {"id": token_id, "text": text, "log_prob": logprob}
+
+
+def detailed_answer(
+    text: str, finish_reason: str, tokens: list[dict[str, Any]], prefill: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """One prompt's answer with ``details`` (the rolling-batch schema's, with its tokens, and the
+    prompt's where ``decoder_input_details`` asked)."""
+    details: dict[str, Any] = {"finish_reason": finish_reason, "generated_tokens": len(tokens), "tokens": tokens}
+    if prefill is not None:
+        details["prefill"] = prefill
+    return {"generated_text": text, "details": details}
+
+
+def detailed_stream_line(
+    token: dict[str, Any],
+    text: str | None,
+    finish_reason: str | None,
+    count: int,
+    prefill: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """A streamed token with ``details`` asked: the last one carries the whole text, why it ended
+    and the prompt's tokens where asked."""
+    line: dict[str, Any] = {"token": token}
+    if finish_reason is not None:
+        line["generated_text"] = text
+        line["details"] = {"finish_reason": finish_reason, "generated_tokens": count}
+        if prefill is not None:
+            line["details"]["prefill"] = prefill
+    return json_wire.dumps(line) + b"\n"

@@ -2,7 +2,7 @@
 
 ``generate`` samples with one set of parameters for the whole batch, so it runs greedy and
 rows are sampled by :class:`_RowSampler`, a logits processor that draws each sampled row's
-token with that row's temperature/top-k/top-p and its own seeded generator, and masks the
+token with that row's temperature/typical-p/top-k/top-p/min-p and its own seeded generator, and masks the
 rest of the row's logits. Greedy rows pass through untouched, so their tokens are exactly
 what ``generate`` would pick. :class:`_RowTracker`, a stopping criterion, follows every row:
 detokenizes incrementally, applies stop sequences and per-row token limits, and reports
@@ -24,12 +24,27 @@ from ..generation.sampling import (
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p_min_p,
+    apply_typical_p,
     make_generator,
     sample_rows,
 )
 from ..generation.stop_strings import StopStringMatcher
 
-StepCallback = Callable[[list[str | None]], None]
+
+@dataclass
+class StepToken:
+    """What one step did to a row: its token (the end-of-sequence token too), the token's
+    log-probability (None unless the row asked for details), the text it added, and why the
+    row ended there (None while it goes on)."""
+
+    id: int
+    logprob: float | None
+    text: str
+    finish_reason: str | None = None
+
+
+StepCallback = Callable[[list[StepToken | None]], None]
+"""Per step, each row's :class:`StepToken` (None for a row that ended before it)."""
 
 
 @dataclass
@@ -45,7 +60,14 @@ class GenRow:
 class RowResult:
     text: str
     finish_reason: str
-    token_ids: list[int] = field(default_factory=list)
+    tokens: list[StepToken] = field(default_factory=list)
+    """Every token generated, the end-of-sequence token included."""
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens of the text (the end-of-sequence token left out)."""
+        ids = [t.id for t in self.tokens]
+        return ids[:-1] if self.finish_reason == "eos_token" else ids
 
 
 class _RowState:
@@ -54,6 +76,7 @@ class _RowState:
         self.detok = IncrementalDetokenizer(tokenizer, row.prompt_ids)
         self.matcher = StopStringMatcher(row.params.stop_sequences)
         self.ids: list[int] = []
+        self.tokens: list[StepToken] = []
         self.text = ""
         self.finish_reason: str | None = None
 
@@ -64,7 +87,12 @@ class _RowState:
         tail = self.matcher.feed(self.detok.flush())
         return tail + self.matcher.flush()
 
-    def step(self, token: int, eos_ids: frozenset[int]) -> str:
+    def step(self, token: int, eos_ids: frozenset[int], logprob: float | None = None) -> StepToken:
+        text = self._advance(token, eos_ids)
+        self.tokens.append(StepToken(token, logprob, text, self.finish_reason))
+        return self.tokens[-1]
+
+    def _advance(self, token: int, eos_ids: frozenset[int]) -> str:
         if token in eos_ids:
             out = self._finish("eos_token")
         else:
@@ -79,16 +107,20 @@ class _RowState:
 
 
 class _RowTracker(StoppingCriteria):
-    def __init__(self, states: list[_RowState], eos_ids: frozenset[int], on_step: StepCallback | None):
+    def __init__(
+        self, states: list[_RowState], eos_ids: frozenset[int], on_step: StepCallback | None, sampler: _RowSampler
+    ):
         self.states = states
         self.eos_ids = eos_ids
         self.on_step = on_step
+        self.sampler = sampler
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         last = input_ids[:, -1].tolist()
-        deltas: list[str | None] = []
-        for state, token in zip(self.states, last):
-            deltas.append(None if state.finish_reason is not None else state.step(token, self.eos_ids))
+        logprobs = self.sampler.chosen_logprobs(last)
+        deltas: list[StepToken | None] = []
+        for state, token, lp in zip(self.states, last, logprobs):
+            deltas.append(None if state.finish_reason is not None else state.step(token, self.eos_ids, lp))
         if self.on_step is not None:
             self.on_step(deltas)
         done = [state.finish_reason is not None for state in self.states]
@@ -98,35 +130,62 @@ class _RowTracker(StoppingCriteria):
 class _RowSampler(LogitsProcessor):
     def __init__(self, rows: list[GenRow], pad_lengths: list[int], device: torch.device):
         self.penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+        self.additive = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
         self.sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
         self.pad_lengths = pad_lengths
+        self.prompt_width = len(rows[0].prompt_ids) + pad_lengths[0]
         self.rows = rows
+        self.detailed = [r.params.details for r in rows]
+        self.logprobs: torch.Tensor | None = None
+        """This step's log-probabilities (after the penalties, before sampling) where a row asked
+        for details."""
         if self.penalized:
             self.penalties = torch.tensor([rows[i].params.repetition_penalty for i in self.penalized], device=device)
+        if self.additive:
+            self.presence = torch.tensor([rows[i].params.presence_penalty for i in self.additive], device=device)
+            self.frequency = torch.tensor([rows[i].params.frequency_penalty for i in self.additive], device=device)
         if self.sampled:
             pick = [rows[i] for i in self.sampled]
             self.temperature = torch.tensor([r.params.temperature for r in pick], device=device)
+            self.typical_p = torch.tensor([r.params.typical_p for r in pick], device=device)
             self.top_k = torch.tensor([r.params.top_k for r in pick], device=device)
             self.top_p = torch.tensor([r.params.top_p for r in pick], device=device)
+            self.min_p = torch.tensor([r.params.min_p for r in pick], device=device)
             self.generators = [make_generator(r.params.seed, device) for r in pick]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.penalized:
+        positions = torch.arange(input_ids.shape[1], device=scores.device).unsqueeze(0)
+        if self.penalized:  # over prompt and output, as transformers does
             rows = torch.tensor(self.penalized, device=scores.device)
-            width = input_ids.shape[1]
-            ids = input_ids[rows]
-            positions = torch.arange(width, device=scores.device).unsqueeze(0)
             starts = torch.tensor([self.pad_lengths[i] for i in self.penalized], device=scores.device).unsqueeze(1)
-            scores[rows] = apply_penalties(scores[rows], ids, positions >= starts, repetition=self.penalties)
-        if self.sampled:
+            scores[rows] = apply_penalties(
+                scores[rows], input_ids[rows], positions >= starts, repetition=self.penalties
+            )
+        if self.additive:  # over the output only, as OpenAI does
+            rows = torch.tensor(self.additive, device=scores.device)
+            output = (positions >= self.prompt_width).expand(len(self.additive), -1)
+            scores[rows] = apply_penalties(
+                scores[rows], input_ids[rows], output, presence=self.presence, frequency=self.frequency
+            )
+        if any(self.detailed):
+            self.logprobs = torch.log_softmax(scores.float(), dim=-1)
+        if self.sampled:  # in the engine's order: temperature, typical-p, top-k, top-p, min-p
             rows = torch.tensor(self.sampled, device=scores.device)
             logits = apply_temperature(scores[rows], self.temperature)
-            logits = apply_top_k_top_p_min_p(logits, self.top_k, self.top_p)
+            logits = apply_typical_p(logits, self.typical_p)
+            logits = apply_top_k_top_p_min_p(logits, self.top_k, self.top_p, self.min_p)
             tokens = sample_rows(torch.softmax(logits, dim=-1), self.generators)
             chosen = torch.full_like(logits, float("-inf"))
             chosen.scatter_(1, tokens.unsqueeze(1), 0.0)
             scores[rows] = chosen
         return scores
+
+    def chosen_logprobs(self, tokens: list[int]) -> list[float | None]:
+        """Each row's log-probability of the token it got this step (None where not asked)."""
+        if self.logprobs is None:
+            return [None] * len(tokens)
+        picked = self.logprobs.gather(1, torch.tensor(tokens, device=self.logprobs.device).unsqueeze(1))
+        return [float(v) if want else None for v, want in zip(picked.squeeze(1).tolist(), self.detailed)]
 
 
 class BatchGenerator:
@@ -156,12 +215,21 @@ class BatchGenerator:
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
         )
+        sampler = _RowSampler(rows, pad_lengths, self.device)
         with torch.inference_mode():
             self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
                 generation_config=config,
-                logits_processor=LogitsProcessorList([_RowSampler(rows, pad_lengths, self.device)]),
-                stopping_criteria=StoppingCriteriaList([_RowTracker(states, self.eos_ids, on_step)]),
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([_RowTracker(states, self.eos_ids, on_step, sampler)]),
             )
-        return [RowResult(s.text, s.finish_reason or "length", s.ids) for s in states]
+        return [RowResult(s.text, s.finish_reason or "length", s.tokens) for s in states]
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
+        """Each prompt token's log-probability given the ones before it (one forward pass)."""
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0]
+        logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+        picked = logprobs.gather(1, torch.tensor(ids[1:], device=self.device).unsqueeze(1)).squeeze(1)
+        return [None, *picked.tolist()]

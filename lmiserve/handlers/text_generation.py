@@ -18,9 +18,9 @@ from typing import Any
 
 from ..devices import resolve_device, resolve_dtype, torch_dtype
 from ..errors import BadRequest, ValidationFailed
-from ..formatters import lmi_dynamic
+from ..formatters import json_wire, lmi_dynamic
 from ..model_store import resolve_model
-from .hf_generate import BatchGenerator, GenRow, RowResult
+from .hf_generate import BatchGenerator, GenRow, RowResult, StepToken
 from .inputs import Input
 from .outputs import Output, fan_out
 from .service import service_handle
@@ -96,6 +96,8 @@ class TextGenerationService:
                 )
             rows.append(GenRow(ids, params))
         stream = request.stream if request.stream is not None else self.enable_streaming
+        if stream and params.details and len(rows) > 1:
+            raise ValidationFailed("parameters.details: a streamed answer with details takes one prompt")
         return _Request(index, request.prompts, params, rows, stream)
 
     def handle(self, inputs: Input) -> Output:
@@ -121,6 +123,7 @@ class TextGenerationService:
     def _answer(self, requests: list[_Request], output: Output) -> None:
         rows = [row for r in requests for row in r.rows]
         try:
+            prefills = self._prefills(rows)
             results = self.generator.run(rows)
         except Exception as exc:  # noqa: BLE001 - the requests of this call fail, the worker lives on
             log.exception("generation failed")
@@ -132,8 +135,29 @@ class TextGenerationService:
             mine: list[RowResult] = results[start : start + len(r.rows)]
             start += len(r.rows)
             texts = [self._full(p, res.text, r.params) for p, res in zip(r.prompts, mine)]
-            output.add(lmi_dynamic.format_response(texts), batch_index=r.index)
+            if r.params.details:
+                answers = [
+                    lmi_dynamic.detailed_answer(
+                        text, res.finish_reason, [_token(t) for t in res.tokens], prefills.get(start - len(mine) + i)
+                    )
+                    for i, (text, res) in enumerate(zip(texts, mine))
+                ]
+                output.add(json_wire.dumps(answers), batch_index=r.index)
+            else:
+                output.add(lmi_dynamic.format_response(texts), batch_index=r.index)
             output.add_property("Content-Type", lmi_dynamic.CONTENT_TYPE, batch_index=r.index)
+
+    def _prefills(self, rows: list[GenRow]) -> dict[int, list[dict[str, Any]]]:
+        """The prompt tokens of each row that asked for them (``decoder_input_details`` with
+        ``details``), with their log-probabilities, by row."""
+        out = {}
+        for i, row in enumerate(rows):
+            if row.params.details and row.params.decoder_input_details:
+                values = self.generator.prompt_logprobs(row.prompt_ids)
+                out[i] = [
+                    lmi_dynamic.token_object(t, self.tokenizer.decode([t]), lp) for t, lp in zip(row.prompt_ids, values)
+                ]
+        return out
 
     @staticmethod
     def _full(prompt: str, text: str, params: lmi_dynamic.DynamicParameters) -> str:
@@ -143,15 +167,19 @@ class TextGenerationService:
         """Per step, one jsonlines line per request (None when it has nothing new)."""
         rows = [row for r in requests for row in r.rows]
         steps: queue.Queue[tuple[str, Any]] = queue.Queue()
+        prefills: dict[int, list[dict[str, Any]]] = {}
 
         def work() -> None:
             try:
+                prefills.update(self._prefills(rows))  # before the first step is read
                 steps.put(("done", self.generator.run(rows, on_step=lambda d: steps.put(("step", d)))))
             except BaseException as exc:  # noqa: BLE001 - handed to the reader
                 steps.put(("error", exc))
 
         threading.Thread(target=work, name="generate", daemon=True).start()
         first = [True] * len(rows)
+        made = [0] * len(rows)
+        full = [""] * len(rows)
         while True:
             kind, payload = steps.get()
             if kind == "error":
@@ -162,8 +190,13 @@ class TextGenerationService:
             start = 0
             for r in requests:
                 deltas = payload[start : start + len(r.rows)]
+                if r.params.details:  # one row (see _prepare)
+                    lines.append(self._detailed_line(r, deltas[0], start, made, full, prefills.get(start)))
+                    start += 1
+                    continue
                 texts = []
-                for offset, delta in enumerate(deltas):
+                for offset, step in enumerate(deltas):
+                    delta = None if step is None else step.text
                     row = start + offset
                     text = delta or ""
                     if first[row] and delta is not None and r.params.return_full_text:
@@ -173,6 +206,26 @@ class TextGenerationService:
                 start += len(r.rows)
                 lines.append(lmi_dynamic.format_stream_line(texts) if any(texts) else None)
             yield lines
+
+    def _detailed_line(  # noqa: PLR0913 - one row's running state
+        self,
+        r: _Request,
+        step: StepToken | None,
+        row: int,
+        made: list[int],
+        full: list[str],
+        prefill: list[dict[str, Any]] | None,
+    ) -> bytes | None:
+        if step is None:
+            return None
+        made[row] += 1
+        full[row] += step.text
+        text = self._full(r.prompts[0], full[row], r.params) if step.finish_reason is not None else None
+        return lmi_dynamic.detailed_stream_line(_token(step), text, step.finish_reason, made[row], prefill)
+
+
+def _token(step: StepToken) -> dict[str, Any]:
+    return lmi_dynamic.token_object(step.id, step.text, step.logprob)
 
 
 handle = service_handle(TextGenerationService)

@@ -13,7 +13,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from .. import __version__, wire
 from ..errors import BadRequest, HandlerFailure, LmiServeError, NotFound
 from ..formatters import kserve, kserve_handler, kserve_infer
-from ..serving import EngineModel, HandlerModel, ModelRegistry, Reply, ServedModel, respond
+from ..serving import (
+    TEXT_GENERATION_HANDLER,
+    EngineModel,
+    HandlerModel,
+    ModelRegistry,
+    Reply,
+    ServedModel,
+    TextModel,
+    generator_of,
+    respond,
+)
 from .errors import stream_error_chunk
 from .metrics import ServerMetrics
 
@@ -45,14 +55,22 @@ class DataPlane:
             raise NotFound(f"model {model.name!r} has no version {version!r} (versions: {kserve.MODEL_VERSION})")
         return model
 
-    def engine_model(self, name: str | None, version: str = "") -> EngineModel:
+    @staticmethod
+    def takes_tensors(model: ServedModel) -> bool:
+        """Whether V2 inference goes to the model's own handler as it came (a user's handler, or
+        the embedding handler) rather than to text generation."""
+        return isinstance(model, HandlerModel) and model.entry_point != TEXT_GENERATION_HANDLER
+
+    async def text_model(self, name: str | None, version: str = "") -> TextModel:
+        """What generates text for the named model (its engine, or the built-in text-generation
+        handler); a user's handler answers V2 itself."""
         model = self.model(name, version)
-        if not isinstance(model, EngineModel):
+        if self.takes_tensors(model) or not isinstance(model, EngineModel | HandlerModel):
             raise BadRequest(
-                f"model {model.name!r} is served by a custom handler; KServe V2 inference answers for "
-                "text-generation models on the engine only"
+                f"model {model.name!r} is served by a custom handler; KServe V2 text generation answers for "
+                "models on the engine or the built-in text-generation handler"
             )
-        return model
+        return await generator_of(model)
 
     def model_ready(self, name: str | None, version: str = "") -> bool:
         return self.model(name, version).status == "Healthy"
@@ -62,12 +80,15 @@ class DataPlane:
 
     def model_metadata(self, name: str | None, version: str = "") -> dict:
         model = self.model(name, version)
-        return kserve.model_metadata(model.name, isinstance(model, EngineModel))
+        generates = isinstance(model, EngineModel) or (
+            isinstance(model, HandlerModel) and not self.takes_tensors(model)
+        )
+        return kserve.model_metadata(model.name, generates)
 
     # --- inference ---------------------------------------------------------------------------
     async def infer_reply(
         self,
-        model: EngineModel,
+        model: TextModel,
         request: kserve.InferRequest,
         seconds: float | None = None,
         disconnected: Callable[[], Awaitable[None]] | None = None,
@@ -88,9 +109,9 @@ class DataPlane:
     ) -> kserve.InferResponse:
         """The answer to a V2 inference request, for a transport that sends its own messages."""
         served = self.model(name, version)
-        if isinstance(served, HandlerModel):
-            return await self.infer_handler(served, request)
-        _, answer = await self.infer_reply(self.engine_model(name, version), request, seconds)
+        if self.takes_tensors(served):
+            return await self.infer_handler(served, request)  # type: ignore[arg-type]
+        _, answer = await self.infer_reply(await self.text_model(name, version), request, seconds)
         if answer.error is not None:
             raise answer.error
         assert answer.response is not None

@@ -8,7 +8,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ..errors import LmiServeError
 from ..generation.request import GenerationRequest
-from ..serving import EngineModel, Reply, Responder, error_reply, respond
+from ..serving import Reply, Responder, TextModel, error_reply, respond
 from . import deadline
 from .metrics import observe_generation
 from .tenant import tenant_of
@@ -30,7 +30,7 @@ def http_response(reply: Reply) -> Response:
 
 
 async def respond_over_http(
-    model: EngineModel, requests: list[GenerationRequest], responder: Responder, request: Request
+    model: TextModel, requests: list[GenerationRequest], responder: Responder, request: Request
 ) -> Response:
     """Run ``requests`` and answer with ``responder``'s protocol, within the request's deadline."""
     try:

@@ -9,6 +9,7 @@ from .attached_models import AttachedModels
 from .engine_model import EngineModel
 from .engine_sockets import share_in as share_engine_sockets
 from .fetching_model import FetchingModel
+from .handler_generation import HandlerGeneration, generates_text, generator_of
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
@@ -18,6 +19,9 @@ from .registry import ModelRegistry, ServedModel
 from .respond import Reply, Responder, error_reply, respond
 from .shared_state import VersionFile, describe_models
 from .snapshot import ModelSnapshot
+
+TextModel = EngineModel | HandlerGeneration
+"""What generates text for a request: an engine model, or a handler model (:func:`generator_of`)."""
 
 __all__ = [
     "AttachedModels",
@@ -29,7 +33,11 @@ __all__ = [
     "TEXT_GENERATION_HANDLER",
     "EngineModel",
     "FetchingModel",
+    "HandlerGeneration",
     "HandlerModel",
+    "TextModel",
+    "generates_text",
+    "generator_of",
     "Lease",
     "ModelAdmin",
     "ModelLoadError",

@@ -80,4 +80,29 @@ def test_streamed_deltas_join_to_final_text(model_and_tokenizer):
     steps = []
     results = gen.run(rows, on_step=steps.append)
     for i, res in enumerate(results):
-        assert "".join(s[i] or "" for s in steps) == res.text
+        assert "".join(s[i].text for s in steps if s[i] is not None) == res.text
+        assert [s[i] for s in steps if s[i] is not None] == res.tokens
+
+
+def test_details_give_each_tokens_log_probability_and_the_prompts(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id)
+    ids = tok(PROMPTS[0])["input_ids"]
+    plain, detailed = gen.run(
+        [
+            GenRow(ids, DynamicParameters(max_new_tokens=6)),
+            GenRow(ids, DynamicParameters(max_new_tokens=6, details=True)),
+        ]
+    )
+    assert [t.logprob for t in plain.tokens] == [None] * 6
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True
+    )
+    expected = [torch.log_softmax(score[0], -1)[t].item() for score, t in zip(out.scores, out.sequences[0, len(ids) :])]
+    assert [t.id for t in detailed.tokens] == out.sequences[0, len(ids) :].tolist()
+    assert [t.logprob for t in detailed.tokens] == pytest.approx(expected, abs=1e-5)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    prompt = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+    values = gen.prompt_logprobs(ids)
+    assert values[0] is None and values[1:] == pytest.approx(prompt, abs=1e-5)

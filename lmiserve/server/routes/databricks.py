@@ -15,10 +15,10 @@ from ...errors import NotFound
 from ...formatters import databricks, openai_chat, openai_completions
 from ...formatters.openai_common import Style
 from ...formatters.shapes import json_object
-from ...serving import EngineModel, ServedModel
+from ...serving import ServedModel, TextModel
 from ..bodies import read_body
 from ..http_reply import respond_over_http
-from .openai import chat_prompt, embeddings, engine_model
+from .openai import chat_prompt, embeddings, text_model
 
 router = APIRouter()
 
@@ -35,7 +35,7 @@ def _endpoint_model(request: Request, name: str) -> tuple[ServedModel, str | Non
         return registry.resolve(None)
 
 
-async def _completions(request: Request, model: EngineModel, data: dict, adapter: str | None) -> Response:
+async def _completions(request: Request, model: TextModel, data: dict, adapter: str | None) -> Response:
     req = databricks.parse_completion(data)
     templated = None
     if not req.use_raw_prompt and getattr(model.tokenizer, "chat_template", None):
@@ -51,7 +51,7 @@ async def _completions(request: Request, model: EngineModel, data: dict, adapter
     return await respond_over_http(model, generations, responder, request)
 
 
-async def _chat(request: Request, model: EngineModel, data: dict, style: Style, adapter: str | None) -> Response:
+async def _chat(request: Request, model: TextModel, data: dict, style: Style, adapter: str | None) -> Response:
     req = databricks.parse_chat(data)
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
     generation.adapter = adapter
@@ -65,7 +65,7 @@ async def _task(
     model, adapter = found
     if task == "embeddings":
         return await embeddings(request, {**data, "model": model.name}, with_id=True)
-    engine = engine_model(request, model.name)
+    engine = await text_model(request, model.name)
     if task == "chat":
         return await _chat(request, engine, data, chat_style, adapter)
     return await _completions(request, engine, data, adapter)

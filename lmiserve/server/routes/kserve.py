@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from ...errors import BadRequest, HandlerFailure, PayloadTooLarge
 from ...formatters import kserve, kserve_generate, kserve_handler
-from ...serving import HandlerModel
+from ...serving import HandlerModel, generator_of
 from .. import deadline
 from ..data_plane import DataPlane
 from ..handler_response import handler_reply
@@ -58,7 +58,7 @@ async def _body(request: Request) -> bytes:
 
 async def _infer(request: Request, name: str | None, version: str, req: kserve.InferRequest) -> Response:
     plane = _plane(request)
-    model = plane.engine_model(name, version)
+    model = await plane.text_model(name, version)
     setattr(request.state, STATE_KEY, model.name)  # the metrics' model label
     seconds = deadline.budget(request, float(model.settings.model.predict_timeout))
     tenant = tenant_of(request, model.settings)
@@ -112,9 +112,9 @@ async def model_ready(request: Request, model_name: str, version: str = "") -> R
 @router.post("/v2/models/{model_name}/versions/{version}/infer")
 async def infer(request: Request, model_name: str, version: str = "") -> Response:
     model = _plane(request).model(model_name, version)  # an unknown model is 404 whatever the body
-    if isinstance(model, HandlerModel):
-        return await _infer_handler(request, model)
-    _plane(request).engine_model(model_name, version)
+    if DataPlane.takes_tensors(model):
+        return await _infer_handler(request, model)  # type: ignore[arg-type]
+    await _plane(request).text_model(model_name, version)
     data, binary = kserve.split_binary(await _body(request), request.headers.get(kserve.HEADER_LENGTH))
     return await _infer(request, model_name, version, kserve.parse_infer(data, binary))
 
@@ -133,7 +133,7 @@ async def _infer_handler(request: Request, model: HandlerModel) -> Response:
 
 
 async def _generate(request: Request, model_name: str, version: str, stream: bool) -> Response:
-    model = _plane(request).engine_model(model_name, version)
+    model = await generator_of(_plane(request).model(model_name, version))  # any handler's too: not tensors
     body = await _body(request)
     try:
         data = orjson.loads(body)

@@ -10,7 +10,7 @@ from ...errors import LmiServeError, NotFound, ValidationFailed
 from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ...formatters.shapes import json_object
-from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, ServedModel
+from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, TextModel, generator_of
 from ..bodies import read_body
 from ..errors import error_response
 from ..handler_response import handler_reply
@@ -19,24 +19,19 @@ from ..http_reply import http_response, respond_over_http
 router = APIRouter()
 
 
-def _on_engine(model: ServedModel) -> EngineModel:
-    if not isinstance(model, EngineModel):
-        raise NotFound(f"model {model.name} does not generate text through the engine")
-    return model
+async def text_model(request: Request, name: str | None) -> TextModel:
+    """What generates text for the model ``name`` names: its engine, or its handler."""
+    return await generator_of(request.app.state.registry.model(name))
 
 
-def engine_model(request: Request, name: str | None) -> EngineModel:
-    return _on_engine(request.app.state.registry.model(name))
-
-
-def model_and_adapter(request: Request, name: str | None) -> tuple[EngineModel, str | None]:
+async def model_and_adapter(request: Request, name: str | None) -> tuple[TextModel, str | None]:
     """The model a request's ``model`` names, or, where it names a LoRA adapter, the adapter's
     base model and the adapter (see :meth:`~lmiserve.serving.ModelRegistry.resolve`)."""
     model, adapter = request.app.state.registry.resolve(name)
-    return _on_engine(model), adapter
+    return await generator_of(model), adapter
 
 
-def chat_prompt(model: EngineModel, req: openai_chat.ChatRequest) -> str:
+def chat_prompt(model: TextModel, req: openai_chat.ChatRequest) -> str:
     return model.chat_prompt(
         req.template_messages(),
         req.tool_dicts if req.tool_mode != "none" else None,
@@ -49,7 +44,7 @@ async def completions(
     request: Request, data: dict, style: Style = OPENAI_COMPLETIONS, mindie: bool = False
 ) -> Response:
     req = openai_completions.parse(data, mindie)
-    model, adapter = model_and_adapter(request, req.model)
+    model, adapter = await model_and_adapter(request, req.model)
     responder = openai_completions.CompletionResponder(req, adapter or model.name, style)
     generations = openai_completions.generation_requests(req)
     for generation in generations:
@@ -59,7 +54,7 @@ async def completions(
 
 async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Response:
     req = openai_chat.parse(data)
-    model, adapter = model_and_adapter(request, req.model)
+    model, adapter = await model_and_adapter(request, req.model)
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
     generation.adapter = adapter
     responder = openai_chat.ChatResponder(req, adapter or model.name, style)

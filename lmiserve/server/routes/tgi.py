@@ -8,25 +8,23 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ... import __version__
-from ...errors import BadRequest, ModelNotReady, NotFound
+from ...errors import BadRequest, ModelNotReady
 from ...formatters import mindie_tgi, tgi
-from ...serving import EngineModel
+from ...serving import TextModel, generator_of
 from ..bodies import read_body
 from ..http_reply import respond_over_http
 
 router = APIRouter()
 
 
-def engine_model(request: Request, name: str | None = None) -> EngineModel:
-    model = request.app.state.registry.model(name)
-    if not isinstance(model, EngineModel):
-        raise NotFound(f"model {model.name} is served by a handler, not a text-generation engine")
-    return model
+async def text_model(request: Request, name: str | None = None) -> TextModel:
+    """What generates text for the model: its engine, or its handler."""
+    return await generator_of(request.app.state.registry.model(name))
 
 
 async def _generate(request: Request, stream: bool) -> Response:
     request.state.protocol = "tgi"
-    model = engine_model(request)
+    model = await text_model(request)
     parsed = tgi.parse(await read_body(request), stream)
     return await respond_over_http(model, [parsed.generation], tgi.TgiResponder(parsed), request)
 
@@ -36,7 +34,7 @@ async def compat_generate(request: Request) -> Response:
     """MindIE's text and stream inference: a one-element list, or SSE (``data: `` events whose
     ``token.id`` is a list) when the body says ``"stream": true``."""
     request.state.protocol = "tgi"
-    model = engine_model(request)
+    model = await text_model(request)
     parsed = tgi.parse(await read_body(request), None, mindie=True)
     responder = mindie_tgi.MindieResponder(parsed, full_text=model.settings.model.full_text_enabled)
     return await respond_over_http(model, [parsed.generation], responder, request)
@@ -55,7 +53,7 @@ async def generate_stream(request: Request) -> Response:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
     request.state.protocol = "tgi"
-    model = engine_model(request)
+    model = await text_model(request)
     data = orjson.loads(await read_body(request) or b"{}")
     text = data.get("inputs") if isinstance(data, dict) else None
     if not isinstance(text, str):
@@ -69,9 +67,9 @@ async def tokenize(request: Request) -> Response:
 @router.get("/info")
 async def info(request: Request) -> Response:
     request.state.protocol = "tgi"
-    model = engine_model(request)
+    model = await text_model(request)
     engine = dict(model.client.info) if model.client else {}
-    max_len = int(engine.get("max_model_len", 0))
+    max_len = int(engine.get("max_model_len", 0) or model.max_model_len)
     body = {
         "model_id": model.name,
         "model_sha": None,
