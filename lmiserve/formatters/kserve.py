@@ -20,6 +20,7 @@ bytes, the layout of gRPC's ``raw_input_contents`` too. The generate extension t
 
 from __future__ import annotations
 
+import csv
 import uuid
 from typing import Any
 
@@ -163,6 +164,9 @@ class GenerateParameters(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_U64)
     do_sample: bool | None = None
     stop: tuple[StrictStr, ...] = ()
+    bad_words: tuple[StrictStr, ...] = ()
+    """Texts the output never contains (TensorRT-LLM's Triton input: a list, or one string of
+    comma-separated words)."""
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -187,8 +191,10 @@ class GenerateParameters(BaseModel):
             data["stop"] = [data["stop"]]
         if isinstance(data.get("stop"), list):
             data["stop"] = [s for s in data["stop"] if s != ""]
-        if data.get("bad_words") not in (None, "", [], [""]):
-            raise ValueError("bad_words is not supported by this server")
+        if isinstance(data.get("bad_words"), str):
+            data["bad_words"] = next(csv.reader([data["bad_words"]]), [])
+        if isinstance(data.get("bad_words"), list):
+            data["bad_words"] = [w for w in data["bad_words"] if w != ""]
         return data
 
     @property
@@ -220,6 +226,7 @@ class GenerateParameters(BaseModel):
                 stop_token_ids=list(self.stop_token_ids),
                 ignore_eos=self.ignore_eos,
                 min_new_tokens=self.min_tokens,
+                bad_words=list(self.bad_words),
             ),
             stop=list(self.stop),
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -231,7 +238,6 @@ class GenerateParameters(BaseModel):
 PARAMETER_INPUTS = frozenset(GenerateParameters.model_fields) | {
     *_ALIASES,
     "exclude_input_in_output",
-    "bad_words",
     "stream",
 }
 

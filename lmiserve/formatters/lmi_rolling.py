@@ -52,6 +52,13 @@ class RollingParameters(LmiSampling):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_formatter: Literal["json", "jsonlines", "sse"] | None = None
+    min_length: int = Field(0, ge=0)
+    """TensorRT-LLM's: the fewest tokens generated before an end-of-sequence or stop token may end it."""
+    bad_sequences: tuple[StrictStr, ...] = ()
+    """TensorRT-LLM's: texts the output must not contain."""
+    stop: bool | tuple[StrictStr, ...] = False
+    """TensorRT-LLM's flag that stops a request in flight (a new request cannot carry ``true``);
+    or, as DJL's vLLM path hands it to vLLM, more stop strings."""
 
     @model_validator(mode="before")
     @classmethod
@@ -60,8 +67,9 @@ class RollingParameters(LmiSampling):
             data = {k: v for k, v in data.items() if v is not None}
             if "ignore_eos" in data and "ignore_eos_token" not in data:
                 data["ignore_eos_token"] = data.pop("ignore_eos")
-            if isinstance(data.get("stop_sequences"), str):
-                data["stop_sequences"] = [data["stop_sequences"]]
+            for key in ("stop_sequences", "bad_sequences", "stop"):
+                if isinstance(data.get(key), str):
+                    data[key] = [data[key]]
         return data
 
     @model_validator(mode="after")
@@ -70,6 +78,12 @@ class RollingParameters(LmiSampling):
             raise ValueError(f"n ({self.n}) must not exceed num_beams ({self.num_beams})")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.stop is True:
+            raise ValueError(
+                "stop: true stops a TensorRT-LLM request in flight; a new request with it would generate nothing"
+            )
+        if self.bad_sequences and self.num_beams > 1:
+            raise ValueError("bad_sequences does not combine with beam search (num_beams > 1)")
         return self
 
 
@@ -126,6 +140,8 @@ def _sampling(p: RollingParameters) -> SamplingParams:
         p,
         p.do_sample,
         max_new_tokens=p.max_new_tokens,
+        min_new_tokens=p.min_length,
+        bad_words=list(p.bad_sequences),
         typical_p=p.typical_p,
         seed=p.seed,
         n=p.n,
@@ -163,7 +179,7 @@ def parse_request(body: bytes, defaults: Defaults, data: Any = UNDECODABLE) -> P
     generation = GenerationRequest(
         prompt=request.inputs,
         params=_sampling(p),
-        stop=list(p.stop_sequences),
+        stop=[*p.stop_sequences, *(p.stop if isinstance(p.stop, tuple) else ())],
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens,
         spaces_between_special_tokens=p.spaces_between_special_tokens,

@@ -51,9 +51,21 @@ def _sequence_details(seq: SequenceOutput, req: ParsedRequest) -> dict[str, Any]
         **tokens.sequence_end(seq),
         "tokens": [tokens.token(t, tgi) for t in seq.tokens],
     }
-    if req.parameters.top_n_tokens:
+    if shows_top_tokens(req.parameters):
         details["top_tokens"] = [tokens.top(t, tgi) for t in seq.tokens]
     return details
+
+
+def shows_top_tokens(p: RollingParameters) -> bool:
+    """``details.top_tokens`` for ``top_n_tokens`` and for ``logprobs`` alternatives, as DJL's vLLM
+    path keeps vLLM's log-probabilities as each token's top tokens."""
+    return bool(p.top_n_tokens or p.logprobs)
+
+
+def shows_prefill(p: RollingParameters) -> bool:
+    """``details.prefill`` for ``decoder_input_details``, and for ``prompt_logprobs``, which
+    fills the prompt tokens' log-probabilities."""
+    return p.decoder_input_details or p.prompt_logprobs is not None
 
 
 def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
@@ -68,9 +80,9 @@ def final_body(out: RequestOutput, req: ParsedRequest) -> bytes:
             "inputs": out.prompt,
             "tokens": [tokens.token(t, tgi) for t in best.tokens],
         }
-        if p.top_n_tokens:
+        if shows_top_tokens(p):
             details["top_tokens"] = [tokens.top(t, tgi) for t in best.tokens]
-        if p.decoder_input_details and out.prompt_tokens is not None:
+        if shows_prefill(p) and out.prompt_tokens is not None:
             details["prefill"] = [tokens.token(t, tgi) for t in out.prompt_tokens]
         count = p.num_beams if p.num_beams > 1 else p.n if p.n > 1 else (p.best_of or 1)
         if count > 1:
@@ -103,7 +115,7 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
         line: dict[str, Any] = {"token": tokens.token(t, tgi)}
         if prefix and i == 0:
             line["token"]["text"] = prefix + t.text
-        if p.top_n_tokens:
+        if shows_top_tokens(p):
             line["top_tokens"] = tokens.top(t, tgi)
         last = i == len(new) - 1 and seq.finished
         if last:
@@ -113,7 +125,7 @@ def stream_chunks(out: RequestOutput, req: ParsedRequest, first: bool) -> bytes:
                     **tokens.sequence_end(seq),
                     "inputs": out.prompt,
                 }
-                if p.decoder_input_details and out.prompt_tokens is not None:
+                if shows_prefill(p) and out.prompt_tokens is not None:
                     details["prefill"] = [tokens.token(t, tgi) for t in out.prompt_tokens]
                 line["details"] = details
             elif tgi:

@@ -71,6 +71,8 @@ class Admission:
             request = _with_media_tokens(request, self.vision)
         ids, images = self._prompt_ids(request, tokenizer)
         params = self._params(request, len(ids))
+        if params.bad_words:
+            params = msgspec.structs.replace(params, bad_word_ids=bad_word_ids(params.bad_words, tokenizer))
         prompt = request.prompt or tokenizer.decode(ids)
         final = dataclasses.replace(request, prompt=prompt, prompt_ids=list(ids), params=params)
         return Admitted(final, tuple(ids), tuple(images))
@@ -114,9 +116,23 @@ class Admission:
                 f"the prompt ({prompt_len} tokens) and max_tokens ({wanted}) exceed the "
                 f"context length of {self.max_model_len} tokens"
             )
-        if wanted == request.params.max_new_tokens:
-            return request.params
-        return msgspec.structs.replace(request.params, max_new_tokens=wanted)
+        params = request.params
+        if wanted != params.max_new_tokens:
+            params = msgspec.structs.replace(params, max_new_tokens=wanted)
+        return params
+
+
+def bad_word_ids(words: list[str], tokenizer: Any) -> list[list[int]]:
+    """Each bad word's tokens, and those of the word after a space where that starts with another
+    token but is as long (how vLLM reads ``bad_words``)."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer(word.lstrip(), add_special_tokens=False)["input_ids"]
+        spaced = tokenizer(" " + word.lstrip(), add_special_tokens=False)["input_ids"]
+        out += [list(bare)] if bare else []
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            out.append(list(spaced))
+    return out
 
 
 def _with_media_tokens(request: GenerationRequest, vision: VisionPrompt) -> GenerationRequest:

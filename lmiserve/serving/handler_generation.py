@@ -58,6 +58,7 @@ def unsupported(request: GenerationRequest) -> list[str]:
         "best_of above n": p.best_of > max(p.n, 1),
         "beam search": p.num_beams > 1,
         "stop_token_ids": bool(p.stop_token_ids),
+        "bad words": bool(p.bad_words),
         "ignore_eos": p.ignore_eos,
         "min_new_tokens": p.min_new_tokens > 0,
         "top log-probabilities": p.logprobs > 0,

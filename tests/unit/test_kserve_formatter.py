@@ -144,7 +144,7 @@ def test_later_parameter_sources_win():
         ({"top_p": 1.5}, "parameters.top_p"),
         ({"seed": -1}, "parameters.seed"),
         ({"stop": [1]}, "parameters.stop"),
-        ({"bad_words": ["x"]}, "bad_words"),
+        ({"bad_words": [1]}, "parameters.bad_words"),
     ],
 )
 def test_bad_parameter_values_are_validation_errors(params, fragment):
@@ -153,6 +153,12 @@ def test_bad_parameter_values_are_validation_errors(params, fragment):
     assert fragment in info.value.detail
     status, body = errors.kserve(info.value)
     assert status == 400 and body == {"error": info.value.detail}
+
+
+@pytest.mark.parametrize(("given", "words"), [(["a b", "", "c"], ["a b", "c"]), ("a b,c", ["a b", "c"]), ("", [])])
+def test_bad_words_are_applied(given, words):
+    p = plan_of({"inputs": [text_input(["a"])], "parameters": {"bad_words": given}})
+    assert p.generation_requests()[0].params.bad_words == words
 
 
 def test_parameter_inputs_must_hold_one_value():

@@ -1,5 +1,6 @@
 """The LMI rolling-batch schema, byte for byte against golden fixtures."""
 
+import json
 import os
 from pathlib import Path
 
@@ -275,3 +276,52 @@ def test_spaces_between_special_tokens_reaches_the_request():
     assert parse({"inputs": "x"}).generation.spaces_between_special_tokens is True
     req = parse({"inputs": "x", "parameters": {"spaces_between_special_tokens": False}})
     assert req.generation.spaces_between_special_tokens is False
+
+
+def test_tensorrt_llm_parameters_are_applied():
+    req = parse(
+        {
+            "inputs": "x",
+            "parameters": {
+                "min_length": 4,
+                "bad_sequences": ["foo", "bar baz"],
+                "stop": ["\n\n"],
+                "stop_sequences": ["."],
+            },
+        }
+    )
+    p = req.generation.params
+    assert (p.min_new_tokens, p.bad_words) == (4, ["foo", "bar baz"])
+    assert req.generation.stop == [".", "\n\n"]
+    assert parse(
+        {"inputs": "x", "parameters": {"bad_sequences": "foo", "stop": False}}
+    ).generation.params.bad_words == ["foo"]
+
+
+@pytest.mark.parametrize(
+    ("params", "where"),
+    [
+        ({"stop": True}, "stops a TensorRT-LLM request in flight"),
+        ({"bad_sequences": ["x"], "num_beams": 2}, "bad_sequences does not combine with beam search"),
+        ({"min_length": -1}, "min_length"),
+    ],
+)
+def test_tensorrt_llm_parameters_that_cannot_apply_are_refused(params, where):
+    with pytest.raises(ValidationFailed, match=where):
+        parse({"inputs": "x", "parameters": params})
+
+
+def test_logprobs_and_prompt_logprobs_show_in_details_as_top_tokens_and_prefill():
+    req = parse({"inputs": PROMPT, "parameters": {"details": True, "logprobs": 2, "prompt_logprobs": 0}})
+    assert (req.generation.params.logprobs, req.generation.params.prompt_logprobs) == (2, 0)
+    body = json.loads(out_fmt.final_body(output(prefill=True, top=True), req))
+    assert [t["id"] for t in body["details"]["prefill"]] == [1780, 314, 12584, 5663, 47]
+    assert body["details"]["prefill"][1]["log_prob"] == -3.93
+    assert [[t["id"] for t in top] for top in body["details"]["top_tokens"]][0] == [TOKENS[0][0], 2]
+    plain = json.loads(
+        out_fmt.final_body(output(prefill=True, top=True), parse({"inputs": PROMPT, "parameters": {"details": True}}))
+    )
+    assert "prefill" not in plain["details"] and "top_tokens" not in plain["details"]
+    streamed = stream_bytes(output(prefill=True, top=True), req).splitlines()
+    assert all("top_tokens" in json.loads(line) for line in streamed)
+    assert "prefill" in json.loads(streamed[-1])["details"]

@@ -71,8 +71,11 @@ def test_lmi_parameters_map_to_vllm_fields(api):
         min_new_tokens=3,
         logprobs=2,
         prompt_logprobs=1,
+        bad_words=["foo bar"],
+        bad_word_ids=[[1, 2]],
     )
     sp = sampling_params(params, api)
+    assert sp.bad_words == ["foo bar"]  # vLLM tokenizes them itself
     assert (sp.max_tokens, sp.min_tokens, sp.n) == (50, 3, 1)
     assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p) == (0.7, 20, 0.9, 0.05)
     assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.1, 0.3, 0.2)

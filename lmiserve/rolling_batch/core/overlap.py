@@ -28,7 +28,7 @@ reads it back: the data flow is the same, the time is not overlapped.
 
 Run serially, after collecting the step in flight: steps with a beam search (and the block copies
 its forks make), guided decoding (its grammar needs the token on the host before the next mask),
-prompt log-probabilities, repetition, presence or frequency penalties and min_new_tokens (they
+prompt log-probabilities, repetition, presence or frequency penalties, min_new_tokens and bad words (they
 read the sequence's tokens, or its count of them, on the host), and a step whose launch fails (it
 is retried in halves, as a serial step is; one that ran out of memory is undone instead, as a serial
 step is, see :mod:`.faults`). A tensor-parallel engine runs serially throughout.
@@ -78,6 +78,8 @@ def overlappable(batch: SchedulerOutput) -> bool:
         if seq.group.beam is not None or p.guided is not None or p.prompt_logprobs is not None:
             return False
         if p.min_new_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            return False
+        if p.bad_word_ids:
             return False
     return True
 

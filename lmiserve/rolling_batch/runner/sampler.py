@@ -102,6 +102,17 @@ class StepResult:
     """Per sequence that asked: this step's prompt log-probabilities and top alternatives."""
 
 
+def _ban_bad_words(scores: torch.Tensor, seqs: Seq[Sequence]) -> None:
+    """Each bad word's last token banned where the output so far ends with the tokens before it."""
+    for i, s in enumerate(seqs):
+        if not s.params.bad_word_ids:
+            continue
+        output = s.token_ids[s.num_prompt_tokens :]
+        banned = [w[-1] for w in s.params.bad_word_ids if len(w) == 1 or output[-(len(w) - 1) :] == w[:-1]]
+        if banned:
+            scores[i, banned] = float("-inf")
+
+
 def _penalized(seqs: Seq[Sequence]) -> list[int]:
     return [
         i
@@ -221,11 +232,12 @@ class Sampler:
         scores = logits
         penalized = _penalized(seqs)
         guided = self.guided is not None and any(s.params.guided is not None for s in seqs)
-        if penalized or guided or any(s.params.min_new_tokens for s in seqs):
+        if penalized or guided or any(s.params.min_new_tokens or s.params.bad_word_ids for s in seqs):
             scores = logits.clone()
             if penalized:
                 self._apply_penalties(scores, seqs, penalized)
             self._suppress_early_stop(scores, seqs, eos_token_ids)
+            _ban_bad_words(scores, seqs)
             if guided:
                 self.guided.mask(scores, list(seqs))
             tokens = torch.argmax(scores, dim=-1)

@@ -128,6 +128,8 @@ def sampling_kwargs(params: wire.SamplingParams, api: VllmApi, index: int = 0) -
         "prompt_logprobs": params.prompt_logprobs,
         "detokenize": False,  # text is made once, by lmiserve's output processor
     }
+    if params.bad_words:  # vLLM tokenizes them as admission does for our engine
+        kw["bad_words"] = list(params.bad_words)
     if params.do_sample:
         kw.update(
             temperature=params.temperature,

@@ -44,6 +44,7 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0
+    bad_words: list[str] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     detokenize: bool = True
