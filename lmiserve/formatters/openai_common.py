@@ -150,8 +150,8 @@ class StyledResponder(Responder):
 
 def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:
     """Token counts for a response (every choice of every prompt), with MindIE's per-token
-    ``batch_size`` and ``queue_wait_time`` (µs) lists where the engine reports its steps (vLLM
-    does not; the lists are then left out rather than filled with zeros)."""
+    ``batch_size`` and ``queue_wait_time`` (µs) lists where the engine reports its steps (left
+    out, rather than filled with zeros, where a token came without them)."""
     prompt = sum(len(o.prompt_token_ids) for o in outs)
     body: dict[str, Any] = {"prompt_tokens": prompt}
     if completion:

@@ -94,9 +94,11 @@ class OutputProcessor:
         self._prompt_details(delta)
         if delta.token_ids and not delta.batch_size:
             out.step_stats = False
-        elif delta.token_ids and len(seq.tokens) >= len(out.batch_sizes):
-            out.batch_sizes.append(delta.batch_size)
-            out.queue_us.append(delta.queue_us)
+        elif delta.token_ids:  # a step's entries once, however many sequences it moved; a token each
+            missing = len(seq.tokens) + len(delta.token_ids) - len(out.batch_sizes)
+            for i in range(missing):
+                out.batch_sizes.append(delta.batch_size)
+                out.queue_us.append(delta.queue_us if i == 0 else 0)
         detok, stops = self._detok[delta.index], self._stops[delta.index]
         stopped_here = False
         for i, token_id in enumerate(delta.token_ids):

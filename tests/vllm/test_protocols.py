@@ -141,11 +141,14 @@ def test_typical_p_is_applied_in_vllms_engine(server, reference):
     assert texts == [expected, expected] and expected != reference.text(PROMPT, 6)
 
 
-def test_mindie_step_lists_are_left_out_not_zeros(server):
-    """vLLM reports no per-step batch size or queue wait for a request."""
+def test_mindie_step_lists_are_filled(server):
+    """A token each: the sequences vLLM holds as it arrives, and the first token's wait in vLLM's queue."""
     r = post(server, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 0})
     usage = r.json()["usage"]
-    assert usage["completion_tokens"] == 4 and "batch_size" not in usage and "queue_wait_time" not in usage
+    assert usage["completion_tokens"] == 4
+    assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == 4
+    assert all(b >= 1 for b in usage["batch_size"]) and usage["queue_wait_time"][1:] == [0, 0, 0]
+    assert isinstance(usage["queue_wait_time"][0], int) and usage["queue_wait_time"][0] >= 0
 
 
 # --- OpenAI --------------------------------------------------------------------------------

@@ -244,6 +244,9 @@ class VllmEngineClient(EngineClient):
                     delta = state.delta(output)
                     if delta is None:
                         continue
+                    if delta.token_ids:  # MindIE's per-token batch size: what vLLM holds now
+                        delta.batch_size = max(1, self._in_vllm())
+                        delta.queue_us = state.queue_us(output)
                     self._deliver(delta)
                     if delta.error is not None:
                         failed = True

@@ -194,6 +194,17 @@ class SequenceState:
     started: bool = False
     prompt_reported: bool = False
     finished: bool = False
+    queue_reported: bool = False
+
+    def queue_us(self, output: Any) -> int:
+        """MindIE's queue wait of the output's first token: how long vLLM held the request queued
+        before scheduling it (its request statistics); a running request waits no further."""
+        if self.queue_reported:
+            return 0
+        self.queue_reported = True
+        metrics = getattr(output, "metrics", None)
+        queued, scheduled = getattr(metrics, "queued_ts", 0.0), getattr(metrics, "scheduled_ts", 0.0)
+        return max(0, int((scheduled - queued) * 1e6)) if queued and scheduled else 0
 
     def delta(self, output: Any) -> wire.SeqDelta | None:
         """The delta of one vLLM ``RequestOutput``; None when it holds nothing new."""
