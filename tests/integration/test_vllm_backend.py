@@ -272,7 +272,8 @@ def test_client_disconnect_aborts_the_vllm_request(server, fake_log):
 def test_requests_vllm_refuses_answer_each_protocols_4xx(server, fake_log):
     mark = fake_log.mark()
     # refused by the vllm backend before vLLM sees it
-    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"num_beams": 2, "max_new_tokens": 4}})
+    typical = {"do_sample": True, "typical_p": 0.5, "max_new_tokens": 4}  # this fake vLLM has no extra_args
+    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": typical})
     assert r.status_code == 400  # LMI's documented error response for a request it cannot serve
     assert r.json() == {
         "generated_text": "",
@@ -296,3 +297,17 @@ def test_requests_vllm_refuses_answer_each_protocols_4xx(server, fake_log):
     assert post(server, "/invocations", {"inputs": OTHER, "parameters": {"max_new_tokens": 3}}).json() == {
         "generated_text": "FGH"
     }
+
+
+def test_beam_search_runs_above_vllm_one_token_a_step(server, fake_log):
+    mark = fake_log.mark()
+    r = post(
+        server, "/invocations", {"inputs": PROMPT, "parameters": {"num_beams": 2, "max_new_tokens": 3, "details": True}}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["details"]["generated_tokens"] == 3 and len(body["details"]["best_of_sequences"]) == 1
+    steps = fake_log.events("generate", mark)
+    assert len(steps) == 1 + 2 + 2  # one beam, then two, for three tokens
+    assert all(s["params"]["max_tokens"] == 1 and s["params"]["logprobs"] == 4 for s in steps)
+    assert steps[-1]["prompt_token_ids"][:-2] == steps[0]["prompt_token_ids"]

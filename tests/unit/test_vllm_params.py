@@ -109,7 +109,6 @@ def test_token_logprobs_always_asked_and_prompt_logprobs_only_when_wanted(api):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (wire.SamplingParams(num_beams=2, n=1, best_of=1), "beam search"),
         (wire.SamplingParams(do_sample=True, typical_p=0.5), "typical_p"),
         (wire.SamplingParams(guided=wire.GuidedDecoding("grammar", "root ::= x")), "'grammar'"),
     ],

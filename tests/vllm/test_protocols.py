@@ -10,6 +10,7 @@ import time
 import grpc
 import httpx
 import pytest
+import torch
 
 from lmiserve.server.kserve_grpc import grpc_predict_v2_pb2 as pb
 from lmiserve.server.kserve_grpc import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -139,6 +140,21 @@ def test_typical_p_is_applied_in_vllms_engine(server, reference):
         )
     expected = reference.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert texts == [expected, expected] and expected != reference.text(PROMPT, 6)
+
+
+def test_beam_search_equals_transformers(server, reference):
+    """Beam search above vLLM, as vLLM's server runs it, with transformers' scoring rules."""
+    ids = reference.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference.model.generate(ids, max_new_tokens=6, num_beams=3, num_return_sequences=3, do_sample=False)
+    expected = [reference.tokenizer.decode(row[ids.shape[1] :], skip_special_tokens=True) for row in out]
+    body = {"inputs": PROMPT, "parameters": {"num_beams": 3, "max_new_tokens": 6, "details": True}}
+    answer = post(server, "/invocations", body).json()
+    others = [s["generated_text"] for s in answer["details"]["best_of_sequences"]]
+    assert [answer["generated_text"], *others] == expected
+    mindie = {"model": NAME, "prompt": PROMPT, "max_tokens": 6, "use_beam_search": True, "best_of": 3, "n": 3}
+    choices = post(server, "/v1/completions", mindie).json()["choices"]
+    assert [c["text"] for c in choices] == expected
 
 
 def test_mindie_step_lists_are_filled(server):

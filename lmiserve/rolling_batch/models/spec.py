@@ -282,15 +282,3 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     if not isinstance(text, dict):  # the Hub's Qwen2.5-VL configs keep the language model's keys on top
         text = {k: v for k, v in config.items() if k != "vision_config"}
     return {**text, "architectures": config["architectures"], "multimodal": config}
-
-
-def eos_token_ids(model_dir: Path, spec_eos: tuple[int, ...]) -> tuple[int, ...]:
-    """The config's end-of-sequence ids and generation_config.json's, in that order."""
-    ids = list(spec_eos)
-    gen = Path(model_dir) / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        for t in [eos] if isinstance(eos, int) else eos or []:
-            if t not in ids:
-                ids.append(t)
-    return tuple(ids)

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...devices import torch_dtype
+from ...generation.eos_tokens import eos_token_ids
 from ..engine_config import EngineConfig
 from ..kv_memory import GIB, kv_cache_blocks
 from ..lora.engine_adapters import EngineAdapters
 from ..models.architectures import spec_from_config
-from ..models.spec import ModelSpec, eos_token_ids, read_config
+from ..models.spec import ModelSpec, read_config
 from . import graphs
 from .decode_seed import time_decode_steps
 from .guided import GuidedDecoder

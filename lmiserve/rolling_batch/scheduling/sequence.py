@@ -31,7 +31,7 @@ class Group:
     arrival: float = field(default_factory=time.monotonic)
     sequences: list[Sequence] = field(default_factory=list)
     beam: Any = None
-    """The search state of a beam-search request (a ``beam_search.BeamState``, which knows sequences)."""
+    """The search state of a beam-search request (a ``generation.beam_scoring.BeamState`` over its sequences)."""
     adapter: Any = None
     """The LoRA adapter the request uses (a ``lora.adapters.Adapter``), or None."""
     deadline: float = 0.0

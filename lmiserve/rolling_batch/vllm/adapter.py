@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -20,10 +21,17 @@ from ... import wire
 from ...config import Settings
 from ...errors import WorkerDied
 from ..process.client import EngineClient, EngineStartError, RequestStream
+from . import beam_search
 from .cpu import tune_for_cpu
 from .engine_args import engine_kwargs, taken
 from .engine_info import NOT_INSTALLED, engine_info, one_line, vllm_installed
-from .params import SequenceState, VllmApi, is_engine_dead, is_validation_error, sampling_params
+from .params import (
+    SequenceState,
+    VllmApi,
+    is_engine_dead,
+    is_validation_error,
+    sampling_params,
+)
 from .processes import child_pids, reap
 
 log = logging.getLogger("lmiserve.vllm")
@@ -58,6 +66,7 @@ class VllmEngineClient(EngineClient):
         self.cpu_tuning = ""
         self._children_before: frozenset[int] | None = None
         self._totals = {"prompt_tokens": 0, "generated_tokens": 0, "prefix_cache_hit_tokens": 0}
+        self.eos_token_ids = beam_search.eos_token_ids(model_path)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -184,6 +193,10 @@ class VllmEngineClient(EngineClient):
         count = max(params.best_of, params.n, 1)
         stream = RequestStream(request_id, count)
         self.streams[request_id] = stream
+        if params.num_beams > 1:
+            task = asyncio.create_task(self._beam_search(request_id, prompt_ids, params), name=f"vllm-{request_id}")
+            self._tasks.setdefault(request_id, {})[0] = Running(task, request_id)
+            return stream
         try:
             per_sequence = [sampling_params(params, self.api, index) for index in range(count)]
         except Exception as exc:  # noqa: BLE001 - refused by lmiserve's checks or vLLM's
@@ -256,26 +269,47 @@ class VllmEngineClient(EngineClient):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one request fails, never the server
-            if is_engine_dead(exc) or getattr(self.engine, "errored", False):
-                self._spawn(self._die(exc))
-                return
-            validation = is_validation_error(exc)
-            if not validation:
-                log.error("vLLM request %s failed: %s: %s", vllm_id, type(exc).__name__, exc)
             failed = True
-            self._deliver(
-                wire.SeqDelta(
-                    request_id=state.request_id,
-                    index=state.index,
-                    finish_reason="error",
-                    error=str(exc) or type(exc).__name__,
-                    error_kind="validation" if validation else "",
-                )
-            )
+            self._failed(state.request_id, state.index, exc)
+            if is_engine_dead(exc) or getattr(self.engine, "errored", False):
+                return
         finally:
             self._forget(state.request_id, state.index)
         if failed:  # an error ends every sequence of the request
             self._abort_tasks(state.request_id, None)
+
+    async def _beam_search(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> None:
+        """A beam-search request (:mod:`.beam_search`): its hypotheses once the search ends."""
+        try:
+            max_len = int(self.info.get("max_model_len", 0) or 0) or len(prompt_ids) + params.max_new_tokens
+            one = functools.partial(beam_search.one_token, self.engine, self.api)
+            for delta in await beam_search.search(one, request_id, prompt_ids, params, self.eos_token_ids, max_len):
+                delta.batch_size = max(1, self._in_vllm())
+                self._deliver(delta)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one request fails, never the server
+            self._failed(request_id, 0, exc)
+        finally:
+            self._forget(request_id, 0)
+
+    def _failed(self, request_id: str, index: int, exc: Exception) -> None:
+        """A request vLLM failed (a dead engine fails them all)."""
+        if is_engine_dead(exc) or getattr(self.engine, "errored", False):
+            self._spawn(self._die(exc))
+            return
+        validation = is_validation_error(exc)
+        if not validation:
+            log.error("vLLM request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        self._deliver(
+            wire.SeqDelta(
+                request_id=request_id,
+                index=index,
+                finish_reason="error",
+                error=str(exc) or type(exc).__name__,
+                error_kind="validation" if validation else "",
+            )
+        )
 
     def _forget(self, request_id: str, index: int) -> None:
         running = self._tasks.get(request_id)

@@ -87,9 +87,8 @@ def typical_p_available(sampling_fields: frozenset[str]) -> bool:
 
 
 def check(params: wire.SamplingParams, api: VllmApi | None = None) -> None:
-    """Refuse what the vLLM backend does not do (raises RequestRefused)."""
-    if params.num_beams > 1:
-        raise RequestRefused("beam search (num_beams > 1) is not available on the vllm backend")
+    """Refuse what the vLLM backend does not do (raises RequestRefused); beam search runs above
+    vLLM's sampling (:mod:`.beam_search`), so it never reaches here."""
     if params.do_sample and params.typical_p < 1.0 and not (api is not None and api.typical_p):
         raise RequestRefused(f"typical_p is not available on the vllm backend ({api.version if api else 'vLLM'})")
 
@@ -148,6 +147,11 @@ def sampling_kwargs(params: wire.SamplingParams, api: VllmApi, index: int = 0) -
     if params.guided is not None:
         kw[api.structured_field] = _structured(params.guided, api)
     return kw
+
+
+def one_token_params(api: VllmApi, k: int) -> Any:
+    """A beam-search step's request: one greedy token and the top ``k`` log-probabilities."""
+    return api.sampling_params(n=1, max_tokens=1, temperature=0.0, logprobs=k, detokenize=False)
 
 
 def sampling_params(params: wire.SamplingParams, api: VllmApi, index: int = 0) -> Any:
