@@ -25,6 +25,7 @@ def reference(tiny_llama_dir):
         return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     generate.tokenizer = tok
+    generate.model = model
     return generate
 
 
@@ -221,3 +222,32 @@ def test_tgi_compat(tiny_llama_dir, tmp_path, reference):
     events = [json.loads(e[len("data: ") :]) for e in r.text.split("\n\n") if e]
     assert events[-1]["generated_text"] == body[0]["generated_text"]
     assert events[-1]["details"]["finish_reason"]  # details are on by default under tgi_compat
+
+
+def test_tensorrt_llm_parameters_on_the_engine(server, reference):
+    tok = reference.tokenizer
+    ids = tok(PROMPTS[1], return_tensors="pt")["input_ids"]
+    plain = post(server, {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 8, "details": True}}).json()
+    tokens = [t["id"] for t in plain["details"]["tokens"]]
+    pairs = [tokens[i : i + 2] for i in range(1, len(tokens) - 1)]
+    pair = next(p for p in pairs if tok(tok.decode(p), add_special_tokens=False)["input_ids"] == p)
+    word = tok.decode(pair)
+    banned = post(
+        server, {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 8, "details": True, "bad_sequences": [word]}}
+    ).json()
+    out = [t["id"] for t in banned["details"]["tokens"]]
+    assert all(out[i : i + 2] != pair for i in range(len(out) - 1)) and out != tokens
+    bad = tok(word, add_special_tokens=False)["input_ids"]
+    hf = reference.model.generate(ids, max_new_tokens=8, do_sample=False, bad_words_ids=[bad])
+    assert banned["generated_text"] == tok.decode(hf[0, ids.shape[1] :], skip_special_tokens=True)
+    refused = post(server, {"inputs": "x", "parameters": {"stop": True}})
+    assert refused.status_code == 400 and refused.json()["details"]["finish_reason"] == "error"
+    logprobs = post(
+        server,
+        {
+            "inputs": PROMPTS[0],
+            "parameters": {"max_new_tokens": 3, "details": True, "logprobs": 2, "prompt_logprobs": 1},
+        },
+    ).json()["details"]
+    assert len(logprobs["top_tokens"]) == 3 and all(len(top) == 2 for top in logprobs["top_tokens"])
+    assert len(logprobs["prefill"]) == len(tok(PROMPTS[0])["input_ids"]) and logprobs["prefill"][0]["log_prob"] is None

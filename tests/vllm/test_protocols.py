@@ -126,8 +126,6 @@ def test_typical_p_is_applied_in_vllms_engine(server, reference):
     """MindIE's example sets typical_p. With a tiny mass the typical set is one token (the one whose
     information content is nearest the entropy, often not the most likely), so two seeds sample the
     same text, and it is transformers' own typical sampling's."""
-    import torch
-
     params = {"max_new_tokens": 6, "do_sample": True, "typical_p": 0.001, "temperature": 0.7}
     texts = [
         post(server, "/", {"inputs": PROMPT, "parameters": {**params, "seed": seed}}).json()[0]["generated_text"]
