@@ -44,6 +44,8 @@ class DynamicParameters(LmiSampling):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     decoder_input_details: bool = False
     """Each prompt token's log-probability in ``details.prefill`` (with ``details``)."""
+    top_n_tokens: int = Field(0, ge=0, le=20)
+    """The most likely tokens at each step in ``top_tokens`` (with ``details``)."""
     details: bool = False
     """Answer each prompt with its tokens and why it ended, in the rolling-batch schema's shape
     (a streamed answer: one ``{"token": ...}`` line per token; one prompt only)."""
@@ -109,13 +111,20 @@ def token_object(token_id: int, text: str, logprob: float | None) -> dict[str, A
 
 
 def detailed_answer(
-    text: str, finish_reason: str, tokens: list[dict[str, Any]], prefill: list[dict[str, Any]] | None
+    text: str,
+    finish_reason: str,
+    tokens: list[dict[str, Any]],
+    prefill: list[dict[str, Any]] | None,
+    top_tokens: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """One prompt's answer with ``details`` (the rolling-batch schema's, with its tokens, and the
-    prompt's where ``decoder_input_details`` asked)."""
+    """One prompt's answer with ``details`` (the rolling-batch schema's, with its tokens, the
+    prompt's where ``decoder_input_details`` asked and each step's top tokens where
+    ``top_n_tokens`` did)."""
     details: dict[str, Any] = {"finish_reason": finish_reason, "generated_tokens": len(tokens), "tokens": tokens}
     if prefill is not None:
         details["prefill"] = prefill
+    if top_tokens is not None:
+        details["top_tokens"] = top_tokens
     return {"generated_text": text, "details": details}
 
 
@@ -125,10 +134,13 @@ def detailed_stream_line(
     finish_reason: str | None,
     count: int,
     prefill: list[dict[str, Any]] | None = None,
+    top_tokens: list[dict[str, Any]] | None = None,
 ) -> bytes:
     """A streamed token with ``details`` asked: the last one carries the whole text, why it ended
     and the prompt's tokens where asked."""
     line: dict[str, Any] = {"token": token}
+    if top_tokens is not None:
+        line["top_tokens"] = top_tokens
     if finish_reason is not None:
         line["generated_text"] = text
         line["details"] = {"finish_reason": finish_reason, "generated_tokens": count}

@@ -41,6 +41,8 @@ class StepToken:
     logprob: float | None
     text: str
     finish_reason: str | None = None
+    top: list[tuple[int, float]] | None = None
+    """The row's ``top_n_tokens`` most likely tokens and their log-probabilities, where asked."""
 
 
 StepCallback = Callable[[list[StepToken | None]], None]
@@ -87,9 +89,15 @@ class _RowState:
         tail = self.matcher.feed(self.detok.flush())
         return tail + self.matcher.flush()
 
-    def step(self, token: int, eos_ids: frozenset[int], logprob: float | None = None) -> StepToken:
+    def step(
+        self,
+        token: int,
+        eos_ids: frozenset[int],
+        logprob: float | None = None,
+        top: list[tuple[int, float]] | None = None,
+    ) -> StepToken:
         text = self._advance(token, eos_ids)
-        self.tokens.append(StepToken(token, logprob, text, self.finish_reason))
+        self.tokens.append(StepToken(token, logprob, text, self.finish_reason, top))
         return self.tokens[-1]
 
     def _advance(self, token: int, eos_ids: frozenset[int]) -> str:
@@ -117,10 +125,10 @@ class _RowTracker(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         last = input_ids[:, -1].tolist()
-        logprobs = self.sampler.chosen_logprobs(last)
+        logprobs, tops = self.sampler.chosen_logprobs(last), self.sampler.top_tokens()
         deltas: list[StepToken | None] = []
-        for state, token, lp in zip(self.states, last, logprobs):
-            deltas.append(None if state.finish_reason is not None else state.step(token, self.eos_ids, lp))
+        for state, token, lp, top in zip(self.states, last, logprobs, tops):
+            deltas.append(None if state.finish_reason is not None else state.step(token, self.eos_ids, lp, top))
         if self.on_step is not None:
             self.on_step(deltas)
         done = [state.finish_reason is not None for state in self.states]
@@ -186,6 +194,16 @@ class _RowSampler(LogitsProcessor):
             return [None] * len(tokens)
         picked = self.logprobs.gather(1, torch.tensor(tokens, device=self.logprobs.device).unsqueeze(1))
         return [float(v) if want else None for v, want in zip(picked.squeeze(1).tolist(), self.detailed)]
+
+    def top_tokens(self) -> list[list[tuple[int, float]] | None]:
+        """Each row's ``top_n_tokens`` most likely tokens this step (None where not asked)."""
+        wanted = [r.params.top_n_tokens if want else 0 for r, want in zip(self.rows, self.detailed)]
+        if self.logprobs is None or not any(wanted):
+            return [None] * len(self.rows)
+        values, indices = self.logprobs.topk(max(wanted), dim=-1)
+        return [
+            list(zip(ids[:k], lps[:k])) if k else None for ids, lps, k in zip(indices.tolist(), values.tolist(), wanted)
+        ]
 
 
 class BatchGenerator:

@@ -138,7 +138,11 @@ class TextGenerationService:
             if r.params.details:
                 answers = [
                     lmi_dynamic.detailed_answer(
-                        text, res.finish_reason, [_token(t) for t in res.tokens], prefills.get(start - len(mine) + i)
+                        text,
+                        res.finish_reason,
+                        [_token(t) for t in res.tokens],
+                        prefills.get(start - len(mine) + i),
+                        [self._top(t) for t in res.tokens] if r.params.top_n_tokens else None,
                     )
                     for i, (text, res) in enumerate(zip(texts, mine))
                 ]
@@ -221,7 +225,11 @@ class TextGenerationService:
         made[row] += 1
         full[row] += step.text
         text = self._full(r.prompts[0], full[row], r.params) if step.finish_reason is not None else None
-        return lmi_dynamic.detailed_stream_line(_token(step), text, step.finish_reason, made[row], prefill)
+        top = self._top(step) if r.params.top_n_tokens else None
+        return lmi_dynamic.detailed_stream_line(_token(step), text, step.finish_reason, made[row], prefill, top)
+
+    def _top(self, step: StepToken) -> list[dict[str, Any]]:
+        return [lmi_dynamic.token_object(t, self.tokenizer.decode([t]), lp) for t, lp in step.top or []]
 
 
 def _token(step: StepToken) -> dict[str, Any]:

@@ -104,8 +104,14 @@ class HandlerDeltas:
         except ValueError as err:
             self._error(answer, f"the handler's answer is not LMI's output schema: {err}", "")
 
-    def _put(
-        self, answer: _Answer, ids: list[int], logprobs: list[float], finish: str | None, details: Any = None
+    def _put(  # noqa: PLR0913 - one delta's parts
+        self,
+        answer: _Answer,
+        ids: list[int],
+        logprobs: list[float],
+        finish: str | None,
+        details: Any = None,
+        tops: list[Any] | None = None,
     ) -> None:
         if answer.ended or (not ids and finish is None):
             return
@@ -115,6 +121,8 @@ class HandlerDeltas:
             request_id=self.request_id, index=answer.index, token_ids=ids, logprobs=logprobs, finish_reason=finish
         )
         delta.prompt_logprobs = _prefill(details)
+        if tops is not None and len(tops) == len(ids):
+            delta.top_logprobs = [_top_row(row) for row in tops]
         self._queue.put_nowait(delta)
 
     def _error(self, answer: _Answer, message: str, kind: str) -> None:
@@ -149,7 +157,8 @@ class HandlerDeltas:
         if isinstance(token, dict) and isinstance(token.get("id"), int):
             logprob = token.get("log_prob")
             logprobs = [float(logprob)] if isinstance(logprob, int | float) else []
-            self._put(answer, [token["id"]], logprobs, finish, data.get("details"))
+            tops = [data["top_tokens"]] if isinstance(data.get("top_tokens"), list) else None
+            self._put(answer, [token["id"]], logprobs, finish, data.get("details"), tops)
             return
         outputs = data.get("outputs")
         text = outputs[0] if isinstance(outputs, list) and outputs else data.get("generated_text")
@@ -172,7 +181,8 @@ class HandlerDeltas:
             logprobs = [float(v) for v in lps] if all(isinstance(v, int | float) for v in lps) else []
         else:
             ids, logprobs = self.tokenize(first["generated_text"]), []
-        self._put(answer, ids, logprobs, _finish(details), details)
+        tops = details.get("top_tokens")
+        self._put(answer, ids, logprobs, _finish(details), details, tops if isinstance(tops, list) else None)
         self._end(answer)
 
 
@@ -183,6 +193,16 @@ def _prefill(details: Any) -> list[float | None] | None:
         return None
     values = [row.get("log_prob") if isinstance(row, dict) else None for row in rows]
     return [float(v) if isinstance(v, int | float) else None for v in values]
+
+
+def _top_row(row: Any) -> list[wire.TopLogprob]:
+    """One step's top tokens (``[{"id", "log_prob"}, ...]``)."""
+    out = []
+    for entry in row if isinstance(row, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), int):
+            value = entry.get("log_prob")
+            out.append(wire.TopLogprob(entry["id"], float(value) if isinstance(value, int | float) else 0.0))
+    return out
 
 
 def _finish(details: Any) -> str | None:

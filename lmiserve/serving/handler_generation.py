@@ -11,10 +11,10 @@ over, in LMI's schema: ``{"inputs": prompt, "parameters": {...}, "stream": true}
 
 The built-in handler decodes with transformers ``generate``: greedy or sampled (temperature,
 typical-p, top-k, top-p, min-p, seed), the repetition, presence and frequency penalties,
-``max_new_tokens``, stop strings, each token's log-probability and the prompt's; ``n`` choices
-are ``n`` handler answers. A request asking for anything else (``best_of`` above ``n``, beams,
-top alternatives, stop token ids, ``ignore_eos``, a minimum length, guided output) is refused,
-naming it.
+``max_new_tokens``, stop strings, each token's log-probability and its top alternatives, the
+prompt's log-probabilities; ``n`` choices are ``n`` handler answers. A request asking for
+anything else (``best_of`` above ``n``, beams, the prompt's top alternatives, stop token ids,
+``ignore_eos``, a minimum length, bad words, guided output) is refused, naming it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ def unsupported(request: GenerationRequest) -> list[str]:
         "bad words": bool(p.bad_words),
         "ignore_eos": p.ignore_eos,
         "min_new_tokens": p.min_new_tokens > 0,
-        "top log-probabilities": p.logprobs > 0,
         "top alternatives of prompt tokens": bool(p.prompt_logprobs),
         "guided output (a schema, grammar or required tool call)": p.guided is not None,
         "a LoRA adapter": bool(request.adapter),
@@ -80,6 +79,8 @@ def handler_parameters(request: GenerationRequest, index: int = 0) -> dict[str, 
     out.update({k: getattr(p, k) for k in ("presence_penalty", "frequency_penalty") if getattr(p, k)})
     if p.prompt_logprobs is not None:
         out["decoder_input_details"] = True
+    if p.logprobs > 0:
+        out["top_n_tokens"] = p.logprobs
     if p.seed is not None:
         out["seed"] = (p.seed + index) % (MAX_SEED + 1)
     if p.repetition_penalty != 1.0:

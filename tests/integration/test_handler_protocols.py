@@ -153,6 +153,24 @@ def test_chat_on_openai_and_databricks(server, hf):
     assert databricks["choices"][0]["message"]["content"] == text
 
 
+def test_top_alternatives_of_each_token(server, hf):
+    tok, model = hf
+    text, ids = greedy(hf, PROMPT, 4)
+    body = {"model": server.name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    params = {"max_new_tokens": 4, "top_n_tokens": 3, "details": True}
+    with server.client() as c:
+        choice = c.post("/v1/completions", json=body).json()["choices"][0]
+        tgi = c.post("/generate", json={"inputs": PROMPT, "parameters": params}).json()
+    assert choice["text"] == text and len(choice["logprobs"]["top_logprobs"]) == 4
+    prompt = tok(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        logits = model(torch.cat([prompt, torch.tensor([ids[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1 :]
+    values, indices = torch.log_softmax(logits, dim=-1).topk(3, dim=-1)
+    tops = tgi["details"]["top_tokens"]
+    assert [[t["id"] for t in top] for top in tops] == indices.tolist()
+    assert [t["logprob"] for top in tops for t in top] == pytest.approx(values.flatten().tolist(), abs=1e-4)
+
+
 def test_n_choices_and_seeded_sampling(server):
     body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "n": 2}
     with server.client() as c:
@@ -173,7 +191,7 @@ def test_n_choices_and_seeded_sampling(server):
     ("path", "body", "status", "fragment"),
     [
         ("/generate", {"inputs": "x", "parameters": {"best_of": 2, "do_sample": True}}, 422, "best_of above n"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2, "model": "{name}"}, 400, "top log-probabilities"),
+        ("/v1/completions", {"prompt": "x", "min_tokens": 2, "model": "{name}"}, 400, "min_new_tokens"),
         (
             "/v1/chat/completions",
             {
