@@ -44,6 +44,9 @@ class DynamicParameters(LmiSampling):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     decoder_input_details: bool = False
     """Each prompt token's log-probability in ``details.prefill`` (with ``details``)."""
+    ignore_eos_token: bool = False
+    min_new_tokens: int = Field(0, ge=0)
+    stop_token_ids: tuple[int, ...] = ()
     top_n_tokens: int = Field(0, ge=0, le=20)
     """The most likely tokens at each step in ``top_tokens`` (with ``details``)."""
     details: bool = False

@@ -101,8 +101,12 @@ class _RowState:
         return self.tokens[-1]
 
     def _advance(self, token: int, eos_ids: frozenset[int]) -> str:
-        if token in eos_ids:
+        p = self.row.params
+        if token in eos_ids and not p.ignore_eos_token:
             out = self._finish("eos_token")
+        elif token in p.stop_token_ids:  # kept, as the engine keeps a stop token
+            self.ids.append(token)
+            out = self.matcher.feed(self.detok.add([token])) + self._finish("stop_sequence")
         else:
             self.ids.append(token)
             out = self.matcher.feed(self.detok.add([token]))
@@ -136,7 +140,8 @@ class _RowTracker(StoppingCriteria):
 
 
 class _RowSampler(LogitsProcessor):
-    def __init__(self, rows: list[GenRow], pad_lengths: list[int], device: torch.device):
+    def __init__(self, rows: list[GenRow], pad_lengths: list[int], device: torch.device, eos_ids: frozenset[int]):
+        self.eos_ids = sorted(eos_ids)
         self.penalized = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
         self.additive = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
         self.sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
@@ -175,6 +180,11 @@ class _RowSampler(LogitsProcessor):
             scores[rows] = apply_penalties(
                 scores[rows], input_ids[rows], output, presence=self.presence, frequency=self.frequency
             )
+        generated = input_ids.shape[1] - self.prompt_width
+        for i, row in enumerate(self.rows):  # no end before min_new_tokens
+            if generated < row.params.min_new_tokens:
+                banned = [*([] if row.params.ignore_eos_token else self.eos_ids), *row.params.stop_token_ids]
+                scores[i, banned] = float("-inf")
         if any(self.detailed):
             self.logprobs = torch.log_softmax(scores.float(), dim=-1)
         if self.sampled:  # in the engine's order: temperature, typical-p, top-k, top-p, min-p
@@ -230,10 +240,10 @@ class BatchGenerator:
             max_new_tokens=max(r.params.max_new_tokens for r in rows),
             do_sample=False,
             num_beams=1,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=[],  # none (None would take the model's): each row ends as _RowTracker says
             pad_token_id=self.pad_id,
         )
-        sampler = _RowSampler(rows, pad_lengths, self.device)
+        sampler = _RowSampler(rows, pad_lengths, self.device, self.eos_ids)
         with torch.inference_mode():
             self.model.generate(
                 input_ids=input_ids,

@@ -13,8 +13,8 @@ The built-in handler decodes with transformers ``generate``: greedy or sampled (
 typical-p, top-k, top-p, min-p, seed), the repetition, presence and frequency penalties,
 ``max_new_tokens``, stop strings, each token's log-probability and its top alternatives, the
 prompt's log-probabilities; ``n`` choices are ``n`` handler answers. A request asking for
-anything else (``best_of`` above ``n``, beams, the prompt's top alternatives, stop token ids,
-``ignore_eos``, a minimum length, bad words, guided output) is refused, naming it.
+anything else (``best_of`` above ``n``, beams, the prompt's top alternatives, bad words,
+guided output) is refused, naming it.
 """
 
 from __future__ import annotations
@@ -57,10 +57,7 @@ def unsupported(request: GenerationRequest) -> list[str]:
     asked = {
         "best_of above n": p.best_of > max(p.n, 1),
         "beam search": p.num_beams > 1,
-        "stop_token_ids": bool(p.stop_token_ids),
         "bad words": bool(p.bad_words),
-        "ignore_eos": p.ignore_eos,
-        "min_new_tokens": p.min_new_tokens > 0,
         "top alternatives of prompt tokens": bool(p.prompt_logprobs),
         "guided output (a schema, grammar or required tool call)": p.guided is not None,
         "a LoRA adapter": bool(request.adapter),
@@ -81,6 +78,12 @@ def handler_parameters(request: GenerationRequest, index: int = 0) -> dict[str, 
         out["decoder_input_details"] = True
     if p.logprobs > 0:
         out["top_n_tokens"] = p.logprobs
+    if p.ignore_eos:
+        out["ignore_eos_token"] = True
+    if p.min_new_tokens:
+        out["min_new_tokens"] = p.min_new_tokens
+    if p.stop_token_ids:
+        out["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
         out["seed"] = (p.seed + index) % (MAX_SEED + 1)
     if p.repetition_penalty != 1.0:

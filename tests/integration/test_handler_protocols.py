@@ -87,6 +87,14 @@ def test_mindie_document_example(server, hf):
     assert [t["logprob"] for t in details["prefill"][1:]] == pytest.approx(expected, abs=1e-4)
 
 
+def test_mindie_completions_document_example(server):
+    body = {"model": server.name, "prompt": "who are you", "temperature": 1, "max_tokens": 5, "ignore_eos": True}
+    with server.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_greedy_text_on_every_api_equals_transformers(server, hf):
     text, ids = greedy(hf, PROMPT, 7)
     greedy_lmi = {"max_new_tokens": 7, "do_sample": False}
@@ -191,7 +199,7 @@ def test_n_choices_and_seeded_sampling(server):
     ("path", "body", "status", "fragment"),
     [
         ("/generate", {"inputs": "x", "parameters": {"best_of": 2, "do_sample": True}}, 422, "best_of above n"),
-        ("/v1/completions", {"prompt": "x", "min_tokens": 2, "model": "{name}"}, 400, "min_new_tokens"),
+        ("/v1/completions", {"prompt": "x", "best_of": 2, "temperature": 1, "model": "{name}"}, 400, "best_of"),
         (
             "/v1/chat/completions",
             {

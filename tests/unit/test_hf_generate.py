@@ -106,3 +106,30 @@ def test_details_give_each_tokens_log_probability_and_the_prompts(model_and_toke
     prompt = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
     values = gen.prompt_logprobs(ids)
     assert values[0] is None and values[1:] == pytest.approx(prompt, abs=1e-5)
+
+
+def test_ignore_eos_min_new_tokens_and_stop_token_ids(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = tok(PROMPTS[0])["input_ids"]
+    plain = BatchGenerator(model, tok, [tok.eos_token_id], tok.pad_token_id).run(
+        [GenRow(ids, DynamicParameters(max_new_tokens=8))]
+    )[0]
+    tokens = [t.id for t in plain.tokens]
+    gen = BatchGenerator(model, tok, [tokens[2]], tok.pad_token_id)  # the third token ends a sequence here
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokens[2]]  # as the handler's service sets it
+    try:
+        ends, ignores, later, stops = gen.run(
+            [
+                GenRow(ids, DynamicParameters(max_new_tokens=8)),
+                GenRow(ids, DynamicParameters(max_new_tokens=8, ignore_eos_token=True)),
+                GenRow(ids, DynamicParameters(max_new_tokens=8, min_new_tokens=4)),
+                GenRow(ids, DynamicParameters(max_new_tokens=8, stop_token_ids=(tokens[1],))),
+            ]
+        )
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert ([t.id for t in ends.tokens], ends.finish_reason) == (tokens[:3], "eos_token")
+    assert ([t.id for t in ignores.tokens], ignores.finish_reason) == (tokens, "length")
+    assert [t.id for t in later.tokens][:2] == tokens[:2] and later.tokens[2].id != tokens[2]
+    assert ([t.id for t in stops.tokens], stops.finish_reason) == (tokens[:2], "stop_sequence")
