@@ -283,7 +283,7 @@ def test_refusals_in_each_protocols_shape(server, reference):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == 400 and error["message"]
-    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"num_beams": 2, "max_new_tokens": 4}})
+    r = post(server, "/invocations", {"inputs": PROMPT, "parameters": {"stop": True, "max_new_tokens": 4}})
     assert r.status_code == 400 and r.json()["details"]["finish_reason"] == "error"
     r = post(server, "/generate", {"inputs": too_long, "parameters": {"max_new_tokens": 4}})
     assert r.status_code == 422 and r.json()["error_type"] == "validation"
