@@ -83,8 +83,7 @@ class Shutdown(Msg):
 
 
 class GuidedDecoding(msgspec.Struct, frozen=True):
-    """Constrain the output: ``json_schema`` (value: the schema as JSON), ``json_object`` (any
-    JSON object), ``regex`` (value: the pattern) or ``structural_tag`` (xgrammar's, as JSON)."""
+    """Constrain the output: ``json_schema`` (the schema as JSON), ``json_object``, ``regex`` or ``structural_tag``."""
 
     kind: str
     value: str = ""
@@ -116,11 +115,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     guided: GuidedDecoding | None = None
     num_beams: int = 1
     """Beam search with this many beams when above 1 (the best ``n`` hypotheses are returned)."""
-    bad_words: list[str] = []
-    """Texts the output must not contain (TensorRT-LLM's ``bad_sequences``, vLLM's ``bad_words``)."""
-    bad_word_ids: list[list[int]] = []
-    """``bad_words`` as token sequences (set at admission): a sequence's last token is banned
-    where the output ends with the tokens before it."""
+    bad_words: list[str] = []  # texts the output never contains (TensorRT-LLM's bad_sequences, vLLM's)
+    bad_word_ids: list[list[int]] = []  # bad_words as token sequences, set at admission for the engine
     length_penalty: float = 1.0
     early_stopping: bool = False
 

@@ -32,11 +32,11 @@ from .. import wire
 from ..errors import LmiServeError, ModelNotReady, NotFound, ValidationFailed
 from ..formatters.lmi_dynamic import MAX_SEED
 from ..generation.admission import Admission
-from ..generation.chat_template import render_chat
 from ..generation.output_processor import OutputProcessor
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
 from ..model_store import resolve_model
+from .engine_model import EngineModel
 from .handler_deltas import HandlerDeltas
 from .handler_model import HandlerModel
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
@@ -137,17 +137,8 @@ class HandlerGeneration:
             raise NotFound(f"model {self.name} has no tokenizer this server can read ({exc})") from None
         return tokenizer, cfg.max_model_len or _context_length(path)
 
-    def chat_prompt(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-    ) -> str:
-        if self.tokenizer is None:
-            raise ModelNotReady(f"model {self.name} is not ready")
-        self.media.check_messages(messages)
-        return render_chat(self.tokenizer, self.name, messages, tools, add_generation_prompt, continue_final_message)
+    chat_prompt = EngineModel.chat_prompt
+    """The conversation rendered with the model's chat template (what the engine model does)."""
 
     def submit(
         self, request: GenerationRequest, budget: float | None = None, tenant: str | None = None
@@ -219,8 +210,6 @@ def _context_length(path: Path) -> int:
 def generates_text(model: Any) -> bool:
     """Whether generation requests go to ``model``: an engine model, or a handler model other than
     the embedding handler."""
-    from .engine_model import EngineModel
-
     if isinstance(model, HandlerModel):
         return model.entry_point != EMBEDDING_HANDLER
     return isinstance(model, EngineModel)

@@ -12,30 +12,11 @@ import pytest
 import torch
 
 from tests.server_process import ServerProcess
+from tests.unit.test_spec_examples import MINDIE_REQUEST as MINDIE_EXAMPLE  # the document's own
+
+PROMPT = MINDIE_EXAMPLE["inputs"]
 
 HANDLERS = Path(__file__).parent / "handlers"
-PROMPT = "My name is Olivier and I"
-MINDIE_EXAMPLE = {  # the MindIE TGI-style document's own request
-    "inputs": PROMPT,
-    "parameters": {
-        "decoder_input_details": True,
-        "details": True,
-        "do_sample": True,
-        "max_new_tokens": 20,
-        "repetition_penalty": 1.03,
-        "return_full_text": False,
-        "seed": None,
-        "temperature": 0.5,
-        "top_k": 10,
-        "top_p": 0.95,
-        "truncate": None,
-        "typical_p": 0.5,
-        "watermark": False,
-        "stop": ["stop1", "stop2"],
-        "adapter_id": "None",
-    },
-    "stream": False,
-}
 
 
 @pytest.fixture(scope="module")

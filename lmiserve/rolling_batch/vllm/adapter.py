@@ -32,7 +32,7 @@ from .params import (
     is_validation_error,
     sampling_params,
 )
-from .processes import child_pids, reap
+from .processes import child_pids, reap, shut_down
 
 log = logging.getLogger("lmiserve.vllm")
 
@@ -131,14 +131,7 @@ class VllmEngineClient(EngineClient):
 
     async def _shutdown(self, timeout: float) -> None:
         engine, self.engine = self.engine, None
-        shutdown = getattr(engine, "shutdown", None) or getattr(engine, "shutdown_background_loop", None)
-        if shutdown is not None:
-            try:
-                await asyncio.wait_for(asyncio.to_thread(shutdown), timeout)
-            except Exception as exc:  # noqa: BLE001 - the engine is going away either way
-                log.warning("vLLM did not shut down cleanly: %s", exc)
-        if self._children_before is not None:  # vLLM was started (or was starting)
-            await asyncio.to_thread(reap, self._children_before, REAP_GRACE_S)
+        await shut_down(engine, self._children_before, timeout, REAP_GRACE_S)
 
     async def _watch(self) -> None:
         """Notice an engine that died while no request was running."""
@@ -238,8 +231,7 @@ class VllmEngineClient(EngineClient):
         )
 
     def _in_vllm(self) -> int:
-        """Sequences vLLM has not finished, counting those on their way to it: an aborted
-        request leaves this count once vLLM has dropped it."""
+        """Sequences vLLM has not finished, those on their way to it too (an aborted one: until dropped)."""
         ours = sum(len(group) for group in self._tasks.values())
         processor = getattr(self.engine, "output_processor", None)
         count = getattr(processor, "get_num_unfinished_requests", None)
@@ -270,8 +262,7 @@ class VllmEngineClient(EngineClient):
             raise
         except Exception as exc:  # noqa: BLE001 - one request fails, never the server
             failed = True
-            self._failed(state.request_id, state.index, exc)
-            if is_engine_dead(exc) or getattr(self.engine, "errored", False):
+            if self._failed(state.request_id, state.index, exc):
                 return
         finally:
             self._forget(state.request_id, state.index)
@@ -281,8 +272,8 @@ class VllmEngineClient(EngineClient):
     async def _beam_search(self, request_id: str, prompt_ids: list[int], params: wire.SamplingParams) -> None:
         """A beam-search request (:mod:`.beam_search`): its hypotheses once the search ends."""
         try:
-            max_len = int(self.info.get("max_model_len", 0) or 0) or len(prompt_ids) + params.max_new_tokens
             one = functools.partial(beam_search.one_token, self.engine, self.api)
+            max_len = int(self.info["max_model_len"])  # always said (engine_info)
             for delta in await beam_search.search(one, request_id, prompt_ids, params, self.eos_token_ids, max_len):
                 delta.batch_size = max(1, self._in_vllm())
                 self._deliver(delta)
@@ -293,23 +284,19 @@ class VllmEngineClient(EngineClient):
         finally:
             self._forget(request_id, 0)
 
-    def _failed(self, request_id: str, index: int, exc: Exception) -> None:
-        """A request vLLM failed (a dead engine fails them all)."""
+    def _failed(self, request_id: str, index: int, exc: Exception) -> bool:
+        """A request vLLM failed; True where the engine died (which fails them all)."""
         if is_engine_dead(exc) or getattr(self.engine, "errored", False):
             self._spawn(self._die(exc))
-            return
-        validation = is_validation_error(exc)
-        if not validation:
+            return True
+        kind = "validation" if is_validation_error(exc) else ""
+        if not kind:
             log.error("vLLM request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        error = str(exc) or type(exc).__name__
         self._deliver(
-            wire.SeqDelta(
-                request_id=request_id,
-                index=index,
-                finish_reason="error",
-                error=str(exc) or type(exc).__name__,
-                error_kind="validation" if validation else "",
-            )
+            wire.SeqDelta(request_id=request_id, index=index, finish_reason="error", error=error, error_kind=kind)
         )
+        return False
 
     def _forget(self, request_id: str, index: int) -> None:
         running = self._tasks.get(request_id)

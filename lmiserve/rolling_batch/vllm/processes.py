@@ -4,7 +4,9 @@ with workers left, would otherwise leave them running."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 log = logging.getLogger("lmiserve.vllm")
 
@@ -55,3 +57,15 @@ def reap(before: frozenset[int], grace: float) -> int:
             pass
     psutil.wait_procs(alive, timeout=grace)
     return len(left)
+
+
+async def shut_down(engine: Any, children_before: frozenset[int] | None, timeout: float, grace: float) -> None:
+    """Stop vLLM's engine (within ``timeout``), then reap whatever of its processes is left."""
+    shutdown = getattr(engine, "shutdown", None) or getattr(engine, "shutdown_background_loop", None)
+    if shutdown is not None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(shutdown), timeout)
+        except Exception as exc:  # noqa: BLE001 - the engine is going away either way
+            log.warning("vLLM did not shut down cleanly: %s", exc)
+    if children_before is not None:  # vLLM was started (or was starting)
+        await asyncio.to_thread(reap, children_before, grace)
