@@ -35,6 +35,7 @@ _SOURCES = [
         "linear_fma.cpp",
         "linear_amx.cpp",
         "lora_amx.cpp",
+        "gguf_pack.cpp",
         "quant_linear.cpp",
         "quant_linear_avx2.cpp",
         "quant_linear_amx.cpp",

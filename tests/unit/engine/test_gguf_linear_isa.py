@@ -35,7 +35,10 @@ def build(isa: str):  # type: ignore[no-untyped-def]
     namespace = f"lmiserve_quant_{isa}"
     build_library(
         f"lmiserve_quant_kernels_{isa}",
-        [CSRC / name for name in ("quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")],
+        [
+            CSRC / name
+            for name in ("gguf_pack.cpp", "quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")
+        ],
         ["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],  # load_kernels' flags
         precompiled=False,
     )

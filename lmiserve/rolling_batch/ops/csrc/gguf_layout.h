@@ -137,7 +137,7 @@ void arrange_x(const X* x, int64_t rows, const Layout& L, Out* xa) {
   }
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512BW__)
 // A row's Q4 scales (d, or Q4_1's minimums) for pairs 8 g to 8 g + 7, as fp32: sixteen blocks'.
 inline __m512 scales16(const uint8_t* halves, int64_t g, int64_t count) {
   const int64_t left = count - 16 * g;
@@ -157,10 +157,16 @@ inline __m512 pair_scales(__m512 sixteen, int64_t i) {
 // once, and each quant looks its weight up (vpermw reads an index's low five bits). d and m: the
 // pair's scales and minimums as pair_scales gives them. lo: the arranged positions 0-31 (low
 // nibbles), hi: 32-63.
-inline void q4_pair_bf16(const uint8_t* quants, __m512 d, __m512 m, __m512i& lo, __m512i& hi) {
+
+// The pair's 32 values before rounding: [0 0 1 1 ...] d + m (indices 0-15), then from 8 (16-31).
+inline void q4_pair_values(__m512 d, __m512 m, __m512& lo, __m512& hi) {
   const __m512 iota_lo = _mm512_setr_ps(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m512 iota_hi = _mm512_add_ps(iota_lo, _mm512_set1_ps(8.f));
-  const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(iota_hi, d, m), _mm512_fmadd_ps(iota_lo, d, m));
+  lo = _mm512_fmadd_ps(iota_lo, d, m);
+  hi = _mm512_fmadd_ps(_mm512_add_ps(iota_lo, _mm512_set1_ps(8.f)), d, m);
+}
+
+// Each quant of a pair (32 bytes, two nibbles each) looked up in the pair's table of 32 bf16 values.
+inline void q4_lookup(const uint8_t* quants, __m512i table, __m512i& lo, __m512i& hi) {
   const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants)));
   // word j = byte j, from block (j / 2) % 2: words 0 1 are block 0, 2 3 block 1, ... (e31 first)
   const __m512i blocks = _mm512_set_epi16(1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1,
@@ -170,6 +176,15 @@ inline void q4_pair_bf16(const uint8_t* quants, __m512 d, __m512 m, __m512i& lo,
                                 table);
 }
 
+#if defined(__AVX512BF16__)
+inline void q4_pair_bf16(const uint8_t* quants, __m512 d, __m512 m, __m512i& lo, __m512i& hi) {
+  __m512 vlo, vhi;
+  q4_pair_values(d, m, vlo, vhi);
+  q4_lookup(quants, (__m512i)_mm512_cvtne2ps_pbh(vhi, vlo), lo, hi);
+}
+#endif
+
+#if defined(__AVX512BF16__)
 // A Q8_0 block's 32 weights d q, each rounded to bf16 (exact in fp32 first: an fp16 d times an
 // 8-bit q), in order: the bf16 weights the model's dequantized tensor holds, as the vector
 // kernel's operands and the AMX strips both take them.
@@ -197,6 +212,7 @@ inline void q4_row_pairs(const uint8_t* row, const Layout& L, int64_t p0, int64_
     }
   }
 }
-#endif
+#endif  // __AVX512BF16__
+#endif  // __AVX512BW__
 
 }  // namespace lmiserve_gguf

@@ -1,5 +1,5 @@
 // Linear layers whose weight is in GGUF blocks (Q4_0, Q4_1, Q8_0): y = x W^T (+ bias), the
-// weight repacked once (csrc/gguf_layout.h) and read from memory once a call, at 4.5 to 8.5 bits
+// weight repacked once (csrc/gguf_pack.cpp, csrc/gguf_layout.h) and read from memory once a call, at 4.5 to 8.5 bits
 // a weight. Threads split the output rows; four weight rows at a time against up to four x rows.
 //
 // - bf16 x (CPUs with AVX512_BF16): Q4 weights d q + m rounded to bf16 (as the model's bf16 weights
@@ -11,7 +11,7 @@
 //   row dequantized once a call), else plain C++.
 // - bf16 x on the other builds: widened to fp32 and multiplied as fp32 x is, each weight rounded
 //   to bf16 after its dequantization (BF16W), so that every build multiplies the weights the
-//   model's bf16 tensor holds.
+//   model's bf16 tensor holds; Q4 on AVX-512 rounds a table a pair instead (csrc/q4_widened.h).
 // A row's sums are formed in the same order whatever the number of rows: a row's result does not
 // depend on the rest of the batch (with tiles, as long as every call takes them).
 
@@ -31,6 +31,7 @@
 #include "count_dispatch.h"
 #include "gguf_layout.h"
 #include "op_registration.h"
+#include "q4_widened.h"
 #include "task_queue.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -51,40 +52,6 @@ inline uint16_t u16(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return h;
 }
-
-at::Tensor pack_gguf(const at::Tensor& blocks, int64_t kind, int64_t k) {
-  TORCH_CHECK(kind >= kQ4_0 && kind <= kQ8_0 && k % kBlock == 0, "kind 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0), K of whole blocks");
-  const Layout L(kind, k);
-  const int64_t bb = gguf_block_bytes(kind), n = blocks.size(0);
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.size(1) == L.blocks * bb,
-              "blocks: uint8 (N, K / 32 * block bytes)");
-  const auto src = blocks.contiguous();
-  auto out = at::zeros({n, L.row_bytes}, src.options());
-  const uint8_t* s = src.data_ptr<uint8_t>();
-  uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* row = s + r * L.blocks * bb;
-      uint8_t* q = o + r * L.row_bytes;
-      uint8_t* d = q + L.quant_bytes;
-      uint8_t* mins = d + 2 * L.scales;
-      for (int64_t b = 0; b < L.blocks; ++b) {
-        std::memcpy(d + 2 * b, row + b * bb, 2);
-        if (kind == kQ4_1) std::memcpy(mins + 2 * b, row + b * bb + 2, 2);
-        if (kind == kQ8_0) std::memcpy(q + b * 32, row + b * bb + 2, 32);
-      }
-      if (kind == kQ8_0) continue;
-      const int64_t qoff = kind == kQ4_1 ? 4 : 2;
-      for (int64_t p = 0; p < L.pairs; ++p)
-        for (int j = 0; j < 32; ++j) {  // byte j holds the quants of arranged values j and 32 + j
-          const int64_t block = 2 * p + pair_source(j) / kBlock, byte = pair_source(j) % kBlock;
-          q[p * 32 + j] = block < L.blocks ? row[block * bb + qoff + byte] : 0;
-        }
-    }
-  });
-  return out;
-}
-LMISERVE_OP(pack_gguf, "(Tensor blocks, int kind, int k) -> Tensor");
 
 #if defined(__AVX512BF16__)
 template <int64_t KIND, int R, int MR>
@@ -135,11 +102,27 @@ void rows_bf16(const uint8_t* w, int64_t ldw, const Layout& L, const uint16_t* x
     for (int m = 0; m < MR; ++m) out[r * MR + m] = _mm512_reduce_add_ps(acc[r][m]);
 }
 #endif
+#if !defined(__AVX512F__)
+// The plain C++ path's sums, not inlined: every row's come from the same code, whatever number of
+// rows its caller was built for (-ffast-math lets an inlined copy reorder them by its context).
+[[gnu::noinline]] void accumulate8(const float* w, const float* x, int64_t n, float* acc) {
+  for (int64_t i = 0; i < n; ++i) acc[i % 8] = std::fma(w[i], x[i], acc[i % 8]);
+}
+[[gnu::noinline]] float sum8(const float* acc) {
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i) s += acc[i];
+  return s;
+}
+#endif
+
 // fp32 x (arranged): each weight d q + m in fp32 (rounded to bf16 where BF16W), then fused
 // multiply-adds.
 template <int64_t KIND, int R, int MR, bool BF16W>
 void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, float* out) {
   const int64_t lda = L.arranged();
+#if defined(LMISERVE_Q4_WIDENED)  // (x deinterleaved: csrc/q4_widened.h)
+  if constexpr (BF16W && KIND != kQ8_0) return rows_q4_widened<KIND, R, MR>(w, ldw, L, xa, out);
+#endif
 #if defined(__AVX512F__)
   const auto weights = [](__m512 v) { return BF16W ? lmiserve::round_bf16(v) : v; };
   __m512 acc[R][MR];
@@ -212,18 +195,11 @@ void rows_f32(const uint8_t* w, int64_t ldw, const Layout& L, const float* xa, f
           wv[32 + j] = weight(std::fma(static_cast<float>(byte >> 4), d, mn));
         }
       }
-      for (int m = 0; m < MR; ++m) {
-        const float* xb = xa + m * lda + u * width;
-        for (int i = 0; i < width; ++i) acc[r][m][i % 8] = std::fma(wv[i], xb[i], acc[r][m][i % 8]);
-      }
+      for (int m = 0; m < MR; ++m) accumulate8(wv, xa + m * lda + u * width, width, acc[r][m]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MR; ++m) {
-      float s = 0.f;
-      for (int i = 0; i < 8; ++i) s += acc[r][m][i];
-      out[r * MR + m] = s;
-    }
+    for (int m = 0; m < MR; ++m) out[r * MR + m] = sum8(acc[r][m]);
 #endif
 }
 
@@ -341,6 +317,9 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t ki
     if (bf16_weights) arrange_x(x2.data_ptr<c10::BFloat16>(), m, L, xa.data());
     else if (out_dtype == at::kHalf) arrange_x(x2.data_ptr<c10::Half>(), m, L, xa.data());
     else arrange_x(x2.data_ptr<float>(), m, L, xa.data());
+#if defined(LMISERVE_Q4_WIDENED)
+    if (bf16_weights && kind != kQ8_0) widened_x(xa.data(), m, L.arranged());
+#endif
     float* yf = y.data_ptr<float>();
     if (!avx2_gguf(xa.data(), m, w, L, n, bs, bf16_weights, yf)) {
 #if !defined(__AVX512BF16__)  // (with it, bf16 x never comes here)
