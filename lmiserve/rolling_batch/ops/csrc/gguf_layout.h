@@ -152,6 +152,24 @@ inline __m512 pair_scales(__m512 sixteen, int64_t i) {
   return _mm512_permutexvar_ps(idx, sixteen);
 }
 
+// R rows' Q4 scales (and Q4_1's minimums) for pairs 8 g to 8 g + 7, converted once; pair(r, i):
+// pair 8 g + i's of row r as pair_scales gives them, the minimums -8 d for Q4_0.
+template <int64_t KIND, int R>
+struct Q4GroupScales {
+  __m512 d[R], m[R];
+  Q4GroupScales(const uint8_t* w, int64_t ldw, const Layout& L, int64_t g) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* scales = w + r * ldw + L.quant_bytes;
+      d[r] = scales16(scales, g, L.scales);
+      m[r] = KIND == kQ4_1 ? scales16(scales + 2 * L.scales, g, L.scales) : _mm512_setzero_ps();
+    }
+  }
+  void pair(int r, int64_t i, __m512& dp, __m512& mp) const {
+    dp = pair_scales(d[r], i);
+    mp = KIND == kQ4_1 ? pair_scales(m[r], i) : _mm512_mul_ps(dp, _mm512_set1_ps(-8.f));
+  }
+};
+
 // A Q4 pair's 64 weights, d q + m in fp32 rounded to bf16, by table: the 32 values the pair can
 // take (index 2 q + block: [d0 d1 d0 d1 ...] times [0 0 1 1 ...] plus the minimums) are computed
 // once, and each quant looks its weight up (vpermw reads an index's low five bits). d and m: the
@@ -199,13 +217,11 @@ inline __m512bh q8_block_bf16(const uint8_t* quants, float scale) {
 // Row `row`'s pairs [p0, p1) as bf16 weights, handed to fn(p, lo, hi) in order.
 template <bool Q4_1, typename Fn>
 inline void q4_row_pairs(const uint8_t* row, const Layout& L, int64_t p0, int64_t p1, Fn&& fn) {
-  const uint8_t* d = row + L.quant_bytes;
-  const uint8_t* mins = d + 2 * L.scales;
   for (int64_t g = p0 / 8; 8 * g < p1; ++g) {
-    const __m512 d16 = scales16(d, g, L.scales), m16 = Q4_1 ? scales16(mins, g, L.scales) : _mm512_setzero_ps();
+    const Q4GroupScales<Q4_1 ? kQ4_1 : kQ4_0, 1> scales(row, 0, L, g);
     for (int64_t p = std::max(p0, 8 * g); p < std::min(p1, 8 * g + 8); ++p) {
-      const __m512 dp = pair_scales(d16, p - 8 * g);
-      const __m512 mp = Q4_1 ? pair_scales(m16, p - 8 * g) : _mm512_mul_ps(dp, _mm512_set1_ps(-8.f));
+      __m512 dp, mp;
+      scales.pair(0, p - 8 * g, dp, mp);
       __m512i lo, hi;
       q4_pair_bf16(row + p * 32, dp, mp, lo, hi);
       fn(p, lo, hi);

@@ -50,20 +50,15 @@ void rows_q4_widened(const uint8_t* w, int64_t ldw, const Layout& L, const float
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
   for (int64_t g = 0; 8 * g < L.pairs; ++g) {  // eight pairs at a time: their scales converted once
-    __m512 d16[R], m16[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* scales = w + r * ldw + L.quant_bytes;
-      d16[r] = scales16(scales, g, L.scales);
-      m16[r] = KIND == kQ4_1 ? scales16(scales + 2 * L.scales, g, L.scales) : _mm512_setzero_ps();
-    }
+    const Q4GroupScales<KIND, R> scales(w, ldw, L, g);
     for (int64_t p = 8 * g; p < std::min<int64_t>(L.pairs, 8 * g + 8); ++p) {
       __m512 xv[MR][4];
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < 4; ++j) xv[m][j] = _mm512_loadu_ps(xd + m * lda + p * 64 + 16 * j);
       for (int r = 0; r < R; ++r) {  // the next rows' quants asked for as these are used
         _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * ldw + p * 32), _MM_HINT_T0);
-        const __m512 dp = pair_scales(d16[r], p - 8 * g);
-        const __m512 mp = KIND == kQ4_1 ? pair_scales(m16[r], p - 8 * g) : _mm512_mul_ps(dp, _mm512_set1_ps(-8.f));
+        __m512 dp, mp;
+        scales.pair(r, p - 8 * g, dp, mp);
         __m512i lo, hi;
         q4_lookup(w + r * ldw + p * 32, q4_pair_table(dp, mp), lo, hi);
         const __m512 wv[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)),
