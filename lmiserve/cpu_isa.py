@@ -184,8 +184,12 @@ def is_forced(environ: Mapping[str, str] | None = None) -> bool:
 def compile_flags(cls: str) -> list[str]:
     """The flags the C++ kernels are built with for CLS (tuned for this CPU, where the compiler
     knows how: on x86 and Arm)."""
-    tune = ["-mtune=native"] if cpu_info().family in ("x86", "arm") else []
-    return [*COMPILE_FLAGS[cls], *tune]
+    cpu = cpu_info()
+    tune = ["-mtune=native"] if cpu.family in ("x86", "arm") else []
+    # AVX512_VNNI (Ice Lake, Cascade Lake and every AVX512_BF16 CPU; not Skylake): the int8
+    # activations' products, where this CPU has them (the kernels are built where they run)
+    vnni = ["-mavx512vnni"] if cls in ("avx512", "avx512_bf16", "amx") and "avx512_vnni" in cpu.features else []
+    return [*COMPILE_FLAGS[cls], *vnni, *tune]
 
 
 def torch_env(cls: str, cpu: CpuInfo) -> dict[str, str]:

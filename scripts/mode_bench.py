@@ -8,7 +8,8 @@ server, in one run:
 Each mode is its own server, started, measured with ``lmiserve bench`` and stopped in turn, on
 the same model: ``default``; ``deterministic`` (``option.deterministic=true``); ``loraN`` (N random
 rank-16 adapters on every projection, ``option.max_loras=N``, requests spread evenly over them);
-``quantize-X`` (``option.quantize=X``: none, int8 or fp8); ``awq``, ``gptq``, ``fp8-checkpoint``
+``quantize-X`` (``option.quantize=X``: none, int8 or fp8); ``int8-activations``
+(``option.quantize_activations=int8``); ``awq``, ``gptq``, ``fp8-checkpoint``
 (the random model written in that format by ``scripts/random_model.py --quantize``);
 ``isa-CLASS`` (the default server with ``LMISERVE_CPU_ISA=CLASS``: the kernels, torch and oneDNN
 held to an older CPU's instructions, e.g. ``isa-avx2``); ``fma-rows-N`` (the default server with
@@ -52,6 +53,8 @@ def _props(args: argparse.Namespace, model: Path | None, mode: str) -> list[str]
         lines.append("option.deterministic=true")
     if mode.startswith("quantize-"):
         lines.append(f"option.quantize={mode.removeprefix('quantize-')}")
+    if mode == "int8-activations":
+        lines.append("option.quantize_activations=int8")
     if adapters := _adapter_count(mode):
         lines += ["option.enable_lora=true", f"option.max_loras={adapters}", "option.max_lora_rank=16"]
     return lines

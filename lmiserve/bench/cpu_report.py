@@ -25,7 +25,6 @@ import torch
 
 from ..rolling_batch.core.engine import Engine
 from ..rolling_batch.ops.interface import ExpertWeights, LinearWeight
-from ..rolling_batch.quant.weights import BLOCK, BLOCK_BYTES
 from ..wire import SamplingParams
 
 MATMUL = re.compile(r"^(aten|mkldnn)::\w*(mm|linear|matmul)")
@@ -46,8 +45,7 @@ def linear_bytes(w: LinearWeight) -> int:
     """The bytes of a prepared linear weight, as its kernel reads them."""
     bias = 0 if w.bias is None else w.bias.nbytes
     if w.packing.startswith("gguf-"):
-        out, inp = w.weight.shape
-        return out * inp // BLOCK * BLOCK_BYTES[w.packing[len("gguf-") :]] + bias
+        return w.packed.nbytes + bias  # repacked blocks, as the kernel reads them
     if w.quant is not None:
         return weight_bytes(w.quant) + bias
     return w.weight.nbytes + bias

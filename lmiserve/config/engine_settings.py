@@ -150,6 +150,16 @@ class EngineSettings(Area):
         "docs/quantization.md says what runs where.",
         allowed="none, awq, gptq, fp8, int8",
     )
+    quantize_activations: Literal["none", "int8"] = setting(
+        "none",
+        "option.quantize_activations",
+        "int8: on CPUs, the linear layers whose weights are in blocks (a GGUF file's Q4_0, Q4_1 and Q8_0, or "
+        "option.quantize=int8) multiply each activation row quantized to int8 per block of 32 (as llama.cpp "
+        "does), in integer dot products: faster decoding, especially at one stream, but results differ from the "
+        "dequantized model's (greedy text may change). none: activations stay in option.dtype. See "
+        "docs/quantization.md.",
+        allowed="none, int8",
+    )
     enforce_eager: bool = setting(
         False,
         "option.enforce_eager",

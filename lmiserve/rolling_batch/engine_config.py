@@ -52,6 +52,8 @@ class EngineConfig:
     """In a step that also decodes, most prompt tokens per sequence running or waiting (None: no such limit)."""
     quantize: str | None = _setting("option.quantize")
     """The weights' quantization as asked for (None: the checkpoint's own; :mod:`.quant.loading`)."""
+    quantize_activations: str = _setting("option.quantize_activations")
+    """``int8``: block weights multiply activations quantized to int8 (CPUs); ``none``."""
     measured_prompt_share: int = field(default=0, metadata={"setting": None})
     """On a CPU: the per-sequence prompt share measured at start-up where it is below the one
     taken (the device default), else 0; not a setting (:mod:`.runner.prompt_share`, the scheduler's
@@ -104,6 +106,7 @@ class EngineConfig:
                 model, engine, defaults.decode_step_prefill_tokens_per_sequence
             ),
             quantize=engine.quantize,
+            quantize_activations=engine.quantize_activations,
             enforce_eager=engine.enforce_eager,
             deterministic=engine.deterministic,
             async_scheduling=engine.async_scheduling,

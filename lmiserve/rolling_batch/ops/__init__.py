@@ -30,10 +30,13 @@ __all__ = [
 OPS_NAMES = ("auto", "reference", "cpu", "cuda", "npu")
 
 
-def create_ops(device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0) -> Ops:
+def create_ops(
+    device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0, int8_activations: bool = False
+) -> Ops:
     """The implementation for ``device``: ``auto`` picks the tuned one. ``deterministic``: prefer
     kernels whose result for a row does not depend on the other rows. ``dense_rows``: the CPU
-    ops' :attr:`~.cpu.CpuOps.dense_rows`."""
+    ops' :attr:`~.cpu.CpuOps.dense_rows`. ``int8_activations``: block weights multiply
+    activations quantized to int8 (the CPU and reference ops; elsewhere a ValueError)."""
     if name not in OPS_NAMES:
         raise ValueError(f"unknown ops {name!r} (one of {', '.join(OPS_NAMES)})")
     if name == "auto":
@@ -43,7 +46,9 @@ def create_ops(device: str, name: str = "auto", deterministic: bool = False, den
     if name == "cpu":
         from .cpu import CpuOps
 
-        return CpuOps(row_invariant=deterministic, dense_rows=dense_rows)
+        return CpuOps(row_invariant=deterministic, dense_rows=dense_rows, int8_activations=int8_activations)
+    if int8_activations and name != "reference":
+        raise ValueError(f"option.quantize_activations=int8 runs on CPUs (the C++ block kernels), not {device}")
     if name == "cuda":
         _triton_cache_dir()
         from .cuda import CudaOps
@@ -56,13 +61,17 @@ def create_ops(device: str, name: str = "auto", deterministic: bool = False, den
         from .npu import NpuOps
 
         return NpuOps()
-    return ReferenceOps()
+    ops = ReferenceOps()
+    ops.int8_activations = int8_activations
+    return ops
 
 
-def select_ops(device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0) -> CheckedOps:
+def select_ops(
+    device: str, name: str = "auto", deterministic: bool = False, dense_rows: int = 0, int8_activations: bool = False
+) -> CheckedOps:
     """The ops for ``device``, behind the contract check (the NPU's limits for NPU ops);
     ``deterministic``: a token's result does not depend on the rest of the step."""
-    ops = create_ops(device, name, deterministic, dense_rows)
+    ops = create_ops(device, name, deterministic, dense_rows, int8_activations)
     limits = limits_for("npu" if ops.name == "npu" else device)
     if deterministic:
         from .batch_invariant import BatchInvariantOps

@@ -18,7 +18,7 @@
   expert multiplied as one grouped product, parallel over experts and tiles of columns.
 - Linear layers in GGUF blocks (Q4_0, Q4_1, Q8_0) run in ``csrc/quant_linear.cpp``, which
   dequantizes each block in registers as it streams in (the loader dequantizes the GPU formats,
-  AWQ, GPTQ and FP8, for a CPU).
+  AWQ, GPTQ and FP8, for a CPU); with int8 activations in ``csrc/quant_linear_int8.cpp``.
 Everything else is the reference implementation, which is also the fallback when no C++
 compiler is available.
 """
@@ -47,6 +47,8 @@ _HALF = (torch.bfloat16, torch.float16)
 GGUF_KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
 """The GGUF block types ``csrc/quant_linear.cpp`` runs, by its number for them."""
 GGUF_PACKINGS = {f"gguf-{kind}": n for kind, n in GGUF_KINDS.items()}
+INT8_PACKINGS = {f"gguf-{kind}+int8": n for kind, n in GGUF_KINDS.items()}
+"""GGUF blocks against activations quantized to int8 (``csrc/quant_linear_int8.cpp``)."""
 GGUF_TILE_ROWS = 4
 """With AMX: rows of bf16 x from which GGUF-block layers run on the tiles (``csrc/quant_linear_amx.cpp``)."""
 LONG_RUN = 32
@@ -65,10 +67,11 @@ def _part_cols(parts: tuple[int, ...]) -> torch.Tensor:
 class CpuOps(ReferenceOps):
     name = "cpu"
 
-    def __init__(self, row_invariant: bool = False, dense_rows: int = 0) -> None:
+    def __init__(self, row_invariant: bool = False, dense_rows: int = 0, int8_activations: bool = False) -> None:
         """``row_invariant`` (deterministic mode): every LoRA run goes through one of the C++
-        kernels, whose rows do not depend on each other (the linear kernel's never do), and GGUF
-        blocks take one path whatever the number of rows. ``dense_rows``: see :attr:`dense_rows`."""
+        kernels, whose rows do not depend on each other, and GGUF blocks take one path whatever
+        the number of rows. ``dense_rows``: see :attr:`dense_rows`. ``int8_activations``: GGUF
+        blocks multiply activations quantized to int8 (:mod:`..quant.int8_activations`)."""
         self.kernels = load_kernels()
         self.native_formats = ("gguf",) if self.kernels else ()
         self.row_invariant = row_invariant
@@ -82,10 +85,10 @@ class CpuOps(ReferenceOps):
         of them, so that no row's sums change with the batch."""
         self.dense_rows = 0 if row_invariant or not self.own_linear else dense_rows
         """Rows of bf16 x from which GGUF-block layers run from their weights dequantized to bf16,
-        kept beside the blocks (0: never, none kept): where reading a third of the bytes wins
-        a decode step of a few streams, but turning blocks into weights costs more than reading
-        bf16 ones in a prompt chunk or a full batch (:mod:`.cpu_gguf_rows` measures where). Not
-        in deterministic mode, whose rows take one path whatever the batch."""
+        kept beside the blocks (0: never, none kept): where reading a third of the bytes wins a
+        decode step of a few streams, but a prompt chunk or a full batch runs faster from bf16
+        weights (:mod:`.cpu_gguf_rows` measures where). Not in deterministic mode."""
+        self.int8_activations = int8_activations  # without kernels: the reference's definition
         self._lora_packs: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
 
     def _own_kernel_takes(self, weight: torch.Tensor) -> bool:
@@ -113,8 +116,14 @@ class CpuOps(ReferenceOps):
         take the reference ops'."""
         if not (isinstance(weight, BlockWeight) and self.kernels):
             return quantized_linear(weight, bias)
-        packed = torch.ops.lmiserve_cpu.pack_gguf(weight.blocks, GGUF_KINDS[weight.kind], weight.in_features)
-        prepared = LinearWeight(torch.empty(weight.shape, device="meta"), bias, packed, f"gguf-{weight.kind}")
+        kind = GGUF_KINDS[weight.kind]
+        if self.int8_activations:
+            packed = torch.ops.lmiserve_cpu.pack_gguf_int8(weight.blocks, kind, weight.in_features)
+            packing = f"gguf-{weight.kind}+int8"
+        else:
+            packed = torch.ops.lmiserve_cpu.pack_gguf(weight.blocks, kind, weight.in_features)
+            packing = f"gguf-{weight.kind}"
+        prepared = LinearWeight(torch.empty(weight.shape, device="meta"), bias, packed, packing)
         if self.dense_rows:
             dense = weight.dequantize(torch.bfloat16)
             prepared.dense = self.prepare_gate_up(dense) if gated else self.prepare_linear(dense, bias)
@@ -141,9 +150,12 @@ class CpuOps(ReferenceOps):
         return super().gate_up_swiglu(x, w)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
-        if w.packing in GGUF_PACKINGS:
+        if w.packing in GGUF_PACKINGS or w.packing in INT8_PACKINGS:
             if self._dense_takes(x, w):
                 return self.linear(x, w.dense)
+            if w.packing in INT8_PACKINGS:
+                n = w.weight.shape[0]
+                return torch.ops.lmiserve_cpu.linear_gguf_int8(x, w.packed, INT8_PACKINGS[w.packing], n, w.bias)
             kind = GGUF_PACKINGS[w.packing]
             return torch.ops.lmiserve_cpu.linear_gguf(x, w.packed, kind, w.bias, self.gguf_tile_rows)
         if w.packing == "lmiserve" and x.dtype == torch.bfloat16:

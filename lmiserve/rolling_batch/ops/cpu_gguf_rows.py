@@ -105,10 +105,10 @@ def _dense_bf16_bytes(layers: list[Layer], count: int) -> int:
     return 2 * sum(x.out_features * x.in_features for x in layers) * count
 
 
-def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
-    """The :class:`RowsChoice` for a GGUF model served from its blocks in bf16 on this CPU, and
-    why; None (and why not) where the model has no block layers, the CPU's kernels do not run
-    them, or dense weights would take too much memory."""
+def dense_rows(model_dir: Path, int8_activations: bool = False) -> tuple[RowsChoice | None, str]:
+    """The :class:`RowsChoice` for a GGUF model served from its blocks in bf16 on this CPU (against
+    int8 activations where ``int8_activations``), and why; None (and why not) where the model has
+    no block layers, the CPU's kernels do not run them, or dense weights would take too much memory."""
     from ...model_store import GGUF_SOURCE
     from .cpu import CpuOps
 
@@ -121,7 +121,7 @@ def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
     layers = [x for x in layers if x.kind != "dense"]
     if not layers:
         return None, ""
-    ops = CpuOps()  # builds the kernels where they are not built yet: not part of the measurement
+    ops = CpuOps(int8_activations=int8_activations)  # builds the kernels where needed: not measured
     if not (ops.kernels and ops.own_linear):
         return None, "GGUF blocks at every row count (no bf16 linear kernel for dense weights on this CPU)"
     available = memory_available()
@@ -131,7 +131,7 @@ def dense_rows(model_dir: Path) -> tuple[RowsChoice | None, str]:
             f"GGUF blocks at every row count (dense weights would not fit {DENSE_MEMORY_SHARE:.0%} of the free memory)",
         )
     sample = sample_bytes()
-    cached = cache_file(layers, count, None, True, ["gguf-rows", ROWS, MARGIN, sample])
+    cached = cache_file(layers, count, None, True, ["gguf-rows", ROWS, MARGIN, sample, int8_activations])
     saved = load_measurement(cached)
     try:
         choice = RowsChoice(

@@ -39,6 +39,7 @@ _SOURCES = [
         "quant_linear.cpp",
         "quant_linear_avx2.cpp",
         "quant_linear_amx.cpp",
+        "quant_linear_int8.cpp",
         "moe.cpp",
     )
 ]

@@ -55,10 +55,15 @@ class ExpertWeights:
         return self.w13.shape[0]
 
 
-ROW_INVARIANT_PACKINGS = ("lmiserve", "lmiserve-gated", "gguf-q4_0", "gguf-q4_1", "gguf-q8_0")
+ROW_INVARIANT_PACKINGS = (
+    "lmiserve",
+    "lmiserve-gated",
+    *(f"gguf-{kind}{x}" for kind in ("q4_0", "q4_1", "q8_0") for x in ("", "+int8")),
+)
 """Packings whose product forms each row's sums in the same order whatever the other rows (the
-CPU's ``csrc/linear.cpp`` for bf16 rows, ``csrc/quant_linear.cpp`` for any), so deterministic
-mode runs them whole rather than in fixed blocks."""
+CPU's ``csrc/linear.cpp`` for bf16 rows, ``csrc/quant_linear.cpp`` and, with int8 activations,
+``csrc/quant_linear_int8.cpp`` for any), so deterministic mode runs them whole rather than in
+fixed blocks."""
 
 
 @runtime_checkable

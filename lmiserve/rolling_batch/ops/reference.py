@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from ...generation.sampling import apply_top_k_top_p_min_p
 from ..quant.fp8_activations import w8a8_reference
-from ..quant.weights import Fp8Weight, QuantizedWeight, is_quantized
+from ..quant.int8_activations import linear_int8_activations
+from ..quant.weights import BlockWeight, Fp8Weight, QuantizedWeight, is_quantized
 from .interface import ExpertWeights, LinearWeight, Ops
 from .metadata import LoraStep, PagedAttentionInputs
 
@@ -47,6 +48,9 @@ class ReferenceOps(Ops):
     name = "reference"
     native_formats: tuple[str, ...] = ("gguf", "int4", "fp8")
     """Every format: :meth:`linear` is each one's definition (it dequantizes per call)."""
+    int8_activations: bool = False
+    """``option.quantize_activations=int8``: GGUF blocks multiply activations quantized to int8
+    (:mod:`..quant.int8_activations`, which defines it)."""
 
     # --- linear layers -----------------------------------------------------------------
     def prepare_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> LinearWeight:
@@ -58,6 +62,8 @@ class ReferenceOps(Ops):
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         if isinstance(w.quant, Fp8Weight):  # W8A8: activations quantized per token too
             return w8a8_reference(x, w.quant.weight, w.quant.scale, w.bias)
+        if self.int8_activations and isinstance(w.quant, BlockWeight):
+            return linear_int8_activations(x, w.quant, w.bias)
         if w.quant is not None:  # the definition: weights dequantized in fp32, then the product
             return F.linear(x, w.quant.dequantize(x.dtype), w.bias)
         return F.linear(x, w.weight, w.bias)

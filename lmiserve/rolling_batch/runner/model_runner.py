@@ -15,6 +15,7 @@ from ..models.rope import rope_tables
 from ..models.spec import ModelSpec
 from ..models.vision.registry import split_vision
 from ..ops import select_ops
+from ..quant.int8_activations import with_int8_activations
 from ..quant.loading import load_weights
 from ..scheduling.scheduler import SchedulerOutput
 from .graphs import DecodeGraphs, GraphBackend, graph_buckets
@@ -45,10 +46,12 @@ class ModelRunner:
         deterministic: bool = False,
         quantize: str | None = None,
         gguf_dense_rows: int = 0,
+        int8_activations: bool = False,
     ):
         """With a ``shard`` of a tensor-parallel group, this process loads and runs only its
         part of every layer (``spec`` becomes that part) and rank 0 alone keeps the LM head.
-        ``gguf_dense_rows``: :attr:`..engine_config.EngineConfig.gguf_dense_rows`."""
+        ``gguf_dense_rows``: :attr:`..engine_config.EngineConfig.gguf_dense_rows`; ``int8_activations``:
+        ``option.quantize_activations=int8``."""
         self.device = device
         self.dtype = dtype
         self.images: ImageRows | None = None
@@ -56,7 +59,7 @@ class ModelRunner:
         self.deterministic = deterministic
         self.block_size = block_size
         phases = PhaseLog(log, "engine start")
-        self.ops = select_ops(device, ops_name, deterministic, gguf_dense_rows)
+        self.ops = select_ops(device, ops_name, deterministic, gguf_dense_rows, int8_activations)
         phases.done("ops and their kernels")
         self.channel: StepChannel | None = None
         """Set on rank 0 of a tensor-parallel group: each step's inputs go to the other ranks."""
@@ -84,6 +87,8 @@ class ModelRunner:
             self.model = decoder_class(spec)(
                 self.spec, tensors, self.ops, cos, sin, all_reduce=dist.all_reduce, lm_head=head
             )
+        if int8_activations:
+            self.quantization = with_int8_activations(tensors, self.quantization)
         del tensors
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None

@@ -25,10 +25,11 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     model, engine = settings_of(options)
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
+    int8 = engine.quantize_activations == "int8"
     if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
         from ..ops.cpu_dtype import measured_format
 
-        choice, why = measured_format(Path(model_path), engine.quantize)
+        choice, why = measured_format(Path(model_path), engine.quantize, int8)
         dtype = choice.dtype if choice is not None else "fp32"
         if choice is not None and choice.dense:  # a GGUF model's weights, dequantized at load
             engine = engine.model_copy(update={"quantize": "none"})
@@ -37,7 +38,7 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     if device == "cpu" and dtype == "bf16" and engine.quantize is None and not engine.deterministic:
         from ..ops.cpu_gguf_rows import dense_rows
 
-        choice, rows_why = dense_rows(Path(model_path))
+        choice, rows_why = dense_rows(Path(model_path), int8)
         if choice is not None and choice.dense_rows == 1:  # dense everywhere: no blocks kept
             engine = engine.model_copy(update={"quantize": "none"})
         elif choice is not None:
@@ -54,7 +55,7 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     if device == "cpu" and engine.decode_step_prefill_tokens_per_sequence is None and default_share is not None:
         from .prompt_share import measured_share
 
-        share, share_why = measured_share(Path(model_path), dtype, rows, engine.quantize)
+        share, share_why = measured_share(Path(model_path), dtype, rows, engine.quantize, int8)
         if share is not None:
             measured = share if share < default_share else 0  # dear prompt tokens: a longer ramp
             share = max(share, default_share)  # raised where prompt tokens are cheap, never lowered

@@ -80,10 +80,11 @@ def measure_share(
 
 
 def measured_share(
-    model_dir: Path, dtype: str, dense_rows: int = 0, quantize: str | None = None
+    model_dir: Path, dtype: str, dense_rows: int = 0, quantize: str | None = None, int8_activations: bool = False
 ) -> tuple[int | None, str]:
-    """The prompt share for this model on this CPU, and why (None where the model's shapes cannot
-    be read: the device's default stays)."""
+    """The prompt share for this model on this CPU (its block layers against int8 activations
+    where ``int8_activations``), and why (None where the model's shapes cannot be read: the
+    device's default stays)."""
     from ..ops.cpu import CpuOps
 
     try:
@@ -94,6 +95,8 @@ def measured_share(
     if dtype not in ("bf16", "fp32"):
         return None, f"the prompt share is the default ({dtype} is not measured)"
     method = ["prompt-share", dtype, dense_rows, DECODE_ROWS, CHUNK_ROWS, PROMPT_COST_RATIO, MAX_SHARE]
+    if int8_activations:
+        method.append("int8-activations")
     cached = cache_file(layers, count, None, True, method)
     saved = load_measurement(cached)
     try:
@@ -101,7 +104,7 @@ def measured_share(
         return share, _why(share, decode_s, chunk_s) + f" (measured at an earlier start, {cached})"
     except (ValueError, KeyError, TypeError):
         pass
-    ops = CpuOps()  # builds the kernels where they are not built yet: not part of the measurement
+    ops = CpuOps(int8_activations=int8_activations)  # builds the kernels where needed: not measured
     start = time.perf_counter()
     share, decode_s, chunk_s = measure_share(layers, count, torch_dtype, dense_rows, ops)
     log.info("the prompt share measured in %.2f s", time.perf_counter() - start)

@@ -88,6 +88,7 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
         shard=Shard(0, tp) if tp > 1 else None,
         deterministic=config.deterministic,
         quantize=config.quantize,
+        int8_activations=config.quantize_activations == "int8",
         gguf_dense_rows=config.gguf_dense_rows,
     )
     phases = PhaseLog(log, "engine start")

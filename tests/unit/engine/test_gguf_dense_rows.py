@@ -147,7 +147,7 @@ def test_placement_hands_the_crossing_to_the_engine(
     from lmiserve.rolling_batch.runner import placement
 
     choice = RowsChoice(rows, dict.fromkeys(ROWS, 2.0), dict.fromkeys(ROWS, 1.0))
-    monkeypatch.setattr(cpu_gguf_rows, "dense_rows", lambda path: (choice, choice.why()))
+    monkeypatch.setattr(cpu_gguf_rows, "dense_rows", lambda path, int8: (choice, choice.why()))
     monkeypatch.setattr(placement, "resolve_device", lambda spec: "cpu")
     monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("bf16", "native"))
     monkeypatch.setattr(placement, "cpu_has_native_bf16", lambda: True)

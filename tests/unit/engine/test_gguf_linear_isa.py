@@ -1,7 +1,8 @@
 """The GGUF-block kernel built for other CPU classes than this one's: AVX2 only (no AVX-512),
-AVX-512F without AVX512_BF16 and plain C++, each in a build of its own (with load_kernels'
-flags), against the weights dequantized in fp32 (bf16 rows: to bf16); and the AVX2 build's rows,
-which do not depend on the rest of the batch. (The kernels are compiled for the CPU they run on;
+AVX-512F without AVX512_BF16 (nor AVX512_VNNI) and plain C++, each in a build of its own (with
+load_kernels' flags), against the weights dequantized in fp32 (bf16 rows: to bf16); and the AVX2
+build's rows, which do not depend on the rest of the batch. The int8-activation kernel likewise,
+against its definition, its rows apart from the batch in every build. (The kernels are compiled for the CPU they run on;
 these builds run the other classes' code here.)"""
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ def build(isa: str):  # type: ignore[no-untyped-def]
         f"lmiserve_quant_kernels_{isa}",
         [
             CSRC / name
-            for name in ("gguf_pack.cpp", "quant_linear.cpp", "quant_linear_avx2.cpp", "quant_linear_amx.cpp")
+            for name in (
+                "gguf_pack.cpp",
+                "quant_linear.cpp",
+                "quant_linear_avx2.cpp",
+                "quant_linear_amx.cpp",
+                "quant_linear_int8.cpp",
+            )
         ],
         ["-O3", "-ffast-math", f"-DLMISERVE_OPS_NS={namespace}", *BUILDS[isa][0]],  # load_kernels' flags
         precompiled=False,
@@ -105,3 +112,18 @@ def test_avx2_rows_do_not_depend_on_the_batch(ops, kind: int, dtype: torch.dtype
     for i in range(17):
         assert torch.equal(ops.linear_gguf(x[i : i + 1], packed, kind, bias, 4), batch[i : i + 1]), i
     assert torch.equal(ops.linear_gguf(x[5:11], packed, kind, bias, 4), batch[5:11])
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+@pytest.mark.parametrize("n, k", [(13, 96), (37, 576)])
+def test_int8_activations_match_the_definition(ops, kind: int, n: int, k: int) -> None:  # type: ignore[no-untyped-def]
+    from lmiserve.rolling_batch.quant.int8_activations import linear_int8_activations
+
+    w = weight(kind, n, k)
+    packed = ops.pack_gguf_int8(w.blocks, kind, k)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    bias = torch.randn(n)
+    got = ops.linear_gguf_int8(x, packed, kind, n, bias)
+    torch.testing.assert_close(got.double(), linear_int8_activations(x, w, bias, torch.float64), rtol=2**-8, atol=1e-3)
+    for i in range(11):
+        assert torch.equal(ops.linear_gguf_int8(x[i : i + 1], packed, kind, n, bias), got[i : i + 1]), i

@@ -72,7 +72,7 @@ def test_placement_takes_the_measured_share_where_the_setting_is_empty(
 
     asked = []
     monkeypatch.setattr(
-        prompt_share, "measured_share", lambda path, dtype, rows, quantize: asked.append(path) or (measured, "m")
+        prompt_share, "measured_share", lambda path, dtype, rows, quantize, int8: asked.append(path) or (measured, "m")
     )
     monkeypatch.setattr(placement, "resolve_device", lambda spec: device)
     monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("bf16", "native"))

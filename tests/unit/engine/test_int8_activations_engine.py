@@ -1,0 +1,60 @@
+"""``option.quantize_activations=int8`` in the engine on the embedded SmolLM2 (Q4_1 layers): the
+CPU ops' kernel gives the greedy tokens of the reference ops, which multiply by the definition
+(:mod:`lmiserve.rolling_batch.quant.int8_activations`), both in fp32, whole and chunked prompts;
+they may part only where the reference's top two log-probabilities are a near-tie (the two sum
+the same integers' scaled products in other orders). And the engine refuses the setting where no
+layer is in blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmiserve.rolling_batch.quant.loading import QuantizationError
+from lmiserve.wire import SamplingParams
+from tests.unit.engine.engine_helpers import make_engine, run
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
+NEW_TOKENS = 16
+TIE = 1e-3
+"""Near-tie margin: the reference's top two log-probabilities within this at the first difference."""
+
+
+def greedy(model_dir, ops: str, step_tokens: int):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = make_engine(
+        model_dir, ops=ops, quantize_activations="int8", max_num_batched_tokens=step_tokens, max_model_len=128
+    )
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
+    arrivals = {0: [(str(i), tok(p)["input_ids"], params) for i, p in enumerate(PROMPTS)]}
+    tokens, _, deltas = run(engine, arrivals)
+    tops: dict[str, list] = {}
+    for d in deltas:
+        tops.setdefault(d.request_id, []).extend(d.top_logprobs or [])
+    return {rid: by_index[0] for rid, by_index in tokens.items()}, tops, engine.runner.quantization
+
+
+@pytest.mark.parametrize("step_tokens", [256, 8], ids=["whole-prompts", "chunked-prompts"])
+def test_cpu_kernel_gives_the_definitions_greedy_tokens(smollm2_dir, step_tokens: int) -> None:
+    got, _, described = greedy(smollm2_dir, "cpu", step_tokens)
+    want, tops, _ = greedy(smollm2_dir, "reference", step_tokens)
+    assert described.endswith("int8 activations")
+    for rid in want:
+        assert len(got[rid]) == NEW_TOKENS
+        first = next((i for i, (a, b) in enumerate(zip(got[rid], want[rid])) if a != b), None)
+        if first is not None:
+            top = sorted((t.logprob for t in tops[rid][first]), reverse=True)
+            assert top[0] - top[1] < TIE, (rid, first, top)
+
+
+def test_dense_layers_refuse_it(tiny_llama_dir) -> None:
+    with pytest.raises(QuantizationError, match="quantize_activations=int8 multiplies weights in blocks"):
+        make_engine(tiny_llama_dir, quantize_activations="int8")
+
+
+def test_int8_weights_take_it(tiny_llama_dir) -> None:
+    engine = make_engine(tiny_llama_dir, quantize="int8", quantize_activations="int8")
+    assert engine.runner.quantization.endswith("int8 activations")
+    tokens, _, _ = run(engine, {0: [("a", [1, 2, 3, 4], SamplingParams(max_new_tokens=4, ignore_eos=True))]})
+    assert len(tokens["a"][0]) == 4
