@@ -5,8 +5,8 @@ the same model's without them, in the engine, in-process:
     python scripts/int8_agreement.py [--model DIR] [--dtype bf16] [--tokens 64] [--quantize int8]
 
 For each prompt (a fixed set of chat, code and prose openings) it prints the tokens the two runs
-share before they part, and at the end their sum against all tokens generated, and the prompts
-that agree throughout. ``--model``: a model directory (default: the embedded SmolLM2, served from its
+share before they part, and their sum against all tokens generated; beside them, as a yardstick,
+the same for the model in the other dtype (fp32 against bf16), whose only change is rounding. ``--model``: a model directory (default: the embedded SmolLM2, served from its
 Q4_1 blocks); ``--quantize int8``: a plain checkpoint's weights quantized at load to Q8_0 blocks.
 """
 
@@ -75,17 +75,25 @@ def main() -> None:
         model = resolve_model(None, Path("/nonexistent-model-dir"))
     plain = greedy(model, args.dtype, args.tokens, args.quantize, False)
     int8 = greedy(model, args.dtype, args.tokens, args.quantize, True)
-    agreed = whole = 0
-    print(f"{'prompt':<48} agree before parting (of {args.tokens})")
-    for text, a, b in zip(PROMPTS, plain, int8):
-        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-        agreed += prefix
-        whole += prefix == len(a)
-        print(f"{text[:46]!r:<48} {prefix}")
+    other = "fp32" if args.dtype != "fp32" else "bf16"
+    yardstick = greedy(model, other, args.tokens, args.quantize, False)
+    print(f"{'prompt':<48} tokens agreeing before they part (of {args.tokens}): int8 activations; {other}")
+    sums = [0, 0]
+    for text, a, b, c in zip(PROMPTS, plain, int8, yardstick):
+        parts = [_prefix(a, b), _prefix(a, c)]
+        sums = [s + p for s, p in zip(sums, parts)]
+        print(f"{text[:46]!r:<48} {parts[0]:>3}; {parts[1]:>3}")
     total = args.tokens * len(PROMPTS)
     print(
-        f"tokens before parting: {agreed}/{total} ({agreed / total:.0%}); prompts agreeing throughout: {whole}/{len(PROMPTS)}"
+        f"against {args.dtype} without them: int8 activations {sums[0]}/{total} ({sums[0] / total:.0%}) of the tokens"
     )
+    print(
+        f"before they part; {other} (the yardstick: only the dtype's rounding changes) {sums[1]}/{total} ({sums[1] / total:.0%})"
+    )
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 
 
 if __name__ == "__main__":

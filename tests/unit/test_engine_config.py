@@ -42,9 +42,7 @@ def test_auto_dtype_is_measured_on_a_cpu_without_bf16_arithmetic(tmp_path, monke
 
     asked = []
     choice = cpu_dtype.Choice("bf16", {}, dense=True)
-    monkeypatch.setattr(
-        cpu_dtype, "measured_format", lambda path, quantize, int8: asked.append(path) or (choice, "measured")
-    )
+    monkeypatch.setattr(cpu_dtype, "measured_format", lambda path, quantize: asked.append(path) or (choice, "measured"))
     monkeypatch.setattr(placement, "resolve_device", lambda spec: "cpu")
     monkeypatch.setattr(placement, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(placement, "resolve_dtype", lambda spec, device: ("fp32", "by the ISA or the setting"))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..ops.interface import Ops
 from ..ops.metadata import AttentionMetadata, LoraStep
 from ..ops.reference import LinearWeight
-from ..quant.weights import dense
+from ..quant.weights import dense, is_quantized
 from .image_attention import ImageBlock, attend_image_blocks
 from .layer_parts import fused_gate_up, fused_qkv, normed_qkv
 from .moe import MoeLayer, load_moe_layer, moe_mlp
@@ -92,8 +92,10 @@ class DecoderModel:
         head = tensors.get("lm_head.weight")
         self.lm_head = None
         if lm_head:
-            # tied: the dense embeddings (held for the lookup anyway) rather than their blocks
-            self.lm_head = ops.prepare_linear(self.embed if spec.tie_word_embeddings or head is None else head)
+            # tied: the dense embeddings (held for the lookup anyway), or their blocks where the
+            # loader kept them (int8 activations: the blocks are the faster head there)
+            tied = embed if is_quantized(embed) else self.embed
+            self.lm_head = ops.prepare_linear(tied if spec.tie_word_embeddings or head is None else head)
         self.scale = spec.attention_scale or spec.head_dim**-0.5
         self._mrope_pick: torch.Tensor | None = None
         self.lora: Any = None

@@ -287,24 +287,16 @@ def cache_file(layers: list[Layer], count: int, head: Layer | None, dense_allowe
     return cache_root() / "cpu-formats" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def measured_format(
-    model_dir: Path, quantize: str | None = None, int8_activations: bool = False
-) -> tuple[Choice | None, str]:
+def measured_format(model_dir: Path, quantize: str | None = None) -> tuple[Choice | None, str]:
     """The :class:`Choice` for a model on a CPU without bf16 arithmetic, and why (None: fp32,
-    where the model's shapes cannot be read from its config). With ``int8_activations`` the
-    blocks run against int8 activations and are kept (no dense candidates). Measured once per
-    model shape and machine, then read from the cache."""
+    where the model's shapes cannot be read from its config). Measured once per model shape and
+    machine, then read from the cache."""
     try:
         layers, count, head = model_layers(model_dir, quantize)
     except (OSError, KeyError, ValueError) as exc:
         return None, f"auto: this CPU has no bf16 arithmetic (the model's shapes were not measured: {exc})"
-    dense_allowed = (
-        quantize is None
-        and not int8_activations
-        and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * memory_available()
-    )
-    method = ["dtype", ONE_ROW, MANY_ROWS, SAMPLE_BYTES, MARGIN, *(["int8-activations"] if int8_activations else [])]
-    cached = cache_file(layers, count, head, dense_allowed, method)
+    dense_allowed = quantize is None and _dense_bytes(layers, count, head) < DENSE_MEMORY_SHARE * memory_available()
+    cached = cache_file(layers, count, head, dense_allowed, ["dtype", ONE_ROW, MANY_ROWS, SAMPLE_BYTES, MARGIN])
     saved = load_measurement(cached)
     try:
         choice = Choice(saved["dtype"], saved["seconds"], saved["dense"])
@@ -313,7 +305,7 @@ def measured_format(
         pass
     from .cpu import CpuOps
 
-    ops = CpuOps(int8_activations=int8_activations)  # builds the kernels where needed: not measured
+    ops = CpuOps()  # builds the kernels where they are not built yet: not part of the measurement
     start = time.perf_counter()
     choice = measure(layers, count, head, ops, dense_allowed=dense_allowed)
     log.info("weights' format measured in %.2f s", time.perf_counter() - start)

@@ -64,9 +64,12 @@ def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
 
 
-def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, torch.Tensor | BlockWeight]:
+def read_gguf(
+    path: Path, dtype: torch.dtype, blocks: bool = True, embed_blocks: bool = False
+) -> dict[str, torch.Tensor | BlockWeight]:
     """Every tensor of the file under its Hugging Face name; linear weights in blocks where
-    ``blocks`` and their type allows, else dequantized to ``dtype``."""
+    ``blocks`` and their type allows, else dequantized to ``dtype``; the token embeddings in
+    blocks too where ``embed_blocks`` (a tied LM head then runs from them)."""
     from gguf.quants import dequantize
 
     meta, tensors = read_index(path)
@@ -83,6 +86,7 @@ def read_gguf(path: Path, dtype: torch.dtype, blocks: bool = True) -> dict[str, 
             continue
         kind = t.tensor_type.name
         linear = name.endswith("_proj.weight") or name == "lm_head.weight"
+        linear = linear or (embed_blocks and name == "model.embed_tokens.weight")
         order = None
         if arch in _PERMUTED and heads and (".q_proj." in name or ".k_proj." in name):
             order = unpermute_rows(int(t.shape[-1]), heads if ".q_proj." in name else kv_heads)

@@ -45,9 +45,11 @@ def load_weights(
     quantize: str | None = None,
     native: tuple[str, ...] = EVERY_FORMAT,
     pieces: Callable[[str], Piece] | None = None,
+    embed_blocks: bool = False,
 ) -> tuple[dict[str, Any], str]:
     """The model's tensors (quantized ones in :mod:`.weights` layouts) and what was loaded, in
-    words (``GET /models``' ``quantization`` and the start-up line)."""
+    words (``GET /models``' ``quantization`` and the start-up line). ``embed_blocks``: a GGUF
+    file's token embeddings kept in their blocks (for a tied LM head with int8 activations)."""
     model_dir = Path(model_dir)
     if quantize == "int8" and "gguf" not in native:
         raise QuantizationError(
@@ -59,7 +61,7 @@ def load_weights(
         )
     source = model_dir / GGUF_SOURCE
     if source.exists() and quantize != "none":
-        return _gguf(source, dtype, device, quantize, "gguf" in native, pieces)
+        return _gguf(source, dtype, device, quantize, "gguf" in native, pieces, embed_blocks)
     config = json.loads((model_dir / "config.json").read_text())
     try:
         scheme = resolve_scheme(config, quantize)
@@ -84,6 +86,7 @@ def _gguf(
     quantize: str | None,
     blocks: bool,
     pieces: Callable[[str], Piece] | None,
+    embed_blocks: bool = False,
 ) -> tuple[dict[str, Any], str]:
     if quantize not in (None, "int8"):
         raise QuantizationError(
@@ -94,7 +97,7 @@ def _gguf(
         raise QuantizationError(
             "tensor parallelism does not shard GGUF blocks; set option.quantize=none to serve the dequantized weights"
         )
-    tensors = read_gguf(source.resolve(), dtype, blocks=blocks)
+    tensors = read_gguf(source.resolve(), dtype, blocks=blocks, embed_blocks=blocks and embed_blocks)
     if not str(device).startswith("cpu"):
         tensors = {name: t.to(device) for name, t in tensors.items()}
     if not blocks:

@@ -67,7 +67,10 @@ class ModelRunner:
         phases.done("rotary tables")
         if shard is None or shard.world_size == 1:
             self.spec = spec
-            tensors, self.quantization = load_weights(model_dir, dtype, device, quantize, self.ops.native_formats)
+            formats = self.ops.native_formats
+            tensors, self.quantization = load_weights(
+                model_dir, dtype, device, quantize, formats, embed_blocks=int8_activations
+            )
             phases.done("weights read")
             vision, tensors = split_vision(spec, model_dir, tensors, dtype, device, self.ops)
             if vision is not None:

@@ -26,10 +26,12 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
     device = engine_device(model)
     dtype, why = resolve_dtype(model.dtype, device)
     int8 = engine.quantize_activations == "int8"
-    if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
+    if model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16() and int8:
+        dtype, why = "bf16", "auto with int8 activations: the blocks multiply int8 in either dtype; bf16 for the rest"
+    elif model.dtype == "auto" and device == "cpu" and not cpu_has_native_bf16():
         from ..ops.cpu_dtype import measured_format
 
-        choice, why = measured_format(Path(model_path), engine.quantize, int8)
+        choice, why = measured_format(Path(model_path), engine.quantize)
         dtype = choice.dtype if choice is not None else "fp32"
         if choice is not None and choice.dense:  # a GGUF model's weights, dequantized at load
             engine = engine.model_copy(update={"quantize": "none"})
@@ -39,9 +41,9 @@ def placed_config(model_path: str, options: dict[str, str]) -> tuple[EngineConfi
         from ..ops.cpu_gguf_rows import dense_rows
 
         choice, rows_why = dense_rows(Path(model_path), int8)
-        if choice is not None and choice.dense_rows == 1:  # dense everywhere: no blocks kept
+        if choice is not None and choice.dense_rows == 1 and not int8:  # dense everywhere: no blocks kept
             engine = engine.model_copy(update={"quantize": "none"})
-        elif choice is not None:
+        elif choice is not None and choice.dense_rows > 1:
             rows = choice.dense_rows
         if rows_why:
             log.info("%s", rows_why)

@@ -2,8 +2,8 @@
 CPU ops' kernel gives the greedy tokens of the reference ops, which multiply by the definition
 (:mod:`lmiserve.rolling_batch.quant.int8_activations`), both in fp32, whole and chunked prompts;
 they may part only where the reference's top two log-probabilities are a near-tie (the two sum
-the same integers' scaled products in other orders). And the engine refuses the setting where no
-layer is in blocks."""
+the same integers' scaled products in other orders). A tied LM head runs from the embeddings'
+blocks; the engine refuses the setting where no layer is in blocks."""
 
 from __future__ import annotations
 
@@ -46,6 +46,18 @@ def test_cpu_kernel_gives_the_definitions_greedy_tokens(smollm2_dir, step_tokens
         if first is not None:
             top = sorted((t.logprob for t in tops[rid][first]), reverse=True)
             assert top[0] - top[1] < TIE, (rid, first, top)
+
+
+def test_a_tied_head_runs_from_the_embeddings_blocks(smollm2_dir) -> None:
+    """SmolLM2 ties its LM head to its Q8_0 token embeddings: with int8 activations the head
+    multiplies their blocks (the lookup still reads them dequantized)."""
+    engine = make_engine(smollm2_dir, quantize_activations="int8", max_model_len=64)
+    model = engine.runner.model
+    assert model.lm_head.packing == "gguf-q8_0+int8"
+    assert engine.runner.quantization.startswith("gguf blocks (q4_1 x210, q8_0 x1)")
+    plain = make_engine(smollm2_dir, max_model_len=64).runner.model
+    assert plain.lm_head.packing == "lmiserve" or plain.lm_head.quant is None
+    assert (model.embed == plain.embed).all()
 
 
 def test_dense_layers_refuse_it(tiny_llama_dir) -> None:
