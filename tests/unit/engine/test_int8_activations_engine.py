@@ -70,3 +70,25 @@ def test_int8_weights_take_it(tiny_llama_dir) -> None:
     assert engine.runner.quantization.endswith("int8 activations")
     tokens, _, _ = run(engine, {0: [("a", [1, 2, 3, 4], SamplingParams(max_new_tokens=4, ignore_eos=True))]})
     assert len(tokens["a"][0]) == 4
+
+
+def test_deterministic_mode_keeps_a_request_apart_from_the_batch(smollm2_dir) -> None:
+    """The int8 kernel's rows never depend on the batch, so with ``option.deterministic`` a
+    request's greedy tokens are the same alone and beside others (whole or chunked prompts)."""
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompt = list(range(200, 240))
+    others = [list(range(300, 300 + n)) for n in (7, 25, 61)]
+
+    def tokens(with_others: bool, step_tokens: int) -> list[int]:
+        engine = make_engine(
+            smollm2_dir, dtype="bf16", quantize_activations="int8", deterministic=True,
+            max_num_batched_tokens=step_tokens, max_model_len=128,
+        )  # fmt: skip
+        arrivals = {0: [("a", prompt, params)]}
+        if with_others:
+            arrivals[0] += [(f"o{i}", p, params) for i, p in enumerate(others)]
+        return run(engine, arrivals)[0]["a"][0]
+
+    alone = tokens(False, 256)
+    assert tokens(True, 256) == alone
+    assert tokens(True, 16) == alone

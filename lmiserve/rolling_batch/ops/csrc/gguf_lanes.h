@@ -5,13 +5,13 @@
 //
 // A set of 8 rows (the last one padded with zero rows), K = 32 nb inputs, repacked once at load:
 //   quants  the blocks kGroup at a time (a group; the last padded with zero blocks): `runs` runs of
-//           kGroup * 8 lanes of 4 bytes, lane l holding row l % 8's block kGroup j + l / 8, run t
-//           its quant bytes 4t..4t+3: Q4 (4 runs) the file's own bytes (low nibble quant i, high
-//           nibble quant i + 16, of byte i), Q8_0 (8 runs) the int8 quants.
+//           8 kGroup lanes of 4 bytes, lane l holding row l / kGroup's block kGroup j + l % kGroup,
+//           run t its quant bytes 4t..4t+3: Q4 (4 runs) the file's own bytes (low nibble quant i,
+//           high nibble quant i + 16, of byte i), Q8_0 (8 runs) the int8 quants.
 //   d       the fp16 scales in the lanes' order, group after group; m: Q4_1 only, the minimums.
 // x is quantized to int8 and arranged to match (csrc/quant_linear_int8.cpp): per group, 8 runs of
-// lanes, lane l holding block kGroup j + l / 8's inputs (Q4 run 2t: 4t..4t+3, run 2t + 1: 16 +
-// 4t..; Q8_0 run t: 4t..), and its scales likewise.
+// the group's blocks' 4 inputs each (Q4 run 2t: inputs 4t..4t+3, run 2t + 1: 16 + 4t..; Q8_0 run
+// t: 4t..), which one broadcast load spreads over the 8 rows' lanes.
 
 #pragma once
 
@@ -40,8 +40,8 @@ struct LanesLayout {
     set_bytes = quant_bytes + 2 * groups * kLanes * (kind == kQ4_1 ? 2 : 1);
   }
   static int64_t sets(int64_t n) { return (n + kSetRows - 1) / kSetRows; }
-  int64_t x_row() const { return groups * 8 * kLanes * 4; }  // arranged int8 x a row
-  int64_t x_scales() const { return groups * kLanes; }       // per-lane values a row
+  int64_t x_row() const { return groups * 8 * kGroup * 4; }  // arranged int8 x a row
+  int64_t x_scales() const { return groups * kGroup; }       // per-block values a row
 };
 
 }  // namespace lmiserve_gguf

@@ -69,7 +69,7 @@ at::Tensor pack_gguf_int8(const at::Tensor& blocks, int64_t kind, int64_t k) {
       for (int64_t r = 0; r < std::min(kSetRows, n - set * kSetRows); ++r)
         for (int64_t b = 0; b < L.blocks; ++b) {
           const uint8_t* block = s + (set * kSetRows + r) * L.blocks * bb + b * bb;
-          const int64_t j = b / kGroup, lane = (b % kGroup) * kSetRows + r;
+          const int64_t j = b / kGroup, lane = r * kGroup + b % kGroup;
           std::memcpy(d + 2 * (j * kLanes + lane), block, 2);
           if (kind == kQ4_1) std::memcpy(mins + 2 * (j * kLanes + lane), block + 2, 2);
           for (int64_t t = 0; t < L.runs; ++t)

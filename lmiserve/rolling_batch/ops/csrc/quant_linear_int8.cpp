@@ -38,7 +38,8 @@ using namespace lmiserve_gguf;
 constexpr float kInv127 = 1.0 / 127.0;
 
 // x rows quantized and arranged as the lanes take them (csrc/gguf_lanes.h): q (int8, x_row() a
-// row), and per lane (x_scales() a row) its block's d, the sum of its quants, and s = d sum(q).
+// row), and per block (x_scales() a row, zeros past the last) d, the sum of its quants, and
+// s = d sum(q).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, s;
@@ -76,19 +77,15 @@ struct QuantizedRows {
         qb[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] * inverse), -127.f, 127.f));
         total += qb[i];
       }
-      // input i goes to run i / 4 (Q8_0), or 2 (i % 16 / 4) + i / 16 (Q4), in the block's 8 lanes
-      const int64_t j = b / kGroup, first = (b % kGroup) * kSetRows;
-      int8_t* group = q.data() + r * ldq + j * 8 * kLanes * 4;
+      // inputs i..i+3 go to run i / 4 (Q8_0), or 2 (i % 16 / 4) + i / 16 (Q4), of the block's group
+      int8_t* group = q.data() + r * ldq + (b / kGroup) * 8 * kGroup * 4 + (b % kGroup) * 4;
       for (int i = 0; i < kBlock; i += 4) {
         const int run = L.kind == kQ8_0 ? i / 4 : 2 * (i % 16 / 4) + i / 16;
-        for (int64_t l = first; l < first + kSetRows; ++l) std::memcpy(group + (run * kLanes + l) * 4, qb + i, 4);
+        std::memcpy(group + run * kGroup * 4, qb + i, 4);
       }
-      for (int64_t l = first; l < first + kSetRows; ++l) {
-        const int64_t at = r * ld + j * kLanes + l;
-        d[at] = scale;
-        sum[at] = total;
-        s[at] = scale * static_cast<float>(total);
-      }
+      d[r * ld + b] = scale;
+      sum[r * ld + b] = total;
+      s[r * ld + b] = scale * static_cast<float>(total);
     }
   }
 };
@@ -111,6 +108,13 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {
 #endif
 }
 
+// 8 bytes (or floats: two) at p, in every 64-bit lane: a group's two blocks' values for 8 rows.
+inline __m512i pairs_of(const void* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm512_set1_epi64(v);
+}
+
 // A set's 8 rows against MR x rows: out[m * 8 + r].
 template <int64_t KIND, int MR>
 void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, int64_t m0, float* out) {
@@ -118,7 +122,7 @@ void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, in
   for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
   const uint8_t* scales = w + L.quant_bytes;
   for (int64_t j = 0; j < L.groups; ++j) {
-    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 8 * kLanes * 4;
+    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 64;
     __m512i sums[MR];
     for (int m = 0; m < MR; ++m) sums[m] = _mm512_setzero_si512();
     for (int64_t t = 0; t < L.runs; ++t) {
@@ -126,12 +130,12 @@ void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, in
       if constexpr (KIND == kQ8_0) {
 #if defined(__AVX512VNNI__)  // w + 128, unsigned: 128 sum(q_x) taken off below
         const __m512i u = _mm512_xor_si512(wv, _mm512_set1_epi8(static_cast<char>(0x80)));
-        for (int m = 0; m < MR; ++m) sums[m] = _mm512_dpbusd_epi32(sums[m], u, _mm512_loadu_si512(xg + m * x.ldq + t * 64));
+        for (int m = 0; m < MR; ++m) sums[m] = _mm512_dpbusd_epi32(sums[m], u, pairs_of(xg + m * x.ldq + t * 8));
 #else  // |w| by x with w's sign
         const __m512i u = _mm512_abs_epi8(wv);
         const __mmask64 negative = _mm512_movepi8_mask(wv);
         for (int m = 0; m < MR; ++m) {
-          const __m512i xv = _mm512_loadu_si512(xg + m * x.ldq + t * 64);
+          const __m512i xv = pairs_of(xg + m * x.ldq + t * 8);
           sums[m] = dot4(sums[m], u, _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv));
         }
 #endif
@@ -139,31 +143,41 @@ void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, in
         const __m512i nibble = _mm512_set1_epi8(0xF);
         const __m512i lo = _mm512_and_si512(wv, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
         for (int m = 0; m < MR; ++m) {
-          const int8_t* xr = xg + m * x.ldq + 2 * t * 64;
-          sums[m] = dot4(dot4(sums[m], lo, _mm512_loadu_si512(xr)), hi, _mm512_loadu_si512(xr + 64));
+          const int8_t* xr = xg + m * x.ldq + 2 * t * 8;
+          sums[m] = dot4(dot4(sums[m], lo, pairs_of(xr)), hi, pairs_of(xr + 8));
         }
       }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 2 * j * kLanes)));
     for (int m = 0; m < MR; ++m) {
-      const int64_t at = (m0 + m) * x.ld + j * kLanes;
+      const int64_t at = (m0 + m) * x.ld + j * kGroup;
       __m512i sv = sums[m];
-      if constexpr (KIND == kQ4_0) sv = _mm512_sub_epi32(sv, _mm512_slli_epi32(_mm512_loadu_si512(x.sum.data() + at), 3));
+      if constexpr (KIND == kQ4_0) sv = _mm512_sub_epi32(sv, _mm512_slli_epi32(pairs_of(x.sum.data() + at), 3));
 #if defined(__AVX512VNNI__)
-      if constexpr (KIND == kQ8_0) sv = _mm512_sub_epi32(sv, _mm512_slli_epi32(_mm512_loadu_si512(x.sum.data() + at), 7));
+      if constexpr (KIND == kQ8_0) sv = _mm512_sub_epi32(sv, _mm512_slli_epi32(pairs_of(x.sum.data() + at), 7));
 #endif
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_mul_ps(dw, _mm512_loadu_ps(x.d.data() + at)), acc[m]);
+      const __m512 dx = _mm512_castsi512_ps(pairs_of(x.d.data() + at));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_mul_ps(dw, dx), acc[m]);
       if constexpr (KIND == kQ4_1) {
         const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 2 * (L.groups + j) * kLanes));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtph_ps(mins), _mm512_loadu_ps(x.s.data() + at), acc[m]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtph_ps(mins), _mm512_castsi512_ps(pairs_of(x.s.data() + at)), acc[m]);
       }
     }
   }
-  for (int m = 0; m < MR; ++m)  // lanes r and 8 + r: row r's two blocks of each group
-    _mm256_storeu_ps(out + m * 8, _mm256_add_ps(_mm512_castps512_ps256(acc[m]), _mm512_extractf32x8_ps(acc[m], 1)));
+  alignas(64) float lanes[kLanes];
+  for (int m = 0; m < MR; ++m) {  // lanes 2r and 2r + 1: row r's two blocks of each group
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[m], _mm512_permute_ps(acc[m], 0xB1)));
+    for (int r = 0; r < 8; ++r) out[m * 8 + r] = lanes[2 * r];
+  }
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 constexpr int kM = 4;
+
+inline __m256i spread(const int8_t* p) {  // 4 bytes in every 32-bit lane: one block's, 8 rows
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
 
 template <int64_t KIND, int MR>
 void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, int64_t m0, float* out) {
@@ -172,7 +186,7 @@ void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, in
   for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
   const uint8_t* scales = w + L.quant_bytes;
   for (int64_t j = 0; j < L.groups; ++j) {
-    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 8 * kLanes * 4;
+    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 32;
     __m256i sums[MR];
     for (int m = 0; m < MR; ++m) sums[m] = _mm256_setzero_si256();
     for (int64_t t = 0; t < L.runs; ++t) {
@@ -180,31 +194,29 @@ void set_rows(const uint8_t* w, const LanesLayout& L, const QuantizedRows& x, in
       if constexpr (KIND == kQ8_0) {  // |w| by x with w's sign: pairs of products at most 2 128 127
         const __m256i u = _mm256_abs_epi8(wv);
         for (int m = 0; m < MR; ++m) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + m * x.ldq + t * 32));
+          const __m256i xv = spread(xg + m * x.ldq + t * 4);
           sums[m] = _mm256_add_epi32(sums[m], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, wv)), ones));
         }
       } else {
         const __m256i nibble = _mm256_set1_epi8(0xF);
         const __m256i lo = _mm256_and_si256(wv, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
         for (int m = 0; m < MR; ++m) {
-          const int8_t* xr = xg + m * x.ldq + 2 * t * 32;
+          const int8_t* xr = xg + m * x.ldq + 2 * t * 4;
           const __m256i pairs =  // at most 4 15 127 a 16-bit lane
-              _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr))),
-                               _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32))));
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, spread(xr)), _mm256_maddubs_epi16(hi, spread(xr + 4)));
           sums[m] = _mm256_add_epi32(sums[m], _mm256_madd_epi16(pairs, ones));
         }
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * j * kLanes)));
     for (int m = 0; m < MR; ++m) {
-      const int64_t at = (m0 + m) * x.ld + j * kLanes;
+      const int64_t at = (m0 + m) * x.ld + j;
       __m256i sv = sums[m];
-      if constexpr (KIND == kQ4_0)
-        sv = _mm256_sub_epi32(sv, _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sum.data() + at)), 3));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sv), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + at)), acc[m]);
+      if constexpr (KIND == kQ4_0) sv = _mm256_sub_epi32(sv, _mm256_set1_epi32(8 * x.sum[at]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sv), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[m]);
       if constexpr (KIND == kQ4_1) {
         const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * (L.groups + j) * kLanes));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtph_ps(mins), _mm256_loadu_ps(x.s.data() + at), acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtph_ps(mins), _mm256_set1_ps(x.s[at]), acc[m]);
       }
     }
   }
@@ -219,17 +231,18 @@ template <int64_t KIND>
   float acc[kLanes] = {};
   const uint8_t* scales = w + L.quant_bytes;
   for (int64_t j = 0; j < L.groups; ++j) {
-    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 8 * kLanes * 4;
+    const int8_t* xg = x.q.data() + m0 * x.ldq + j * 8 * kGroup * 4;
     for (int64_t l = 0; l < kLanes; ++l) {
+      const int64_t g = l % kGroup;  // the lane's block in the group
       int32_t total = 0;
       for (int64_t t = 0; t < L.runs; ++t)
         for (int i = 0; i < 4; ++i) {
           const uint8_t byte = w[((j * L.runs + t) * kLanes + l) * 4 + i];
-          if constexpr (KIND == kQ8_0) total += static_cast<int8_t>(byte) * xg[(t * kLanes + l) * 4 + i];
+          if constexpr (KIND == kQ8_0) total += static_cast<int8_t>(byte) * xg[(t * kGroup + g) * 4 + i];
           else
-            total += (byte & 0xF) * xg[(2 * t * kLanes + l) * 4 + i] + (byte >> 4) * xg[((2 * t + 1) * kLanes + l) * 4 + i];
+            total += (byte & 0xF) * xg[(2 * t * kGroup + g) * 4 + i] + (byte >> 4) * xg[((2 * t + 1) * kGroup + g) * 4 + i];
         }
-      const int64_t at = m0 * x.ld + j * kLanes + l;
+      const int64_t at = m0 * x.ld + j * kGroup + g;
       if constexpr (KIND == kQ4_0) total -= 8 * x.sum[at];
       acc[l] += static_cast<float>(total) * (half_at(scales + 2 * (j * kLanes + l)) * x.d[at]);
       if constexpr (KIND == kQ4_1) acc[l] += half_at(scales + 2 * ((L.groups + j) * kLanes + l)) * x.s[at];
@@ -237,7 +250,7 @@ template <int64_t KIND>
   }
   for (int64_t r = 0; r < kSetRows; ++r) {
     float v = 0.f;
-    for (int64_t l = r; l < kLanes; l += kSetRows) v += acc[l];
+    for (int64_t l = r * kGroup; l < (r + 1) * kGroup; ++l) v += acc[l];
     out[r] = v;
   }
 }
