@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .loading import QuantizationError
-from .weights import BLOCK, BLOCK_BYTES, BlockWeight
+from .weights import BLOCK, BlockWeight
 
 INV_127 = 1.0 / 127.0
 
@@ -30,20 +30,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, d
 
 
-def block_parts(weight: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, d, m)``: the weight's quants ``(N, K / 32, 32)`` in input order, scales and minimums
-    ``(N, K / 32)`` (fp32; Q4_0's minimums ``-8 d``, Q8_0's zero), ``w = d q + m``."""
-    n, k = weight.shape
-    raw = weight.blocks.reshape(n, k // BLOCK, BLOCK_BYTES[weight.kind])
-    d = raw[..., 0:2].contiguous().view(torch.float16).float()[..., 0]
-    if weight.kind == "q8_0":
-        return raw[..., 2:].contiguous().view(torch.int8).float(), d, torch.zeros_like(d)
-    packed = raw[..., 4:] if weight.kind == "q4_1" else raw[..., 2:]
-    q = torch.cat([packed & 0xF, packed >> 4], dim=-1).float()
-    m = raw[..., 2:4].contiguous().view(torch.float16).float()[..., 0] if weight.kind == "q4_1" else -8 * d
-    return q, d, m
-
-
 def linear_int8_activations(
     x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
@@ -51,7 +37,8 @@ def linear_int8_activations(
     scaled sums in ``dtype`` (float64 for a reference the kernel's fp32 sums are compared with)."""
     rows = x.reshape(-1, x.shape[-1])
     qx, dx = quantize_rows(rows)
-    qw, dw, mw = block_parts(weight)
+    qw, dw, mw = weight.parts()
+    dw, mw = dw[..., 0], mw[..., 0]
     sums = torch.einsum("mbi,nbi->mnb", qx.double(), qw.double())  # integers, exact in float64
     y = (sums.to(dtype) * (dw[None] * dx[:, None]).to(dtype)).sum(-1)
     y = y + ((dx * qx.sum(-1)).to(dtype) @ mw.to(dtype).t())

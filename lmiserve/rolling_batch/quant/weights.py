@@ -51,21 +51,29 @@ class BlockWeight:
     def to(self, device: str | torch.device) -> BlockWeight:
         return replace(self, blocks=self.blocks.to(device))
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q, d, m)`` in fp32: the quants ``(out, in / 32, 32)`` in input order (Q4's 0 to 15,
+        Q8_0's signed), and per block ``(out, in / 32, 1)`` the scale and the minimum (Q4_1's own,
+        Q4_0's ``-8 d``, Q8_0's zero), so that ``w = d q + m``."""
         n, k = self.shape
         raw = self.blocks.reshape(n, k // BLOCK, BLOCK_BYTES[self.kind])
         d = raw[..., 0:2].contiguous().view(torch.float16).float()
         if self.kind == "q8_0":
-            q = raw[..., 2:].contiguous().view(torch.int8).float()
+            return raw[..., 2:].contiguous().view(torch.int8).float(), d, torch.zeros_like(d)
+        packed = raw[..., 4:] if self.kind == "q4_1" else raw[..., 2:]
+        q = torch.cat([packed & 0xF, packed >> 4], dim=-1).float()
+        m = raw[..., 2:4].contiguous().view(torch.float16).float() if self.kind == "q4_1" else -8 * d
+        return q, d, m
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.shape
+        q, d, m = self.parts()
+        if self.kind == "q8_0":
             w = d * q
+        elif self.kind == "q4_1":
+            w = torch.addcmul(m, d, q)  # one rounding, as the kernels' fused multiply-add
         else:
-            packed = raw[..., 4:] if self.kind == "q4_1" else raw[..., 2:]
-            q = torch.cat([packed & 0xF, packed >> 4], dim=-1).float()
-            if self.kind == "q4_1":
-                m = raw[..., 2:4].contiguous().view(torch.float16).float()
-                w = torch.addcmul(m, d, q)  # one rounding, as the kernels' fused multiply-add
-            else:
-                w = d * (q - 8)
+            w = d * (q - 8)
         return w.reshape(n, k).to(dtype)
 
 

@@ -30,9 +30,9 @@
 #include "convert.h"
 #include "count_dispatch.h"
 #include "gguf_layout.h"
-#include "gguf_row_groups.h"
 #include "op_registration.h"
 #include "q4_widened.h"
+#include "task_queue.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -204,6 +204,9 @@ constexpr int kR = 4, kM = 4;
 constexpr int kR = 2, kM = 2;
 #endif
 
+constexpr int64_t kAheadGroups = 4;  // how far ahead a thread requests its groups' weight rows
+constexpr int64_t kUnitGroups = 8;   // groups a thread takes at a time (csrc/task_queue.h)
+
 // R weight rows against mr (<= kM) arranged x rows: their sums into s[r * mr + m].
 template <int64_t KIND, int R, bool BF16W, typename A>
 void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int64_t mr, float* s) {
@@ -224,9 +227,36 @@ void some_rows(const uint8_t* w, int64_t ldw, const Layout& L, const A* xa, int6
 template <int64_t KIND, bool BF16W, typename A, typename Y>
 void multiply(const A* xa, int64_t m, const uint8_t* w, const Layout& L, int64_t n,
               const float* bias, Y* y) {
-  const int64_t lda = L.arranged();
-  for_row_groups<kR, kM>(m, w, L.row_bytes, n, bias, y, [&](auto rr, const uint8_t* wr, int64_t m0, int64_t mr, float* s) {
-    some_rows<KIND, decltype(rr)::value, BF16W>(wr, L.row_bytes, L, xa + m0 * lda, mr, s);
+  const int64_t groups = (n + kR - 1) / kR, lda = L.arranged();
+  lmiserve::for_each_unit((groups + kUnitGroups - 1) / kUnitGroups, [&](auto take) {
+    float s[kR * kM];
+    for (lmiserve::Taken u = take(); u.unit >= 0; u = take()) {
+      // this unit's groups; the weight rows kAheadGroups groups on are requested while these are
+      // used, up to the end of the run of units that is likely this thread's
+      const int64_t g1 = std::min(groups, (u.unit + 1) * kUnitGroups);
+      const int64_t ahead_end = std::min(groups, u.end * kUnitGroups);
+      for (int64_t g = u.unit * kUnitGroups; g < g1; ++g) {
+        const int64_t n0 = g * kR, rows = std::min<int64_t>(kR, n - n0);
+        if (g + kAheadGroups < ahead_end)
+          prefetch_bytes(w + (n0 + kAheadGroups * kR) * L.row_bytes, kR * L.row_bytes);
+        for (int64_t m0 = 0; m0 < m; m0 += kM) {
+          const int64_t mr = std::min<int64_t>(kM, m - m0);
+          const A* xm = xa + m0 * lda;
+          for (int64_t r0 = 0; r0 < rows; r0 += (rows == kR ? kR : 1)) {
+            const int64_t rr = rows == kR ? kR : 1;
+            const uint8_t* wr = w + (n0 + r0) * L.row_bytes;
+            if (rr == kR) some_rows<KIND, kR, BF16W>(wr, L.row_bytes, L, xm, mr, s);
+            else some_rows<KIND, 1, BF16W>(wr, L.row_bytes, L, xm, mr, s);
+            for (int64_t r = 0; r < rr; ++r)
+              for (int64_t i = 0; i < mr; ++i) {
+                const int64_t col = n0 + r0 + r;
+                const float v = s[r * mr + i] + (bias ? bias[col] : 0.f);
+                y[(m0 + i) * n + col] = static_cast<Y>(v);
+              }
+          }
+        }
+      }
+    }
   });
 }
 
