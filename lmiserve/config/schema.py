@@ -210,6 +210,18 @@ class ModelSettings(Area):
         "Allow model directories that ship their own modelling code.",
         env_aliases=("HF_MODEL_TRUST_REMOTE_CODE",),
     )
+    enable_reasoning: bool | None = optional_setting(
+        "option.enable_reasoning",
+        "LMI's switch for reasoning models: true splits the thinking from the answer in OpenAI chat, the "
+        "Responses API and Databricks chat (with option.reasoning_parser, else auto); false never does. "
+        "Empty: on where option.reasoning_parser is set.",
+    )
+    reasoning_parser: Literal["auto", "deepseek_r1", "qwen3", "granite", "gpt_oss"] | None = optional_setting(
+        "option.reasoning_parser",
+        "How a reasoning model's thinking is told apart from its answer (docs/reasoning.md): deepseek_r1, "
+        "qwen3 (<think>...</think>), granite (its 'thought process' phrases), gpt_oss (harmony channels), "
+        "or auto (from the chat template and the tokenizer's tokens).",
+    )
     batch_size: int = setting(1, "batch_size", "Dynamic batch size: requests gathered into one handler call.", ge=1)
     max_batch_delay: int = setting(
         100, "max_batch_delay", "Longest wait, in milliseconds, to fill a dynamic batch.", ge=0

@@ -25,12 +25,16 @@ from .validation import validated
 
 TASKS = (("messages", "chat"), ("prompt", "completions"), ("input", "embeddings"))
 
-CHAT = Style("chat.completions", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+CHAT = Style(
+    "chat.completions", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True, reasoning_parts=True
+)
 COMPLETIONS = Style(
     "text_completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True, index_is_prompt=True
 )
 # The OpenAI-compatible paths of a Databricks workspace (/serving-endpoints/chat/completions)
-OPENAI_CHAT = Style("chat.completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True)
+OPENAI_CHAT = Style(
+    "chat.completion", errors=errors.databricks, mindie_usage=False, usage_in_chunks=True, reasoning_parts=True
+)
 
 
 def task_of(data: Any) -> str:

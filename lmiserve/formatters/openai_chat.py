@@ -14,11 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ValidationFailed
-from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
+from ..generation.request import GenerationRequest
 from ..wire import GuidedDecoding
-from . import json_wire, tool_calls
+from . import tool_calls
 from .media_parts import PART_KINDS, chat_refs, template_content
-from .openai_common import OPENAI_CHAT, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
+from .openai_common import SamplingFields
 from .validation import validated
 
 
@@ -112,6 +112,8 @@ class ChatRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _checks(self) -> ChatRequest:
@@ -147,6 +149,14 @@ class ChatRequest(SamplingFields):
         if isinstance(self.tool_choice, dict):
             return (self.tool_choice.get("function") or {}).get("name")
         return None
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's own variables: ``chat_template_kwargs``, and ``reasoning_effort``."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return kwargs
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.template_dict() for m in self.messages]
@@ -194,124 +204,3 @@ def generation_request(req: ChatRequest, prompt: str, default_max_tokens: int) -
         add_special_tokens=False,
         media=chat_refs(req.messages),
     )
-
-
-# --- responses ---------------------------------------------------------------------------
-
-
-def _logprob_entry(t: TokenOutput, top: int) -> dict[str, Any]:
-    token = t.token if t.token is not None else t.text
-    entry: dict[str, Any] = {"token": token, "logprob": t.logprob, "bytes": list(token.encode("utf-8"))}
-    entry["top_logprobs"] = [
-        {"token": a.token or a.text, "logprob": a.logprob, "bytes": list((a.token or a.text).encode("utf-8"))}
-        for a in (t.top or [])[:top]
-    ]
-    return entry
-
-
-class ChatResponder(StyledResponder):
-    req: ChatRequest
-
-    def __init__(self, req: ChatRequest, model: str, style: Style = OPENAI_CHAT):
-        super().__init__(req, model, style, "chatcmpl")
-        self.chunk_object = "chat.completion.chunk"
-        self._started: set[tuple[int, int]] = set()
-        self._held: dict[tuple[int, int], str] = {}
-        self._pending: dict[tuple[int, int], list[TokenOutput]] = {}
-
-    def _logprobs(self, tokens: list[TokenOutput]) -> dict[str, Any] | None:
-        if not self.req.logprobs:
-            return None
-        return {"content": [_logprob_entry(t, self.req.top_logprobs or 0) for t in tokens]}
-
-    def _message(self, seq: SequenceOutput) -> tuple[dict[str, Any], str | None]:
-        mode = self.req.tool_mode
-        text = seq.text
-        if mode in ("named", "required") and seq.finish_reason not in ("length", "error"):
-            calls = tool_calls.parse_forced(text, self.req.tool_dicts, self.req.forced_tool)
-            return {"role": "assistant", "content": None, "tool_calls": [c.as_dict() for c in calls]}, "tool_calls"
-        if mode == "auto":
-            content, calls = tool_calls.parse_auto(text, self.req.tool_dicts)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": [c.as_dict() for c in calls]}
-                return message, "tool_calls"
-        return {"role": "assistant", "content": text}, finish_reason(seq)
-
-    def body(self, outs: list[RequestOutput]) -> bytes:
-        out = outs[0]
-        choices = []
-        for rank, seq in enumerate(chosen(out, self.req.n)):
-            message, reason = self._message(seq)
-            choices.append(
-                {"index": rank, "message": message, "logprobs": self._logprobs(seq.tokens), "finish_reason": reason}
-            )
-        return json_wire.dumps(self.envelope(choices, usage=usage(outs, mindie=self.mindie_usage)))
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return self.frame(self.envelope(choices, self.chunk_object, **extra))
-
-    def chunk(self, index: int, out: RequestOutput) -> bytes:
-        seq = out.sequences[out.last_index]
-        key = (index, seq.index)
-        parts = []
-        if key not in self._started:
-            self._started.add(key)
-            parts.append(
-                self._chunk(
-                    [
-                        {
-                            "index": seq.index,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ]
-                )
-            )
-        text = "".join(t.text for t in seq.new_tokens)
-        # tokens that add no text yet (part of a character, a held-back stop string) keep their
-        # log-probabilities for the next chunk that has text
-        pending = self._pending.setdefault(key, [])
-        pending.extend(seq.new_tokens)
-        mode = self.req.tool_mode
-        if mode in ("named", "required") or (mode == "auto" and key in self._held):
-            self._held[key] = self._held.get(key, "") + text
-            text = ""
-        elif mode == "auto" and tool_calls.may_become_call(seq.text):
-            self._held[key] = seq.text
-            text = ""
-        if text:
-            parts.append(
-                self._chunk(
-                    [
-                        {
-                            "index": seq.index,
-                            "delta": {"content": text},
-                            "logprobs": self._logprobs(pending),
-                            "finish_reason": None,
-                        }
-                    ]
-                )
-            )
-            pending.clear()
-        if seq.finished:
-            message, reason = self._message(seq)
-            delta: dict[str, Any] = {}
-            if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-                if message.get("content"):
-                    delta["content"] = message["content"]
-            elif key in self._held:
-                delta["content"] = seq.text
-            closing = self.closing_usage(self.req.include_usage)
-            extra = {"usage": closing} if closing is not None else {}
-            rest = self._logprobs(pending) if pending and key not in self._held else None
-            final = {"index": seq.index, "delta": delta, "logprobs": rest, "finish_reason": reason}
-            parts.append(self._chunk([final], **extra))
-        return b"".join(parts)
-
-    def end(self, outs: list[RequestOutput]) -> bytes:
-        tail = b""
-        if self.req.include_usage:
-            tail = self._chunk([], usage=usage(outs, mindie=self.mindie_usage))
-        return tail + self.style.framing.done

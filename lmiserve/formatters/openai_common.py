@@ -77,6 +77,9 @@ class Style:
     """A completion choice's ``index`` is its prompt's (Databricks), not its place among all choices."""
     offsets_across_choices: bool = False
     """Completion ``logprobs.text_offset`` counts on from the choices before (MindIE's example)."""
+    reasoning_parts: bool = False
+    """A reasoning model's thinking goes in ``content`` as a ``reasoning`` part (Databricks), not in
+    ``reasoning_content``."""
 
 
 OPENAI_COMPLETIONS = Style("text_completion", offsets_across_choices=True)
@@ -115,27 +118,31 @@ class StyledResponder(Responder):
     def start(self, outs: list[RequestOutput]) -> None:
         self.outs = outs
 
+    def usage_body(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        """The answer's ``usage`` (a responder may add details)."""
+        return usage(outs, mindie=self.style.mindie_usage)
+
     @property
     def media_type(self) -> str:
         return self.style.framing.media_type if self.stream else "application/json"
 
     def frame(self, obj: dict[str, Any]) -> bytes:
         if self.style.usage_in_chunks and self.outs and "usage" not in obj:
-            obj = {**obj, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
+            obj = {**obj, "usage": self.usage_body(self.outs)}
         return self.style.framing.frame(obj)
 
     def error_chunk(self, message: str) -> bytes:
         """A failure after the stream began: the protocol's error object, with the usage so far."""
         _, body = self.style.errors(GenerationError(message))
         if self.outs:
-            body = {**body, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
+            body = {**body, "usage": self.usage_body(self.outs)}
         return self.style.framing.frame(body) + self.style.framing.done
 
     def error_body(self, err: LmiServeError) -> tuple[int, bytes]:
         """The error answer; when generation had started, with the usage so far."""
         status, body = self.style.errors(err)
         if self.outs:
-            body = {**body, "usage": usage(self.outs, mindie=self.style.mindie_usage)}
+            body = {**body, "usage": self.usage_body(self.outs)}
         return status, json_wire.dumps(body)
 
     def closing_usage(self, include_usage: bool) -> dict[str, Any] | None:
@@ -145,7 +152,7 @@ class StyledResponder(Responder):
             return None
         if not all(o.finished for o in self.outs):
             return None
-        return usage(self.outs, mindie=self.style.mindie_usage)
+        return self.usage_body(self.outs)
 
 
 def usage(outs: list[RequestOutput], completion: bool = True, mindie: bool = True) -> dict[str, Any]:

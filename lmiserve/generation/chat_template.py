@@ -14,10 +14,12 @@ def render_chat(
     tools: list[dict] | None,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """``messages`` (and ``tools``, as OpenAI function definitions) through ``tokenizer``'s chat
-    template; a model without a template, or a template that rejects the messages, is the
-    request's error."""
+    template, with ``template_kwargs`` as the template's own variables (``enable_thinking``,
+    ``reasoning_effort``); a model without a template, or a template that rejects the messages, is
+    the request's error."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValidationFailed(f"model {model_name} has no chat template; use the completions API")
     try:
@@ -27,6 +29,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
             tokenize=False,
+            **(template_kwargs or {}),
         )
     except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
         raise ValidationFailed(f"the chat template cannot render these messages: {exc}") from None

@@ -17,7 +17,6 @@ from .. import wire
 from ..config import Settings
 from ..errors import ModelNotReady, Overloaded, WorkerDied
 from ..generation.admission import Admission, Admitted
-from ..generation.chat_template import render_chat
 from ..generation.output_processor import OutputProcessor, detokenize_step
 from ..generation.request import GenerationRequest
 from ..generation.tokenizer import load_tokenizer
@@ -32,6 +31,7 @@ from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
 from .engine_launch import engine_client, engine_env
 from .handler_model import ModelLoadError
+from .model_chat import chat_prompt, chosen_parser
 from .model_media import ModelMedia
 from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -260,18 +260,8 @@ class EngineModel:
         admission = Admission.for_model(self.settings.engine, self.max_model_len, self.vocab_size, self.media.vision)
         return admission.admit(request, self.tokenizer)
 
-    def chat_prompt(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-    ) -> str:
-        """The conversation rendered with the model's chat template."""
-        if self.tokenizer is None:
-            raise ModelNotReady(f"model {self.name} is not ready")
-        self.media.check_messages(messages)
-        return render_chat(self.tokenizer, self.name, messages, tools, add_generation_prompt, continue_final_message)
+    chat_prompt = chat_prompt
+    reasoning_parser = property(chosen_parser)
 
     def new_request_id(self) -> str:
         return f"{self.name}-{self.id_prefix}{next(self._ids)}"

@@ -39,6 +39,7 @@ from ..model_store import resolve_model
 from .engine_model import EngineModel
 from .handler_deltas import HandlerDeltas
 from .handler_model import HandlerModel
+from .model_chat import chat_prompt, chosen_parser
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
 from .model_media import ModelMedia
 
@@ -137,7 +138,8 @@ class HandlerGeneration:
             raise NotFound(f"model {self.name} has no tokenizer this server can read ({exc})") from None
         return tokenizer, cfg.max_model_len or _context_length(path)
 
-    chat_prompt = EngineModel.chat_prompt
+    chat_prompt = chat_prompt
+    reasoning_parser = property(chosen_parser)
     """The conversation rendered with the model's chat template (what the engine model does)."""
 
     def submit(

@@ -16,6 +16,7 @@ import pytest
 
 from lmiserve import errors as E
 from lmiserve.formatters import databricks, embeddings, errors, openai_chat, openai_completions, tgi
+from lmiserve.formatters.openai_chat_responder import ChatResponder
 from lmiserve.formatters.openai_common import JSONLINES_FRAMING, Style
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
@@ -128,7 +129,7 @@ def completion(body: dict, style=None):
 
 def chat(body: dict, style=None):
     req = openai_chat.parse(body)
-    return fixed(openai_chat.ChatResponder(req, "tiny", *(style and [style] or [])))
+    return fixed(ChatResponder(req, "tiny", *(style and [style] or [])))
 
 
 MESSAGES = [{"role": "user", "content": PROMPT}]

@@ -12,13 +12,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import NotFound
-from ...formatters import databricks, openai_chat, openai_completions
+from ...formatters import databricks, openai_completions
 from ...formatters.openai_common import Style
 from ...formatters.shapes import json_object
 from ...serving import ServedModel, TextModel
 from ..bodies import read_body
 from ..http_reply import respond_over_http
-from .openai import chat_prompt, embeddings, text_model
+from .openai import chat_generation, chat_responder, embeddings, text_model
 
 router = APIRouter()
 
@@ -53,9 +53,9 @@ async def _completions(request: Request, model: TextModel, data: dict, adapter: 
 
 async def _chat(request: Request, model: TextModel, data: dict, style: Style, adapter: str | None) -> Response:
     req = databricks.parse_chat(data)
-    generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
+    responder = chat_responder(model, req, adapter or model.name, style)
+    generation = chat_generation(model, req, responder)
     generation.adapter = adapter
-    responder = openai_chat.ChatResponder(req, adapter or model.name, style)
     return await respond_over_http(model, [generation], responder, request)
 
 

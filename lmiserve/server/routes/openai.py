@@ -7,9 +7,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import LmiServeError, NotFound, ValidationFailed
-from ...formatters import openai_chat, openai_completions
+from ...formatters import openai_chat, openai_completions, reasoning
+from ...formatters.openai_chat_responder import ChatResponder
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ...formatters.shapes import json_object
+from ...generation.request import GenerationRequest
 from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, TextModel, generator_of
 from ..bodies import read_body
 from ..errors import error_response
@@ -37,7 +39,20 @@ def chat_prompt(model: TextModel, req: openai_chat.ChatRequest) -> str:
         req.tool_dicts if req.tool_mode != "none" else None,
         req.add_generation_prompt,
         req.continue_final_message,
+        req.template_kwargs,
     )
+
+
+def chat_responder(model: TextModel, req: openai_chat.ChatRequest, name: str, style: Style) -> ChatResponder:
+    """The answer's formatter, splitting a reasoning model's thinking from its answer."""
+    return ChatResponder(req, name, style, reasoning.for_request(model.reasoning_parser, req.template_kwargs))
+
+
+def chat_generation(model: TextModel, req: openai_chat.ChatRequest, responder: ChatResponder) -> GenerationRequest:
+    generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
+    if responder.reasoning is not None and responder.reasoning.special_tokens:
+        generation.skip_special_tokens = False  # its markers are special tokens
+    return generation
 
 
 async def completions(
@@ -55,9 +70,9 @@ async def completions(
 async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Response:
     req = openai_chat.parse(data)
     model, adapter = await model_and_adapter(request, req.model)
-    generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
+    responder = chat_responder(model, req, adapter or model.name, style)
+    generation = chat_generation(model, req, responder)
     generation.adapter = adapter
-    responder = openai_chat.ChatResponder(req, adapter or model.name, style)
     return await respond_over_http(model, [generation], responder, request)
 
 
