@@ -83,9 +83,9 @@ class Shutdown(Msg):
 
 
 class GuidedDecoding(msgspec.Struct, frozen=True):
-    """Constrain the output: ``json_schema`` (the schema as JSON), ``json_object``, ``regex`` or ``structural_tag``."""
+    """Constrain the output: ``value`` is the JSON schema, regex, EBNF (a ``root`` rule), JSON list of choices or tag."""
 
-    kind: str
+    kind: str  # json_schema | json_object | regex | grammar | choice (exactly one of them) | structural_tag
     value: str = ""
 
 

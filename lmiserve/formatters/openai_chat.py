@@ -1,7 +1,8 @@
 """OpenAI ``/v1/chat/completions``.
 
 Messages go through the model's chat template (done by the route, which owns the tokenizer);
-``response_format`` (``json_object``, ``json_schema``) and forced tool calls (``tool_choice``
+``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` and
+``guided_*`` fields (:mod:`.structured_outputs`) and forced tool calls (``tool_choice``
 ``required`` or a named function) are enforced by constrained decoding; with ``auto`` tool
 calls are read out of the model's text. Finish reasons use OpenAI's names.
 """
@@ -19,6 +20,7 @@ from ..wire import GuidedDecoding
 from . import tool_calls
 from .media_parts import PART_KINDS, chat_refs, template_content
 from .openai_common import SamplingFields
+from .structured_outputs import StructuredOutputFields
 from .validation import validated
 
 
@@ -99,7 +101,7 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class ChatRequest(SamplingFields):
+class ChatRequest(SamplingFields, StructuredOutputFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -127,9 +129,11 @@ class ChatRequest(SamplingFields):
             name = (self.tool_choice.get("function") or {}).get("name")
             if name not in {t.function.name for t in self.tools or []}:
                 raise ValueError(f"tool_choice names {name!r}, which is not one of the tools")
-        if self.response_format is not None and self.response_format.type != "text" and self.forced_tool is not None:
-            raise ValueError("response_format cannot be combined with a forced tool call")
         return self
+
+    def other_constraints(self) -> list[str]:
+        rf, forced = self.response_format, self.tool_mode in ("named", "required")
+        return [name for name, on in (("response_format", rf and rf.type != "text"), ("tool_choice", forced)) if on]
 
     @property
     def tool_dicts(self) -> list[dict[str, Any]]:
@@ -170,6 +174,9 @@ class ChatRequest(SamplingFields):
             return GuidedDecoding(
                 "json_schema", json.dumps(tool_calls.required_schema(self.tool_dicts, self.parallel_tool_calls))
             )
+        structured = self.structured_guided()
+        if structured is not None:
+            return structured
         rf = self.response_format
         if (rf is None or rf.type == "text") and mode == "auto" and any(t.get("strict") for t in self.tool_dicts):
             return GuidedDecoding("structural_tag", json.dumps(tool_calls.auto_strict_tag(self.tool_dicts)))

@@ -11,18 +11,23 @@ maxIterTimes (``option.max_iter_times``, else 512), and any ``max_tokens`` is lo
 ``temperature`` is any value >= 0; ``stop`` may hold 32768 characters in all;
 ``stop_token_ids`` outside int32 are ignored; a stream with ``use_beam_search`` or ``n`` > 1
 is "fake streaming", one event holding every choice.
+
+vLLM's ``structured_outputs`` and ``guided_*`` fields constrain the output
+(:mod:`.structured_outputs`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from . import json_wire
 from .openai_common import OPENAI_COMPLETIONS, SamplingFields, Style, StyledResponder, chosen, finish_reason, usage
+from .structured_outputs import StructuredOutputFields
 from .validation import validated
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -35,7 +40,7 @@ DEFAULT_MAX_TOKENS = 16
 max_iter_times (MindIE's default) when it is tokenized."""
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, StructuredOutputFields):
     prompt: Prompt
     max_tokens: int | None = Field(None, ge=1, le=MAX_I32)
     temperature: float = Field(1.0, ge=0)
@@ -120,6 +125,9 @@ def generation_requests(req: CompletionRequest) -> list[GenerationRequest]:
         logprobs=k or 0,
         prompt_logprobs=(k or 0) if (req.echo and k is not None) else None,
     )
+    guided = req.structured_guided()
+    if guided is not None:
+        params = msgspec.structs.replace(params, guided=guided)
     return [
         GenerationRequest(
             prompt=text,

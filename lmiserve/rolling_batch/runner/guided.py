@@ -1,6 +1,7 @@
 """Constrained decoding: only tokens that keep the output valid for a grammar can be sampled.
 
-Grammars (a JSON schema, any JSON object, a regular expression, a structural tag) are compiled once with
+Grammars (a JSON schema, any JSON object, a regular expression, an EBNF grammar, a list of choices,
+a structural tag) are compiled once with
 xgrammar against the model's tokenizer and cached; every constrained sequence has a matcher
 that masks its logits before sampling and advances with each chosen token.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,24 @@ from ...wire import GuidedDecoding
 from ..scheduling.sequence import Sequence
 
 log = logging.getLogger("lmiserve.engine")
+
+_NATIVE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
+"""xgrammar's native errors start with a time and a source line: ``[09:06:22] /project/cpp/x.cc:83: ``."""
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF whose only sentences are ``choices``, each a quoted literal."""
+
+    def literal(text: str) -> str:
+        escaped = "".join("\\" + c if c in '"\\' else c if 0x20 <= ord(c) != 0x7F else f"\\u{ord(c):04x}" for c in text)
+        return f'"{escaped}"'
+
+    return "root ::= " + " | ".join(literal(c) for c in choices)
+
+
+def error_text(exc: Exception) -> str:
+    """``exc``'s message without xgrammar's native prefix (the position it names is kept)."""
+    return _NATIVE_PREFIX.sub("", str(exc).strip()).strip()
 
 
 class GuidedUnavailable(ValueError):
@@ -62,6 +82,10 @@ class GuidedDecoder:
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "regex":
             return compiler.compile_regex(value)
+        if kind == "grammar":  # EBNF (GBNF) with a ``root`` rule
+            return compiler.compile_grammar(value)
+        if kind == "choice":  # the choices as a JSON list of strings
+            return compiler.compile_grammar(choice_grammar(json.loads(value)))
         if kind == "structural_tag":  # xgrammar's structural tag, as JSON
             return compiler.compile_structural_tag(value)
         raise ValueError(f"unknown constraint {kind!r}")
@@ -73,7 +97,7 @@ class GuidedDecoder:
         except GuidedUnavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - xgrammar raises various types for bad input
-            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {exc}") from None
+            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {error_text(exc)}") from None
 
     def start(self, seq: Sequence) -> None:
         """The sequence's grammar state, advanced over the output it already holds (ValueError
