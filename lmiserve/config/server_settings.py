@@ -131,6 +131,23 @@ class ServerSettings(Area):
         "Off by default: prompts and bodies are never logged otherwise.",
     )
 
+    responses_store_size: int = setting(
+        1000,
+        "responses_store_size",
+        "How many responses of the OpenAI Responses API (POST /v1/responses with store: true, the default) are "
+        "kept in memory for GET /v1/responses/{id} and previous_response_id; storing one more forgets the "
+        "oldest. They are kept by the main API process (every API process passes /v1/responses to it) and lost "
+        "when the server stops. 0: none are kept.",
+        ge=0,
+    )
+    responses_store_ttl: int = setting(
+        3600,
+        "responses_store_ttl",
+        "Seconds a stored response of the OpenAI Responses API is kept; after that GET /v1/responses/{id} and "
+        "previous_response_id answer 404. 0: kept until newer ones push it out (responses_store_size).",
+        ge=0,
+    )
+
     multi_model: bool = setting(
         False,
         "multi_model",

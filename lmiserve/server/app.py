@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from .. import __version__
 from ..config import Settings
 from ..serving import ModelAdmin, ModelPool, ModelRegistry
+from ..serving.response_store import ResponseStore
 from . import errors
 from .api_processes import MainProcessMiddleware
 from .data_plane import DataPlane
@@ -20,7 +21,7 @@ from .forward import Forward, ProcessHeader
 from .kserve_grpc.server import start_grpc, stop_grpc
 from .metrics import ServerMetrics
 from .middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
-from .routes import adapters, databricks, inference, kserve, management, openai, ping, tgi
+from .routes import adapters, databricks, inference, kserve, management, openai, ping, responses, tgi, tokenize
 from .routes import metrics as metrics_routes
 from .security import ApiKeys, SecurityMiddleware, management_reach
 
@@ -72,13 +73,16 @@ def create_app(
     app.state.pool = ModelPool(registry, settings, app.state.metrics.registry) if multi else None
     app.state.drain = Drain()
     app.state.api_processes = api_processes
+    app.state.responses = ResponseStore(settings.server.responses_store_size, settings.server.responses_store_ttl)
     errors.install(app)
     app.include_router(ping.router)
     app.include_router(inference.router)
     app.include_router(management.router)
     app.include_router(adapters.router)
     app.include_router(tgi.router)
+    app.include_router(tokenize.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(kserve.router)
     app.include_router(metrics_routes.router)
     app.include_router(databricks.router)

@@ -37,6 +37,8 @@ FORWARDED_HEADER = b"x-api-process-forwarded"
 """On a response another API process passed on from the main one: "0"."""
 DATA_PLANE = ("/", "/invocations", "/generate", "/generate_stream", "/tokenize")
 DATA_PLANE_PREFIXES = ("/predictions/", "/v1/", "/serving-endpoints/", "/v2/models/")
+MAIN_ONLY = ("/v1/responses",)
+"""Inference the main process serves itself: it keeps the stored responses of the Responses API."""
 _HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", CLIENT_HEADER}
 UNAVAILABLE = json.dumps({"code": 503, "message": "Service Unavailable", "error": "the server is restarting"}).encode()
 
@@ -50,6 +52,8 @@ def private(scope: dict[str, Any]) -> bool:
 
 def is_data_plane(scope: dict[str, Any]) -> bool:
     path = scope["path"]
+    if path.startswith(MAIN_ONLY):
+        return False
     return scope["method"] == "POST" and (path in DATA_PLANE or path.startswith(DATA_PLANE_PREFIXES))
 
 
