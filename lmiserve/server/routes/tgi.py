@@ -1,5 +1,5 @@
-"""TGI / MindIE text generation: ``POST /``, ``/generate``, ``/generate_stream``, ``/tokenize``;
-``GET /info``, ``/health``."""
+"""TGI / MindIE text generation: ``POST /``, ``/generate``, ``/generate_stream``; ``GET /info``,
+``/health``; TGI's ``/tokenize`` (its route, shared with vLLM's body, is in :mod:`.tokenize`)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ async def generate_stream(request: Request) -> Response:
     return await _generate(request, True)
 
 
-@router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
+    """TGI's ``POST /tokenize``: ``{"inputs": "..."}``, each token with its text and offsets."""
     request.state.protocol = "tgi"
     model = await text_model(request)
     data = orjson.loads(await read_body(request) or b"{}")
