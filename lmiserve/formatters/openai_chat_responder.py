@@ -45,6 +45,8 @@ class ChatResponder(StyledResponder):
         self._streams: dict[tuple[int, int], ReasoningStream] = {}
         self._answers: dict[tuple[int, int], str] = {}
         """Each streamed choice's answer text so far (its text without the thinking)."""
+        self._sent: dict[tuple[int, int], int] = {}
+        """How much of each streamed choice's answer went out as content."""
 
     def _logprobs(self, tokens: list[TokenOutput]) -> dict[str, Any] | None:
         if not self.req.logprobs:
@@ -140,10 +142,12 @@ class ChatResponder(StyledResponder):
         if mode in ("named", "required") or (mode == "auto" and key in self._held):
             self._held[key] = self._held.get(key, "") + text
             text = ""
-        elif mode == "auto" and tool_calls.may_become_call(answer):
-            self._held[key] = answer
-            text = ""
+        elif mode == "auto" and (cut := tool_calls.call_start(answer)) is not None:
+            # what comes before a possible call is answer text; from there on it is held back
+            before, self._held[key] = answer[:cut], answer[cut:]
+            text = before[self._sent.get(key, 0) :]
         if text:
+            self._sent[key] = self._sent.get(key, 0) + len(text)
             parts.append(self._delta(seq.index, {"content": text}, self._logprobs(pending)))
             pending.clear()
         if seq.finished:
@@ -155,10 +159,11 @@ class ChatResponder(StyledResponder):
         delta: dict[str, Any] = {}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-            if isinstance(message.get("content"), str) and message["content"]:
-                delta["content"] = message["content"]
+            content, sent = message.get("content"), self._answers.get(key, seq.text)[: self._sent.get(key, 0)]
+            if isinstance(content, str) and content.strip() != sent.strip():
+                delta["content"] = content[len(sent) :] if content.startswith(sent) else content
         elif key in self._held:
-            delta["content"] = self._answers.get(key, seq.text) if self.reasoning is not None else seq.text
+            delta["content"] = self._held[key]
         closing = self.closing_usage(self.req.include_usage)
         extra = {"usage": closing} if closing is not None else {}
         rest = self._logprobs(pending) if pending and key not in self._held else None

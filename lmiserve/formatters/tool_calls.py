@@ -137,3 +137,18 @@ def may_become_call(text: str) -> bool:
     if stripped[0] in "{[":
         return True
     return OPEN_TAG.startswith(stripped[: len(OPEN_TAG)]) or stripped.startswith(OPEN_TAG)
+
+
+def call_start(text: str) -> int | None:
+    """Where, in streamed text so far, a tool call may begin (the text from there is held back):
+    0 where the whole text could still be a call, else at a ``<tool_call>`` tag or at a tail that
+    could grow into one; None where no call can begin."""
+    if may_become_call(text):
+        return 0
+    i = text.find(OPEN_TAG)
+    if i >= 0:
+        return i
+    for n in range(min(len(text), len(OPEN_TAG) - 1), 0, -1):
+        if OPEN_TAG.startswith(text[-n:]):
+            return len(text) - n
+    return None

@@ -1,0 +1,142 @@
+"""Reasoning models through the server: tiny Qwen3- and DeepSeek-R1-style models whose output is a
+written script (thinking, answer, tool call), read with the real ``openai`` client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.engine_server import start
+from tests.tiny_reasoning import build_reasoning_model
+
+THINKING = ["Let me think.", " Two and two."]
+ANSWER = ["The answer is four."]
+CALL = '\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n'
+QWEN3_SCRIPT = [*THINKING, "</think>", "\n\n", *ANSWER, "<tool_call>", CALL, "</tool_call>"]
+SPLIT_SCRIPT = ["Let me think.", " Two and two.</thi", "nk>\n\nThe answer", " is four."]
+"""DeepSeek-R1 style, with the closing marker split over two tokens that also carry text."""
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    }
+]
+QUESTION = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3-reasoning")
+    model = build_reasoning_model(root / "model", "qwen3", QWEN3_SCRIPT)
+    with start(root / "serve", model, "option.reasoning_parser=auto\n") as server:
+        yield server.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    root = tmp_path_factory.mktemp("r1-reasoning")
+    model = build_reasoning_model(root / "model", "deepseek_r1", SPLIT_SCRIPT)
+    with start(root / "serve", model, "option.enable_reasoning=true\noption.reasoning_parser=deepseek_r1\n") as s:
+        yield s.wait_ready()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+
+def streamed(server, **kwargs) -> tuple[str, str, list, str, dict]:
+    """The joined reasoning and content deltas, the tool-call deltas, the finish reason and usage."""
+    thinking, content, calls, reason, usage = [], [], [], None, None
+    for chunk in client(server).chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}, **kwargs
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            extra = choice.delta.model_extra or {}
+            assert extra.get("reasoning_content") == extra.get("reasoning")
+            thinking.append(extra.get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+            calls.extend(choice.delta.tool_calls or [])
+            reason = choice.finish_reason or reason
+    return "".join(thinking), "".join(content), calls, reason, usage
+
+
+def test_qwen3_thinking_answer_and_tool_call(qwen3):
+    resp = client(qwen3).chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, tools=TOOLS, max_tokens=20
+    )
+    message = resp.choices[0].message
+    assert message.model_extra["reasoning_content"] == "".join(THINKING)
+    assert message.model_extra["reasoning"] == "".join(THINKING)
+    assert message.content == "The answer is four."
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("add", '{"a": 2, "b": 2}')]
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert resp.usage.completion_tokens_details.reasoning_tokens == 3  # the two thoughts and </think>
+
+
+def test_qwen3_streamed_gives_the_same_split(qwen3):
+    thinking, content, calls, reason, usage = streamed(qwen3, tools=TOOLS, max_tokens=20)
+    assert thinking == "".join(THINKING)
+    assert "</think>" not in content and content == "The answer is four."
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("add", '{"a": 2, "b": 2}')]
+    assert reason == "tool_calls"
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 3
+
+
+def test_thinking_off_per_request_has_no_reasoning_field(qwen3):
+    resp = client(qwen3).chat.completions.create(
+        model="tiny",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=20,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    message = resp.choices[0].message
+    assert "reasoning_content" not in (message.model_extra or {})
+    assert message.content.startswith("The answer is four.<tool_call>")
+    thinking, content, _, _, _ = streamed(
+        qwen3, max_tokens=20, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert thinking == "" and content == message.content
+
+
+def test_stopping_while_thinking_gives_the_thinking_and_empty_content(qwen3):
+    resp = client(qwen3).chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=2)
+    message = resp.choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == ("".join(THINKING), "")
+    assert resp.choices[0].finish_reason == "length"
+    assert streamed(qwen3, max_tokens=2)[:2] == ("".join(THINKING), "")
+
+
+def test_split_marker_whole_and_streamed(deepseek):
+    resp = client(deepseek).chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=20)
+    message = resp.choices[0].message
+    assert message.model_extra["reasoning_content"] == "Let me think. Two and two."
+    assert message.content == "\n\nThe answer is four."
+    assert resp.usage.completion_tokens_details.reasoning_tokens == 3  # "nk>..." closes the thinking
+    thinking, content, _, reason, _ = streamed(deepseek, max_tokens=20)
+    assert (thinking, content, reason) == ("Let me think. Two and two.", "\n\nThe answer is four.", "stop")
+
+
+def test_other_protocols_keep_the_raw_text(deepseek):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_model_dir(deepseek))
+    prompt = tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 20}}
+    r = httpx.post(f"{deepseek.url}/invocations", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    text = r.json()["generated_text"]
+    assert "Let me think." in text and "</thi" in text and "The answer" in text  # thinking and markers kept
+
+
+def _model_dir(server):
+    for line in (server.model_dir / "serving.properties").read_text().splitlines():
+        if line.startswith("option.model_id="):
+            return line.split("=", 1)[1]
+    raise AssertionError("no model_id")
