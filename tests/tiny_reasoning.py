@@ -43,13 +43,9 @@ FAMILIES = {
 }
 
 
-def build_reasoning_model(out: Path, family: str, script: list[str], seed: int = 0) -> Path:
-    """A model directory whose greedy output, after a ``family`` chat prompt, is ``script`` (each
-    entry one token), then the end of sequence. The thinking markers ``<think>``, ``</think>``,
-    ``<tool_call>`` and ``</tool_call>`` are tokens of the vocabulary, as in the real families."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+def build_reasoning_tokenizer(out: Path, family: str, script: list[str]):
+    """The tokenizer of :func:`build_reasoning_model`: the tests' BPE, the family's special tokens
+    and chat template, the thinking and tool-call markers, and each script entry as one token."""
     from tests.tiny_models import build_tokenizer
 
     template, specials, eos = FAMILIES[family]
@@ -60,7 +56,18 @@ def build_reasoning_model(out: Path, family: str, script: list[str], seed: int =
     tokenizer.eos_token = eos
     tokenizer.chat_template = template
     tokenizer.save_pretrained(out)
+    return tokenizer
 
+
+def build_reasoning_model(out: Path, family: str, script: list[str], seed: int = 0) -> Path:
+    """A model directory whose greedy output, after a ``family`` chat prompt, is ``script`` (each
+    entry one token), then the end of sequence. The thinking markers ``<think>``, ``</think>``,
+    ``<tool_call>`` and ``</tool_call>`` are tokens of the vocabulary, as in the real families."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    eos = FAMILIES[family][2]
+    tokenizer = build_reasoning_tokenizer(out, family, script)
     vocab = tokenizer.get_vocab()
     prompt_end = [
         tokenizer(
