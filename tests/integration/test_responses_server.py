@@ -337,3 +337,8 @@ def test_every_api_process_sees_the_stored_responses(thinking_server):
         for response_id in created.values():
             got = httpx.get(f"{thinking_server.url}/v1/responses/{response_id}", timeout=60)
             assert got.status_code == 200 and got.json()["id"] == response_id
+
+
+def test_unknown_model_is_404_in_openai_shape(server):
+    reply = httpx.post(server.url + "/v1/responses", json={"model": "nope", "input": "hi"})
+    assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"

@@ -169,3 +169,17 @@ def test_reasoning_effort_reaches_the_chat_template():
 def test_bad_values_are_validation_errors(body, words):
     with pytest.raises(ValidationFailed, match=words):
         parse(body)
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
+    kept = []
+    resp = responder({"input": "hi", "stream": True}, kept=kept)
+    seq = SequenceOutput(index=0, text="a", tokens=[TokenOutput(0, "a", -1.0)])
+    seq.new_tokens = list(seq.tokens)
+    out = RequestOutput("r", "p", [1], [seq])
+    resp.start([out])
+    evs = events(resp.chunk(0, out) + resp.error_chunk("the engine stopped"))
+    assert [e["type"] for e in evs[-2:]] == ["error", "response.failed"]
+    assert evs[-2]["message"] == "the engine stopped" and evs[-1]["response"]["status"] == "failed"
+    assert evs[-1]["response"]["error"] == {"code": "server_error", "message": "the engine stopped"}
+    assert kept == []
