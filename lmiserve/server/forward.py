@@ -35,7 +35,7 @@ PROCESS_HEADER = b"x-api-process"
 """On every response: the API process that accepted the client's connection (0: the main one)."""
 FORWARDED_HEADER = b"x-api-process-forwarded"
 """On a response another API process passed on from the main one: "0"."""
-DATA_PLANE = ("/", "/invocations", "/generate", "/generate_stream", "/tokenize")
+DATA_PLANE = ("/", "/invocations", "/generate", "/generate_stream", "/tokenize", "/detokenize")
 DATA_PLANE_PREFIXES = ("/predictions/", "/v1/", "/serving-endpoints/", "/v2/models/")
 MAIN_ONLY = ("/v1/responses",)
 """Inference the main process serves itself: it keeps the stored responses of the Responses API."""

@@ -76,7 +76,7 @@ def presented_key(headers: dict[bytes, bytes]) -> str | None:
 
 def protocol_for_path(path: str) -> str:
     """The protocol whose error body a refused request gets, from its path alone."""
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path == "/detokenize":
         return "openai"
     if path == "/v2" or path.startswith("/v2/"):
         return "kserve"

@@ -110,7 +110,7 @@ def test_token_logprobs_always_asked_and_prompt_logprobs_only_when_wanted(api):
     ("params", "message"),
     [
         (wire.SamplingParams(do_sample=True, typical_p=0.5), "typical_p"),
-        (wire.SamplingParams(guided=wire.GuidedDecoding("grammar", "root ::= x")), "'grammar'"),
+        (wire.SamplingParams(guided=wire.GuidedDecoding("ebnf", "root ::= x")), "'ebnf'"),
     ],
 )
 def test_refusals(api, params, message):
@@ -152,6 +152,10 @@ def test_guided_decoding_to_structured_outputs(api):
     ).structured_outputs.json_object
     regex = sampling_params(wire.SamplingParams(guided=wire.GuidedDecoding("regex", "[0-9]+")), api)
     assert regex.structured_outputs.regex == "[0-9]+"
+    grammar = sampling_params(wire.SamplingParams(guided=wire.GuidedDecoding("grammar", 'root ::= "a"')), api)
+    assert grammar.structured_outputs.grammar == 'root ::= "a"'
+    choice = sampling_params(wire.SamplingParams(guided=wire.GuidedDecoding("choice", '["x", "y"]')), api)
+    assert choice.structured_outputs.choice == ["x", "y"]
 
 
 def test_guided_decoding_on_older_vllm_and_without_it(api):

@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,10 @@ def _structured(guided: wire.GuidedDecoding, api: VllmApi) -> Any:
         return api.structured(regex=guided.value)
     if guided.kind == "structural_tag":
         return api.structured(structural_tag=guided.value)
+    if guided.kind == "grammar":
+        return api.structured(grammar=guided.value)
+    if guided.kind == "choice":  # the list, as JSON
+        return api.structured(choice=json.loads(guided.value))
     raise RequestRefused(f"constrained decoding of kind {guided.kind!r} is not available on the vllm backend")
 
 
