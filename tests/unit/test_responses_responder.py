@@ -183,3 +183,14 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     assert evs[-2]["message"] == "the engine stopped" and evs[-1]["response"]["status"] == "failed"
     assert evs[-1]["response"]["error"] == {"code": "server_error", "message": "the engine stopped"}
     assert kept == []
+
+
+def test_auto_text_that_is_no_call_is_sent_at_the_end():
+    pieces = ["{", "not a call"]
+    body = json.loads(run(responder({"input": "hi", "tools": [TOOL]}), pieces))
+    assert [i["type"] for i in body["output"]] == ["message"] and body["output"][0]["content"][0][
+        "text"
+    ] == "{not a call"
+    evs = events(run(responder({"input": "hi", "tools": [TOOL], "stream": True}), pieces))
+    assert [e["delta"] for e in evs if e["type"] == "response.output_text.delta"] == ["{not a call"]
+    assert evs[-1]["response"]["output"][0]["content"][0]["text"] == "{not a call"
