@@ -11,8 +11,7 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..config import Settings
-from ..serving import ModelAdmin, ModelPool, ModelRegistry
-from ..serving.response_store import ResponseStore
+from ..serving import ModelAdmin, ModelPool, ModelRegistry, ResponseStore
 from . import errors
 from .api_processes import MainProcessMiddleware
 from .data_plane import DataPlane

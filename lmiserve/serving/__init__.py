@@ -17,6 +17,7 @@ from .model_pool import MIB, Lease, ModelPool, memory_budget
 from .model_sources import needs_fetch
 from .registry import ModelRegistry, ServedModel
 from .respond import Reply, Responder, error_reply, respond
+from .response_store import ResponseStore
 from .shared_state import VersionFile, describe_models
 from .snapshot import ModelSnapshot
 
@@ -33,6 +34,7 @@ __all__ = [
     "TEXT_GENERATION_HANDLER",
     "EngineModel",
     "FetchingModel",
+    "ResponseStore",
     "HandlerGeneration",
     "HandlerModel",
     "TextModel",

@@ -20,7 +20,7 @@ from ...formatters.responses_input import chat_messages, input_items
 from ...formatters.responses_request import parse
 from ...formatters.responses_responder import ResponsesResponder
 from ...formatters.shapes import json_object
-from ...serving.response_store import ResponseStore
+from ...serving import ResponseStore
 from ..bodies import read_body
 from ..http_reply import respond_over_http
 from .openai import model_and_adapter
