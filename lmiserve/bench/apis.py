@@ -85,8 +85,35 @@ class OpenAiApi(Api):
         return 1 if data.get("choices") and data["choices"][0].get("text") is not None else 0
 
 
+class OpenAiChatApi(Api):
+    """OpenAI chat, one user message per prompt; a chunk of answer or thinking text is a token."""
+
+    def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
+        return {
+            "model": adapter or model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+
+    def tokens_in(self, line: bytes) -> int:
+        if not line.startswith(DATA):
+            return 0
+        payload = line[len(DATA) :].strip()
+        if payload == b"[DONE]":
+            return 0
+        data = orjson.loads(payload)
+        if "error" in data:
+            raise RuntimeError(str(data["error"]))
+        delta = data["choices"][0].get("delta", {}) if data.get("choices") else {}
+        return 1 if delta.get("content") or delta.get("reasoning_content") else 0
+
+
 APIS: dict[str, Api] = {
     "lmi": LmiApi("lmi", "/invocations"),
     "tgi": TgiApi("tgi", "/generate_stream"),
     "openai": OpenAiApi("openai", "/v1/completions"),
+    "openai-chat": OpenAiChatApi("openai-chat", "/v1/chat/completions"),
 }

@@ -45,6 +45,8 @@ class ChatResponder(StyledResponder):
         self._streams: dict[tuple[int, int], ReasoningStream] = {}
         self._answers: dict[tuple[int, int], str] = {}
         """Each streamed choice's answer text so far (its text without the thinking)."""
+        self._thinking_tokens: dict[tuple[int, int], int] = {}
+        """Each streamed choice's tokens read while the thinking was open."""
         self._sent: dict[tuple[int, int], int] = {}
         """How much of each streamed choice's answer went out as content."""
 
@@ -85,7 +87,9 @@ class ChatResponder(StyledResponder):
 
     def usage_body(self, outs: list[RequestOutput]) -> dict[str, Any]:
         body = super().usage_body(outs)
-        if self.reasoning is not None:
+        if self.reasoning is not None and self.stream:  # counted as the tokens streamed
+            body["completion_tokens_details"] = {"reasoning_tokens": sum(self._thinking_tokens.values())}
+        elif self.reasoning is not None:
             counted = sum(
                 thinking_tokens(self.reasoning, [t.text for t in s.tokens]) for o in outs for s in o.sequences
             )
@@ -116,12 +120,22 @@ class ChatResponder(StyledResponder):
         stream = self._streams.get(key)
         if stream is None:
             stream = self._streams[key] = self.reasoning.stream()
-        thinking, text = stream.feed(text)
+        thinking, text = self._feed(key, stream, seq.new_tokens)
         if seq.finished:
             more_thinking, more_text = stream.finish()
             thinking, text = thinking + more_thinking, text + more_text
         answer = self._answers[key] = self._answers.get(key, "") + text
         return thinking, text, answer
+
+    def _feed(self, key: tuple[int, int], stream: ReasoningStream, tokens: list[TokenOutput]) -> tuple[str, str]:
+        """The tokens through the parser one by one, counting those read while it thinks."""
+        if len(tokens) == 1:
+            thinking = stream.thinking
+            r, a = stream.feed(tokens[0].text)
+            self._thinking_tokens[key] = self._thinking_tokens.get(key, 0) + (thinking or bool(r))
+            return r, a
+        parts = [self._feed(key, stream, [t]) for t in tokens]
+        return "".join(r for r, _ in parts), "".join(a for _, a in parts)
 
     def chunk(self, index: int, out: RequestOutput) -> bytes:
         seq = out.sequences[out.last_index]

@@ -22,6 +22,7 @@ A model that stops while still thinking gives its thinking and an empty answer.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -56,13 +57,26 @@ NAMES = (*PARSERS, "gpt_oss")
 """Every parser's name (``auto`` picks one of them for a model, see :func:`detect`)."""
 
 
+@functools.cache
+def _starts(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    """The longest marker's length and the markers' first characters."""
+    return max(map(len, markers)), frozenset(m[0] for m in markers)
+
+
 def _held_back(text: str, markers: tuple[str, ...]) -> int:
     """How many characters at the end of ``text`` could be the start of one of ``markers``."""
-    for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
-        tail = text[-n:]
-        if any(m.startswith(tail) for m in markers):
-            return n
-    return 0
+    longest, firsts = _starts(markers)
+    start = max(0, len(text) - longest + 1)
+    earliest = len(text)
+    for first in firsts:
+        i = text.find(first, start)
+        while 0 <= i < earliest:
+            tail = text[i:]
+            if any(m.startswith(tail) for m in markers):
+                earliest = i
+                break
+            i = text.find(first, i + 1)
+    return len(text) - earliest
 
 
 class ReasoningStream:

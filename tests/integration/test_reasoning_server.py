@@ -140,3 +140,25 @@ def _model_dir(server):
         if line.startswith("option.model_id="):
             return line.split("=", 1)[1]
     raise AssertionError("no model_id")
+
+
+RESPONSE_TOOLS = [{"type": "function", "name": "add", "parameters": TOOLS[0]["function"]["parameters"]}]
+
+
+def test_responses_api_gives_a_reasoning_item_the_answer_and_the_call(qwen3):
+    r = client(qwen3).responses.create(model="tiny", input="What is 2+2?", tools=RESPONSE_TOOLS, temperature=0)
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message", "function_call"]
+    assert r.output[0].content[0].text == "".join(THINKING)
+    assert r.output_text == "The answer is four."
+    assert (r.output[2].name, r.output[2].arguments) == ("add", '{"a": 2, "b": 2}')
+    assert r.usage.output_tokens_details.reasoning_tokens == 3
+
+
+def test_responses_api_streams_the_reasoning_apart(qwen3):
+    events = list(client(qwen3).responses.create(model="tiny", input="What is 2+2?", temperature=0, stream=True))
+    thinking = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert thinking == "".join(THINKING)
+    assert "</think>" not in answer and "The answer is four." in answer
+    assert events[-1].type == "response.completed"

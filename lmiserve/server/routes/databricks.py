@@ -54,7 +54,7 @@ async def _completions(request: Request, model: TextModel, data: dict, adapter: 
 async def _chat(request: Request, model: TextModel, data: dict, style: Style, adapter: str | None) -> Response:
     req = databricks.parse_chat(data)
     responder = chat_responder(model, req, adapter or model.name, style)
-    generation = chat_generation(model, req, responder)
+    generation = chat_generation(model, req, responder.reasoning)
     generation.adapter = adapter
     return await respond_over_http(model, [generation], responder, request)
 

@@ -48,10 +48,14 @@ def chat_responder(model: TextModel, req: openai_chat.ChatRequest, name: str, st
     return ChatResponder(req, name, style, reasoning.for_request(model.reasoning_parser, req.template_kwargs))
 
 
-def chat_generation(model: TextModel, req: openai_chat.ChatRequest, responder: ChatResponder) -> GenerationRequest:
+def chat_generation(
+    model: TextModel, req: openai_chat.ChatRequest, parser: reasoning.ReasoningParser | None
+) -> GenerationRequest:
+    """The chat request's generation: its conversation through the model's chat template (the text
+    keeps special tokens where ``parser``'s markers are special tokens)."""
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
-    if responder.reasoning is not None and responder.reasoning.special_tokens:
-        generation.skip_special_tokens = False  # its markers are special tokens
+    if parser is not None and parser.special_tokens:
+        generation.skip_special_tokens = False
     return generation
 
 
@@ -71,7 +75,7 @@ async def chat(request: Request, data: dict, style: Style = OPENAI_CHAT) -> Resp
     req = openai_chat.parse(data)
     model, adapter = await model_and_adapter(request, req.model)
     responder = chat_responder(model, req, adapter or model.name, style)
-    generation = chat_generation(model, req, responder)
+    generation = chat_generation(model, req, responder.reasoning)
     generation.adapter = adapter
     return await respond_over_http(model, [generation], responder, request)
 

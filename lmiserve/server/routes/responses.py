@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import NotFound
-from ...formatters import json_wire, openai_chat, reasoning
+from ...formatters import json_wire, reasoning
 from ...formatters.responses_input import chat_messages, input_items
 from ...formatters.responses_request import parse
 from ...formatters.responses_responder import ResponsesResponder
@@ -23,7 +23,7 @@ from ...formatters.shapes import json_object
 from ...serving import ResponseStore
 from ..bodies import read_body
 from ..http_reply import respond_over_http
-from .openai import model_and_adapter
+from .openai import chat_generation, model_and_adapter
 
 router = APIRouter()
 
@@ -52,17 +52,9 @@ async def create_response(request: Request) -> Response:
     conversation = history + input_items(req.input)
     chat = req.chat_request(chat_messages(conversation, req.instructions))
     model, adapter = await model_and_adapter(request, req.model)
-    kwargs = chat.template_kwargs
-    prompt = model.chat_prompt(
-        chat.template_messages(),
-        chat.tool_dicts if chat.tool_mode != "none" else None,
-        template_kwargs=kwargs,
-    )
-    generation = openai_chat.generation_request(chat, prompt, model.max_model_len)
+    parser = reasoning.for_request(model.reasoning_parser, chat.template_kwargs)
+    generation = chat_generation(model, chat, parser)
     generation.adapter = adapter
-    parser = reasoning.for_request(model.reasoning_parser, kwargs)
-    if parser is not None and parser.special_tokens:
-        generation.skip_special_tokens = False  # its markers are special tokens
 
     def keep(body: dict[str, Any]) -> None:
         store.put(body, conversation + body["output"])
