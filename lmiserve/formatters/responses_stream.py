@@ -148,7 +148,16 @@ class ResponseStream:
             self.holding or (self.req.tool_mode == "auto" and tool_calls.may_become_call(self.content))
         ):
             return closing
-        return closing + self._text(delta if self.message is not None else self.content)
+        send = self.content[self._sent() : self._end()]
+        return closing + (self._text(send) if send else b"")
+
+    def _sent(self) -> int:
+        return len(self.message.text) if self.message is not None else 0
+
+    def _end(self) -> int:
+        """How far the answer may be sent: up to where a tool call may begin (the rest is held)."""
+        cut = tool_calls.call_start(self.content) if self.req.tool_mode == "auto" else None
+        return len(self.content) if cut is None else cut
 
     def _open_message(self) -> bytes:
         item = self.message = _Item("msg", len(self.output))
@@ -179,6 +188,9 @@ class ResponseStream:
                 parts.append(self._text(text) if text else self._open_message())
         else:
             calls = answer(self.req, self.content, seq.finish_reason)[1]
+            held = self.content[self._sent() :]
+            if held and not calls:  # what looked like the start of a call was text after all
+                parts.append(self._text(held))
         if self.message is not None:
             item = self.message
             common = {"item_id": item.id, "output_index": item.index, "content_index": 0}

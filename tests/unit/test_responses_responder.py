@@ -194,3 +194,22 @@ def test_auto_text_that_is_no_call_is_sent_at_the_end():
     evs = events(run(responder({"input": "hi", "tools": [TOOL], "stream": True}), pieces))
     assert [e["delta"] for e in evs if e["type"] == "response.output_text.delta"] == ["{not a call"]
     assert evs[-1]["response"]["output"][0]["content"][0]["text"] == "{not a call"
+
+
+@pytest.mark.parametrize("cut", range(1, len("<tool_call>")))
+def test_a_call_after_text_is_held_back_from_its_tag(cut):
+    tag = "<tool_call>"
+    pieces = ["Sure.", " " + tag[:cut], tag[cut:] + '{"name": "f", "arguments": {}}</tool_call>']
+    evs = events(run(responder({"input": "hi", "tools": [TOOL], "stream": True}), pieces))
+    text = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    assert text == "Sure. " and "<" not in text
+    calls = [
+        e["item"] for e in evs if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"
+    ]
+    assert [c["name"] for c in calls] == ["f"]
+
+
+def test_a_held_tail_that_is_no_call_is_sent_at_the_end():
+    pieces = ["a <", "b> c"]
+    evs = events(run(responder({"input": "hi", "tools": [TOOL], "stream": True}), pieces))
+    assert "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta") == "a <b> c"
