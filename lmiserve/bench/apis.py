@@ -62,52 +62,47 @@ class TgiApi(Api):
         return 1 if "token" in data else 0
 
 
+def sse_event(line: bytes) -> dict[str, Any] | None:
+    """An OpenAI stream line's JSON (None for other lines and ``[DONE]``); an error event raises."""
+    if not line.startswith(DATA):
+        return None
+    payload = line[len(DATA) :].strip()
+    if payload == b"[DONE]":
+        return None
+    data = orjson.loads(payload)
+    if "error" in data:
+        raise RuntimeError(str(data["error"]))
+    return data
+
+
 class OpenAiApi(Api):
+    """OpenAI completions; a chunk with text is a token."""
+
     def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
-        return {
-            "model": adapter or model,
-            "prompt": prompt,
-            "max_tokens": max_new_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
+        return {"model": adapter or model, "prompt": prompt, **self.sampling(max_new_tokens)}
+
+    @staticmethod
+    def sampling(max_new_tokens: int) -> dict[str, Any]:
+        return {"max_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
 
     def tokens_in(self, line: bytes) -> int:
-        if not line.startswith(DATA):
-            return 0
-        payload = line[len(DATA) :].strip()
-        if payload == b"[DONE]":
-            return 0
-        data = orjson.loads(payload)
-        if "error" in data:
-            raise RuntimeError(str(data["error"]))
-        return 1 if data.get("choices") and data["choices"][0].get("text") is not None else 0
+        data = sse_event(line)
+        return 1 if data and data.get("choices") and data["choices"][0].get("text") is not None else 0
 
 
-class OpenAiChatApi(Api):
+class OpenAiChatApi(OpenAiApi):
     """OpenAI chat, one user message per prompt; a chunk of answer or thinking text is a token."""
 
     def body(self, prompt: str, max_new_tokens: int, model: str, adapter: str = "") -> dict[str, Any]:
         return {
             "model": adapter or model,
             "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_new_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
+            **self.sampling(max_new_tokens),
         }
 
     def tokens_in(self, line: bytes) -> int:
-        if not line.startswith(DATA):
-            return 0
-        payload = line[len(DATA) :].strip()
-        if payload == b"[DONE]":
-            return 0
-        data = orjson.loads(payload)
-        if "error" in data:
-            raise RuntimeError(str(data["error"]))
-        delta = data["choices"][0].get("delta", {}) if data.get("choices") else {}
+        data = sse_event(line)
+        delta = data["choices"][0].get("delta", {}) if data and data.get("choices") else {}
         return 1 if delta.get("content") or delta.get("reasoning_content") else 0
 
 

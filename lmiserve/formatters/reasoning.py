@@ -94,32 +94,45 @@ class ReasoningStream:
         return (*m.opens, *m.closes, *m.ends_kept) if self.thinking else m.opens if not self.entered else ()
 
     def feed(self, text: str) -> tuple[str, str]:
-        thinking: list[str] = []
-        answer: list[str] = []
+        out: tuple[list[str], list[str]] = ([], [])  # thinking, answer
         s = self._held + text
         self._held = ""
         while s:
-            watched = self._watched()
-            if not watched:
-                answer.append(s)
-                break
-            hits = [(i, m) for m in watched if (i := s.find(m)) >= 0]
-            if not hits:
-                keep = _held_back(s, watched)
-                (thinking if self.thinking else answer).append(s[: len(s) - keep])
-                self._held = s[len(s) - keep :]
-                break
-            i, marker = min(hits, key=lambda h: (h[0], -len(h[1])))
-            (thinking if self.thinking else answer).append(s[:i])
-            s = s[i + len(marker) :]
-            if marker in self.markers.opens:
-                self.thinking = self.entered = True
-            elif marker in self.markers.ends_kept:
-                self.thinking = False
-                s = marker + s
-            else:
-                self.thinking = False
-        return "".join(thinking), "".join(answer)
+            s = self._step(s, out)
+        return "".join(out[0]), "".join(out[1])
+
+    def _until(self, s: str, markers: tuple[str, ...], out: tuple[list[str], list[str]]) -> tuple[str, str] | None:
+        """``s`` up to the first of ``markers`` to the side being read, and (that marker, the text
+        after it); None where no marker is whole in ``s`` (a tail that may start one is held)."""
+        side = out[0] if self.thinking else out[1]
+        hits = [(i, m) for m in markers if (i := s.find(m)) >= 0]
+        if not hits:
+            keep = _held_back(s, markers)
+            side.append(s[: len(s) - keep])
+            self._held = s[len(s) - keep :]
+            return None
+        i, marker = min(hits, key=lambda h: (h[0], -len(h[1])))
+        side.append(s[:i])
+        return marker, s[i + len(marker) :]
+
+    def _step(self, s: str, out: tuple[list[str], list[str]]) -> str:
+        """Read ``s`` up to the next marker; the text left to read."""
+        watched = self._watched()
+        if not watched:
+            out[1].append(s)
+            return ""
+        found = self._until(s, watched, out)
+        if found is None:
+            return ""
+        marker, s = found
+        if marker in self.markers.opens:
+            self.thinking = self.entered = True
+        elif marker in self.markers.ends_kept:
+            self.thinking = False
+            s = marker + s
+        else:
+            self.thinking = False
+        return s
 
     def finish(self) -> tuple[str, str]:
         held, self._held = self._held, ""
@@ -134,34 +147,22 @@ class HarmonyStream(ReasoningStream):
         super().__init__(Markers("gpt_oss", False, (), ()))
         self._header: str | None = ""  # the message's header while it is read, else None
 
-    def feed(self, text: str) -> tuple[str, str]:
-        thinking: list[str] = []
-        answer: list[str] = []
-        s = self._held + text
-        self._held = ""
-        while s:
-            if self._header is not None:
-                s = self._header + s
-                i = s.find(HARMONY_MESSAGE)
-                if i < 0:
-                    self._header = s
-                    break
-                self.thinking = "analysis" in s[:i]
-                self.entered = self.entered or self.thinking
-                self._header = None
-                s = s[i + len(HARMONY_MESSAGE) :]
-                continue
-            hits = [(i, m) for m in HARMONY_ENDS if (i := s.find(m)) >= 0]
-            if not hits:
-                keep = _held_back(s, HARMONY_ENDS)
-                (thinking if self.thinking else answer).append(s[: len(s) - keep])
-                self._held = s[len(s) - keep :]
-                break
-            i, marker = min(hits)
-            (thinking if self.thinking else answer).append(s[:i])
-            s = s[i + len(marker) :]
-            self._header = ""
-        return "".join(thinking), "".join(answer)
+    def _step(self, s: str, out: tuple[list[str], list[str]]) -> str:
+        if self._header is not None:
+            s = self._header + s
+            i = s.find(HARMONY_MESSAGE)
+            if i < 0:
+                self._header = s
+                return ""
+            self.thinking = "analysis" in s[:i]
+            self.entered = self.entered or self.thinking
+            self._header = None
+            return s[i + len(HARMONY_MESSAGE) :]
+        found = self._until(s, HARMONY_ENDS, out)
+        if found is None:
+            return ""
+        self._header = ""
+        return found[1]
 
     def finish(self) -> tuple[str, str]:
         if self._header:  # a header never closed: plain text after all
