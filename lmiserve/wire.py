@@ -87,6 +87,7 @@ class GuidedDecoding(msgspec.Struct, frozen=True):
 
     kind: str  # json_schema | json_object | regex | grammar | choice (exactly one of them) | structural_tag
     value: str = ""
+    after: int = -1  # the constraint starts after this token (a reasoning model's end of thinking); -1: at once
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
@@ -126,8 +127,7 @@ class InitEngine(Msg):
     model_path: str
     options: dict[str, str]
     log_level: str = "info"
-    listen_path: str = ""
-    """A Unix socket path where other API processes may connect to the engine ("" : none)."""
+    listen_path: str = ""  # a Unix socket path where other API processes may connect to the engine ("": none)
 
 
 class EngineReady(Msg):

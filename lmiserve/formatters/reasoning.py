@@ -180,6 +180,8 @@ class ReasoningParser:
         self.name = name
         self.special_tokens = name == "gpt_oss"
         """The markers are special tokens, which the text must keep."""
+        self.end_marker = THINK_CLOSE if name in ("deepseek_r1", "qwen3") else None
+        """The text that ends the thinking, where it is one token in the model's families."""
 
     def stream(self) -> ReasoningStream:
         return HarmonyStream() if self.name == "gpt_oss" else ReasoningStream(PARSERS[self.name])

@@ -12,6 +12,7 @@ from .fetching_model import FetchingModel
 from .handler_generation import HandlerGeneration, generates_text, generator_of
 from .handler_model import HandlerModel, ModelLoadError
 from .model_admin import ModelAdmin
+from .model_chat import token_id
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER, build_model
 from .model_pool import MIB, Lease, ModelPool, memory_budget
 from .model_sources import needs_fetch
@@ -40,6 +41,7 @@ __all__ = [
     "TextModel",
     "generates_text",
     "generator_of",
+    "token_id",
     "Lease",
     "ModelAdmin",
     "ModelLoadError",

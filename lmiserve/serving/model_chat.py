@@ -47,3 +47,11 @@ def chat_prompt(
     return render_chat(
         model.tokenizer, model.name, messages, tools, add_generation_prompt, continue_final_message, template_kwargs
     )
+
+
+def token_id(model: Any, text: str) -> int | None:
+    """The id of the token that is ``text`` in the model's vocabulary (None: no such token)."""
+    ids = model.__dict__.setdefault("_token_ids", {})
+    if text not in ids:
+        ids[text] = model.tokenizer.get_vocab().get(text)
+    return ids[text]

@@ -162,3 +162,19 @@ def test_responses_api_streams_the_reasoning_apart(qwen3):
     assert thinking == "".join(THINKING)
     assert "</think>" not in answer and "The answer is four." in answer
     assert events[-1].type == "response.completed"
+
+
+def test_structured_output_holds_from_the_end_of_the_thinking(qwen3):
+    choice = {"structured_outputs": {"choice": ["yes", "no"]}}
+    resp = client(qwen3).chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, max_tokens=20, extra_body=choice
+    )
+    message = resp.choices[0].message
+    assert message.model_extra["reasoning_content"] == "".join(THINKING)  # the thinking ran free
+    assert message.content in ("yes", "no")
+    off = {**choice, "chat_template_kwargs": {"enable_thinking": False}}
+    resp = client(qwen3).chat.completions.create(
+        model="tiny", messages=QUESTION, temperature=0, max_tokens=20, extra_body=off
+    )
+    assert "reasoning_content" not in (resp.choices[0].message.model_extra or {})
+    assert resp.choices[0].message.content in ("yes", "no")

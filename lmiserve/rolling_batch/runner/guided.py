@@ -101,32 +101,45 @@ class GuidedDecoder:
 
     def start(self, seq: Sequence) -> None:
         """The sequence's grammar state, advanced over the output it already holds (ValueError
-        when the grammar refuses a token of it)."""
+        when the grammar refuses a token of it). A constraint that starts after a token (``after``)
+        starts once the output holds it."""
         spec = seq.params.guided
         if spec is not None and seq.seq_id not in self._matchers:
+            output = seq.token_ids[seq.num_prompt_tokens :]
+            if spec.after >= 0:
+                if spec.after not in output:
+                    return
+                output = output[output.index(spec.after) + 1 :]
             xgr = self._xgr()
             matcher = xgr.GrammarMatcher(self._compiled(spec.kind, spec.value))
-            for token in seq.token_ids[seq.num_prompt_tokens :]:  # a replayed sequence
+            for token in output:  # a replayed sequence
                 if not matcher.accept_token(token):
                     raise ValueError(f"output_ids: token {token} does not follow the {spec.kind.replace('_', ' ')}")
             self._matchers[seq.seq_id] = matcher
 
     def mask(self, scores: torch.Tensor, seqs: list[Sequence]) -> None:
         """Set the logits of every token a constrained sequence may not produce to -inf."""
-        rows = [i for i, s in enumerate(seqs) if s.params.guided is not None]
+        rows = [i for i, s in enumerate(seqs) if s.params.guided is not None and self._constrained(s)]
         if not rows:
             return
         xgr = self._xgr()
         bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
         for i in rows:
-            self.start(seqs[i])
             self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, i)
         xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=rows)
+
+    def _constrained(self, seq: Sequence) -> bool:
+        """Whether the sequence's next token is constrained (its grammar state started here)."""
+        if seq.params.guided.after < 0:  # type: ignore[union-attr]
+            self.start(seq)
+        return seq.seq_id in self._matchers
 
     def accept(self, seq: Sequence, token: int) -> None:
         matcher = self._matchers.get(seq.seq_id)
         if matcher is not None and not matcher.is_terminated():
             matcher.accept_token(token)
+        elif matcher is None and seq.params.guided is not None and token == seq.params.guided.after:
+            self.start(seq)  # the thinking ended: the constraint starts with the next token
 
     def forget(self, seq: Sequence) -> None:
         self._matchers.pop(seq.seq_id, None)

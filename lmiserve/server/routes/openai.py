@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -12,7 +13,7 @@ from ...formatters.openai_chat_responder import ChatResponder
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ...formatters.shapes import json_object
 from ...generation.request import GenerationRequest
-from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, TextModel, generator_of
+from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, TextModel, generator_of, token_id
 from ..bodies import read_body
 from ..errors import error_response
 from ..handler_response import handler_reply
@@ -52,10 +53,18 @@ def chat_generation(
     model: TextModel, req: openai_chat.ChatRequest, parser: reasoning.ReasoningParser | None
 ) -> GenerationRequest:
     """The chat request's generation: its conversation through the model's chat template (the text
-    keeps special tokens where ``parser``'s markers are special tokens)."""
+    keeps special tokens where ``parser``'s markers are special tokens; a constraint on the output
+    starts after the thinking)."""
     generation = openai_chat.generation_request(req, chat_prompt(model, req), model.max_model_len)
     if parser is not None and parser.special_tokens:
         generation.skip_special_tokens = False
+    guided = generation.params.guided
+    if parser is not None and guided is not None and parser.end_marker is not None:
+        # the model thinks freely; the constraint holds from the end of its thinking
+        after = token_id(model, parser.end_marker)
+        if after is not None:
+            guided = msgspec.structs.replace(guided, after=after)
+            generation.params = msgspec.structs.replace(generation.params, guided=guided)
     return generation
 
 
