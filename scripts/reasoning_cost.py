@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from lmiserve.formatters import openai_chat, reasoning
+from lmiserve.formatters import openai_chat
 from lmiserve.formatters.openai_chat_responder import ChatResponder
+from lmiserve.generation import reasoning
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 TEXT = (

@@ -222,6 +222,13 @@ class ModelSettings(Area):
         "qwen3 (<think>...</think>), granite (its 'thought process' phrases), gpt_oss (harmony channels), "
         "or auto (from the chat template and the tokenizer's tokens).",
     )
+    strip_reasoning: bool = setting(
+        False,
+        "option.strip_reasoning",
+        "With a reasoning parser: leave a reasoning model's thinking out of the text of the protocols that "
+        "have no field for it (LMI, TGI, MindIE, KServe, OpenAI completions), whole and streamed. Off: they "
+        "return the model's raw text, thinking included.",
+    )
     batch_size: int = setting(1, "batch_size", "Dynamic batch size: requests gathered into one handler call.", ge=1)
     max_batch_delay: int = setting(
         100, "max_batch_delay", "Longest wait, in milliseconds, to fill a dynamic batch.", ge=0

@@ -210,4 +210,5 @@ def generation_request(req: ChatRequest, prompt: str, default_max_tokens: int) -
         token_strings=req.logprobs,
         add_special_tokens=False,
         media=chat_refs(req.messages),
+        chat=True,
     )

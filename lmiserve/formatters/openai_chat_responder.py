@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..generation.reasoning import ReasoningParser, ReasoningStream, thinking_tokens
 from ..generation.request import RequestOutput, SequenceOutput, TokenOutput
 from . import json_wire, tool_calls
 from .openai_common import OPENAI_CHAT, Style, StyledResponder, chosen, finish_reason
-from .reasoning import ReasoningParser, ReasoningStream, thinking_tokens
 
 if TYPE_CHECKING:
     from .openai_chat import ChatRequest

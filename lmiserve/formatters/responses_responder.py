@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import LmiServeError
+from ..generation import reasoning
 from ..generation.request import RequestOutput
-from . import errors, json_wire, reasoning
+from . import errors, json_wire
 from .openai_chat import ChatRequest
 from .openai_common import SSE
 from .responder import JSON, Responder

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..wire import SeqDelta, TopLogprob
 from .detokenizer import IncrementalDetokenizer, decode_step
+from .reasoning import ReasoningParser
 from .request import GenerationRequest, RequestOutput, SequenceOutput, TokenOutput
 from .stop_strings import StopAutomaton, StopStringMatcher
 
@@ -43,6 +44,17 @@ class OutputProcessor:
         """Per sequence, the text of deltas decoded when their step arrived (:func:`detokenize_step`)."""
         stops = StopAutomaton(request.stop)  # compiled once, shared by every sequence
         self._stops = [StopStringMatcher(stops, request.include_stop_str_in_output) for _ in range(count)]
+        thinking = ReasoningParser(request.drop_thinking) if request.drop_thinking else None
+        self._thinking = [thinking.stream() for _ in range(count)] if thinking is not None else None
+        """Per sequence, the reasoning parser that leaves the thinking out of the text, if any."""
+
+    def _answer(self, index: int, piece: str, last: bool = False) -> str:
+        """The answer's part of ``piece`` (all of it unless the thinking is left out)."""
+        if self._thinking is None:
+            return piece
+        stream = self._thinking[index]
+        answer = stream.feed(piece)[1]
+        return answer + stream.finish()[1] if last else answer
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -103,6 +115,7 @@ class OutputProcessor:
         stopped_here = False
         for i, token_id in enumerate(delta.token_ids):
             piece = stops.feed(pieces[i] if pieces is not None else detok.add([token_id]))
+            piece = self._answer(delta.index, piece, stops.matched is not None)
             top = self._alternatives(delta.top_logprobs[i]) if delta.top_logprobs else None
             lp = delta.logprobs[i] if i < len(delta.logprobs) else None
             token = TokenOutput(token_id, piece, lp, token_id in self.special, top)
@@ -118,7 +131,7 @@ class OutputProcessor:
                 break
         seq.cumulative_logprob = delta.cumulative_logprob
         if not stopped_here and delta.finish_reason is not None:
-            tail = stops.feed(detok.flush()) + stops.flush()
+            tail = self._answer(delta.index, stops.feed(detok.flush()) + stops.flush(), last=True)
             if tail:
                 if seq.new_tokens:
                     seq.new_tokens[-1].text += tail

@@ -49,6 +49,10 @@ class GenerationRequest:
     """TGI: ``![](url)`` in the prompt is a picture where the model takes images (text otherwise)."""
     images: list[Any] = field(default_factory=list)
     """``media`` fetched, decoded and checked (``media.DecodedImage``), before admission."""
+    chat: bool = False
+    """The answer goes to a chat formatter, which tells a reasoning model's thinking apart itself."""
+    drop_thinking: str | None = None
+    """The reasoning parser whose thinking is left out of the text (``option.strip_reasoning``)."""
 
 
 @dataclass

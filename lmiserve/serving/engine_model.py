@@ -31,7 +31,7 @@ from .adapters import ModelAdapters
 from .admission_control import AdmissionControl, EngineLoad
 from .engine_launch import engine_client, engine_env
 from .handler_model import ModelLoadError
-from .model_chat import chat_prompt, chosen_parser
+from .model_chat import chat_prompt, chosen_parser, leave_out_thinking
 from .model_media import ModelMedia
 from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
@@ -280,6 +280,7 @@ class EngineModel:
         if not alive and not self.restarting:
             raise ModelNotReady(f"model {self.name} is not ready")
         adapter = self.adapters.check_request(request.adapter)
+        leave_out_thinking(self, request)
         admitted = self.admit(request)
         params = admitted.params
         width = max(params.n, params.best_of, params.num_beams, 1)

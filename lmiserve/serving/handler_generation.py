@@ -39,7 +39,7 @@ from ..model_store import resolve_model
 from .engine_model import EngineModel
 from .handler_deltas import HandlerDeltas
 from .handler_model import HandlerModel
-from .model_chat import chat_prompt, chosen_parser
+from .model_chat import chat_prompt, chosen_parser, leave_out_thinking
 from .model_factory import EMBEDDING_HANDLER, TEXT_GENERATION_HANDLER
 from .model_media import ModelMedia
 
@@ -154,6 +154,7 @@ class HandlerGeneration:
                 f"model {self.name} is served by a handler (transformers generate), which does not apply: "
                 + ", ".join(refused)
             )
+        leave_out_thinking(self, request)
         admitted = Admission.for_model(self.settings.engine, self.max_model_len).admit(request, self.tokenizer)
         final = admitted.request
         prompt = final.prompt

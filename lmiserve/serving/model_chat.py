@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from ..errors import ModelNotReady
-from ..formatters import reasoning
+from ..generation import reasoning
 from ..generation.chat_template import render_chat
 
 log = logging.getLogger("lmiserve.serving")
@@ -55,3 +55,10 @@ def token_id(model: Any, text: str) -> int | None:
     if text not in ids:
         ids[text] = model.tokenizer.get_vocab().get(text)
     return ids[text]
+
+
+def leave_out_thinking(model: Any, request: Any) -> None:
+    """With ``option.strip_reasoning``, a request whose protocol has no field for a reasoning
+    model's thinking (any but chat) gets its text without it."""
+    if model.settings.model.strip_reasoning and not request.chat and request.drop_thinking is None:
+        request.drop_thinking = chosen_parser(model)

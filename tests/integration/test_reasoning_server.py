@@ -3,6 +3,8 @@ written script (thinking, answer, tool call), read with the real ``openai`` clie
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -32,7 +34,7 @@ QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 def qwen3(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3-reasoning")
     model = build_reasoning_model(root / "model", "qwen3", QWEN3_SCRIPT)
-    with start(root / "serve", model, "option.reasoning_parser=auto\n") as server:
+    with start(root / "serve", model, "option.reasoning_parser=auto\noption.strip_reasoning=true\n") as server:
         yield server.wait_ready()
 
 
@@ -178,3 +180,19 @@ def test_structured_output_holds_from_the_end_of_the_thinking(qwen3):
     )
     assert "reasoning_content" not in (resp.choices[0].message.model_extra or {})
     assert resp.choices[0].message.content in ("yes", "no")
+
+
+def test_strip_reasoning_leaves_the_thinking_out_of_the_other_protocols(qwen3):
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(_model_dir(qwen3)).apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=False
+    )
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 20}}
+    whole = httpx.post(f"{qwen3.url}/invocations", json=body, timeout=60).json()["generated_text"]
+    assert "The answer is four." in whole and "Let me think" not in whole and "</think>" not in whole
+    lines = httpx.post(f"{qwen3.url}/invocations", json={**body, "stream": True}, timeout=60).text.splitlines()
+    streamed = "".join(json.loads(line)["token"]["text"] for line in lines if line)
+    assert streamed == whole
+    tgi = httpx.post(f"{qwen3.url}/generate", json=body, timeout=60).json()["generated_text"]
+    assert tgi == "\n\nThe answer is four.<tool_call>" + CALL + "</tool_call>"  # TGI joins added tokens bare

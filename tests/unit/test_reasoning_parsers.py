@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from lmiserve.formatters import reasoning
+from lmiserve.generation import reasoning
 
 CASES = [
     ("deepseek_r1", "Let me think.\n</think>\n\nThe answer is 4.", ("Let me think.\n", "\n\nThe answer is 4.")),

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from lmiserve.formatters import databricks, openai_chat, reasoning
+from lmiserve.formatters import databricks, openai_chat
 from lmiserve.formatters.openai_chat_responder import ChatResponder
+from lmiserve.generation import reasoning
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from lmiserve.errors import ValidationFailed
-from lmiserve.formatters import reasoning
 from lmiserve.formatters.responses_request import parse
 from lmiserve.formatters.responses_responder import ResponsesResponder
+from lmiserve.generation import reasoning
 from lmiserve.generation.request import RequestOutput, SequenceOutput, TokenOutput
 
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from lmiserve.formatters import reasoning
+from lmiserve.generation import reasoning
 from tests.tiny_reasoning import build_reasoning_tokenizer
 from tests.vllm.real_vllm import needs_vllm
 

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import LmiServeError, NotFound, ValidationFailed
-from ...formatters import openai_chat, openai_completions, reasoning
+from ...formatters import openai_chat, openai_completions
 from ...formatters.openai_chat_responder import ChatResponder
 from ...formatters.openai_common import OPENAI_CHAT, OPENAI_COMPLETIONS, Style, now
 from ...formatters.shapes import json_object
+from ...generation import reasoning
 from ...generation.request import GenerationRequest
 from ...serving import EMBEDDING_HANDLER, EngineModel, HandlerModel, TextModel, generator_of, token_id
 from ..bodies import read_body

@@ -15,11 +15,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ...errors import NotFound
-from ...formatters import json_wire, reasoning
+from ...formatters import json_wire
 from ...formatters.responses_input import chat_messages, input_items
 from ...formatters.responses_request import parse
 from ...formatters.responses_responder import ResponsesResponder
 from ...formatters.shapes import json_object
+from ...generation import reasoning
 from ...serving import ResponseStore
 from ..bodies import read_body
 from ..http_reply import respond_over_http
