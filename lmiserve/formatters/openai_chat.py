@@ -115,7 +115,7 @@ class ChatRequest(SamplingFields, StructuredOutputFields):
     continue_final_message: bool = False
     echo: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @model_validator(mode="after")
     def _checks(self) -> ChatRequest:
