@@ -121,6 +121,9 @@ class ReasoningStream:
         if not watched:
             out[1].append(s)
             return ""
+        if not any(first in s for first in _starts(watched)[1]):  # no marker can start here (most tokens)
+            (out[0] if self.thinking else out[1]).append(s)
+            return ""
         found = self._until(s, watched, out)
         if found is None:
             return ""
