@@ -11,6 +11,7 @@ import struct
 import msgspec
 
 from .wire_media import ImageInput
+from .wire_stats import EngineStats
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 2**31
@@ -120,6 +121,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     bad_word_ids: list[list[int]] = []  # bad_words as token sequences, set at admission for the engine
     length_penalty: float = 1.0
     early_stopping: bool = False
+    speculate: bool = True
+    """False: the engine never proposes tokens for this request (speculative decoding off for it)."""
 
 
 class InitEngine(Msg):
@@ -211,51 +214,6 @@ class SeqDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Sequences in the engine step that produced these tokens (0: the engine does not say)."""
     queue_us: int = 0
     """Microseconds the sequence waited for that step since its previous step (or its arrival)."""
-
-
-class EngineStats(msgspec.Struct, kw_only=True):
-    running: int
-    waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    prefix_cache_hit_tokens: int
-    preemptions: int
-    prompt_tokens: int
-    generated_tokens: int
-    step_seconds: float
-    adapters_loaded: int = 0
-    """LoRA adapters whose weights are in host memory."""
-    adapter_loads: int = 0
-    """Times an adapter's weights were read from its directory (at registration or again after
-    being unloaded)."""
-    graph_steps: int = 0
-    """Engine steps replayed from a captured device graph (cumulative)."""
-    eager_steps: int = 0
-    """Engine steps run eagerly, kernel by kernel (cumulative)."""
-    kernel_compiles: int = 0
-    """Device kernels compiled since the engine said it was ready (each one stalls every
-    stream while it compiles; the warm-up is meant to leave none)."""
-    expired_in_queue: int = 0
-    """Requests whose deadline passed before they were scheduled (never computed; cumulative)."""
-    oom_failures: int = 0
-    """Requests ended because memory ran out in their step (the engine carried on; cumulative)."""
-    nonfinite_sequences: int = 0
-    """Sequences ended because the model gave NaN or inf logits for them (cumulative)."""
-    prefill_tokens_per_s: float = 0.0
-    """Prompt tokens computed per second of step time, smoothed over recent steps (0: not yet measured)."""
-    decode_step_seconds: float = 0.0
-    """Seconds per step in which sequences decode (prompts computed beside them included): what a
-    running sequence's next token takes at the current load, smoothed over recent steps (0: not
-    yet measured)."""
-    idle_prefill_tokens_per_s: float = 0.0
-    """Prompt tokens per second of the steps in which nothing decodes (the prompt runs whole),
-    smoothed (0: not yet measured)."""
-    decode_step_prefill_tokens: int = 0
-    """Prompt tokens a step that also decodes may take at the current load (0: no limit below the
-    step's budget)."""
-    decode_curve: list[tuple[float, float]] = []
-    """(batch, seconds) of steps in which only sequences decode, by batch (the engine's
-    ``StepSpeeds.decode_curve``; empty: none measured)."""
 
 
 class EngineStep(Msg):
