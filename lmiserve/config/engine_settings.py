@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import field_validator, model_validator
 
 from .device_defaults import by_device
 from .fields import Area, optional_setting, parse_size, setting
+from .speculative import SpeculativeConfig, parse_speculative
 
 
 class EngineSettings(Area):
@@ -234,6 +236,30 @@ class EngineSettings(Area):
         allowed="auto, true, false",
     )
 
+    speculative_config: str | None = optional_setting(
+        "option.speculative_config",
+        "Speculative decoding, as vLLM's --speculative-config JSON, e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 4} or {"model": "org/draft", "num_speculative_tokens": 5}: '
+        "method ngram (prompt lookup, no weights), draft_model, eagle or eagle3; a model (a directory, a Hub id "
+        "or s3://, fetched as option.model_id is); lmiserve's own adaptive (default true: a sequence whose "
+        "proposals are rarely accepted pauses proposing). vLLM gets it as its speculative_config, less adaptive. "
+        "Empty: no speculative decoding "
+        "(unless option.speculative_draft_model is set).",
+        allowed="a JSON object, as vLLM's --speculative-config",
+    )
+    speculative_draft_model: str | None = optional_setting(
+        "option.speculative_draft_model",
+        "LMI's name for a draft model: the same as option.speculative_config's model (a directory, a Hub id or "
+        "s3://), proposing option.speculative_length tokens per step.",
+    )
+    speculative_length: int = setting(
+        5,
+        "option.speculative_length",
+        "LMI's name for the tokens proposed per step (vLLM's num_speculative_tokens), with "
+        "option.speculative_draft_model or with an option.speculative_config that does not set them.",
+        ge=1,
+    )
+
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
     def _size(cls, v: object) -> object:
@@ -253,6 +279,39 @@ class EngineSettings(Area):
                 f"option.max_cpu_loras ({self.max_cpu_loras}) must be at least option.max_loras ({self.max_loras})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _speculative(self) -> EngineSettings:
+        try:
+            self.speculative  # noqa: B018 - read to check it
+        except ValueError as exc:
+            given = {"option.speculative_config": self.speculative_config}
+            given["option.speculative_draft_model"] = self.speculative_draft_model
+            named = ", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)
+            raise ValueError(f"invalid speculative decoding settings ({named}): {exc}") from None
+        return self
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """Speculative decoding as configured (None: off); ``option.speculative_length`` gives
+        ``num_speculative_tokens`` where the JSON leaves it out. ValueError says what is wrong."""
+        text, draft = self.speculative_config, self.speculative_draft_model
+        if not text and not draft:
+            return None
+        try:
+            raw = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            raw = None  # parse_speculative says what is wrong
+        if isinstance(raw, dict) and "num_speculative_tokens" not in raw:
+            return parse_speculative({**raw, "num_speculative_tokens": self.speculative_length}, draft)
+        return parse_speculative(text, draft)
+
+    def with_draft(self, directory: str) -> EngineSettings:
+        """These settings with the draft model (or EAGLE head) read from ``directory``: a fetched copy."""
+        spec = self.speculative
+        assert spec is not None
+        text = json.dumps({**spec.raw, "model": directory})
+        return self.model_copy(update={"speculative_config": text, "speculative_draft_model": None})
 
     @property
     def cpu_loras(self) -> int:

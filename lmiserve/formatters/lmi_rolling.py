@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import BadRequest, InvalidParameter
 from ..generation.request import GenerationRequest
@@ -59,6 +68,8 @@ class RollingParameters(LmiSampling):
     stop: bool | tuple[StrictStr, ...] = False
     """TensorRT-LLM's flag that stops a request in flight (a new request cannot carry ``true``);
     or, as DJL's vLLM path hands it to vLLM, more stop strings."""
+    speculate: StrictBool = True
+    """False: no speculative decoding for this request (where the model has it configured)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from ..errors import GenerationError, LmiServeError
 from ..generation.request import RequestOutput, SequenceOutput
@@ -201,6 +201,8 @@ class SamplingFields(BaseModel):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool = False
+    speculate: StrictBool = True
+    """lmiserve's: false turns speculative decoding off for the request (clients send it in ``extra_body``)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,5 +1,6 @@
 """Sampling parameters from a request's fields, the way LMI's rolling batch and OpenAI's
-schemas read them (both name them as vLLM does)."""
+schemas read them (both name them as vLLM does), with lmiserve's ``speculate`` (false: no
+speculative decoding for the request)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ..wire import SamplingParams
 
 def sampled(p: Any, do_sample: bool = True, **rest: Any) -> SamplingParams:
     """``p``'s ``temperature``, ``top_k``, ``top_p``, ``min_p``, penalties and
-    ``stop_token_ids``, with ``rest``. A temperature of 0 is greedy decoding (as vLLM); a
+    ``stop_token_ids`` and ``speculate``, with ``rest``. A temperature of 0 is greedy decoding (as vLLM); a
     ``top_k`` of -1, like 0, is no limit."""
     greedy = p.temperature == 0
     return SamplingParams(
@@ -23,13 +24,14 @@ def sampled(p: Any, do_sample: bool = True, **rest: Any) -> SamplingParams:
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
         stop_token_ids=list(p.stop_token_ids),
+        speculate=p.speculate,
         **rest,
     )
 
 
 def beam_search(p: Any, width: int, n: int, ignore_eos: bool, **rest: Any) -> SamplingParams:
     """Beam search ``width`` beams wide, answering the best ``n``, with ``p``'s
-    ``length_penalty`` and ``early_stopping``."""
+    ``length_penalty``, ``early_stopping`` and ``speculate``."""
     return SamplingParams(
         n=n,
         best_of=n,
@@ -37,5 +39,6 @@ def beam_search(p: Any, width: int, n: int, ignore_eos: bool, **rest: Any) -> Sa
         length_penalty=p.length_penalty,
         early_stopping=p.early_stopping,
         ignore_eos=ignore_eos,
+        speculate=p.speculate,
         **rest,
     )

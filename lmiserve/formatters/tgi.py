@@ -15,7 +15,7 @@ import json
 import random
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
 
 from ..errors import ValidationFailed
 from ..generation.request import GenerationRequest, RequestOutput, SequenceOutput
@@ -88,6 +88,7 @@ class TgiParameters(BaseModel):
     adapter_id: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9._/-]*$")
     top_n_tokens: int | None = Field(None, ge=0, le=MAX_TOP_N_TOKENS)
     grammar: Grammar | None = None
+    speculate: StrictBool = True  # lmiserve's: false turns speculative decoding off for the request
 
     @model_validator(mode="before")
     @classmethod
@@ -163,6 +164,7 @@ class ParsedTgi:
                 logprobs=p.top_n_tokens or 0,
                 prompt_logprobs=(p.top_n_tokens or 0) if p.decoder_input_details else None,
                 guided=p.grammar.guided() if p.grammar is not None else None,
+                speculate=p.speculate,
             ),
             stop=list(p.stop),
             truncate=p.truncate,

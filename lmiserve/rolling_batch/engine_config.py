@@ -17,6 +17,7 @@ from typing import Any
 from ..config.device_defaults import device_defaults
 from ..config.loader import SPECS_BY_KEY
 from ..config.schema import EngineSettings, ModelSettings
+from ..config.speculative import SpeculativeConfig
 
 _DECLARED: Any = object()
 
@@ -73,6 +74,14 @@ class EngineConfig:
     max_loras: int = _setting("option.max_loras")
     max_lora_rank: int = _setting("option.max_lora_rank")
     max_cpu_loras: int | None = _setting("option.max_cpu_loras")
+    speculative: SpeculativeConfig | None = field(default=None, metadata={"setting": "option.speculative_config"})
+    """Speculative decoding (None: off), from ``option.speculative_config``, ``option.speculative_draft_model``
+    and ``option.speculative_length``; its ``model`` is a local directory (the API process fetches a Hub
+    id or an ``s3://`` prefix before the engine starts, :meth:`EngineSettings.with_draft`)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speculative, dict):  # read back from dataclasses.asdict (the tensor-parallel ranks)
+            self.speculative = SpeculativeConfig(**self.speculative)
 
     @classmethod
     def from_settings(
@@ -114,6 +123,7 @@ class EngineConfig:
             max_loras=engine.max_loras,
             max_lora_rank=engine.max_lora_rank,
             max_cpu_loras=engine.cpu_loras,
+            speculative=engine.speculative,
         )
 
 

@@ -13,6 +13,13 @@ from prometheus_client.registry import Collector
 from ..model_fetch.progress import downloaded_bytes
 from ..serving import ModelSnapshot
 
+SPECULATIVE_COUNTERS = (
+    ("spec_proposed_tokens", "Tokens proposed by speculative decoding and checked by the model."),
+    ("spec_accepted_tokens", "Tokens proposed by speculative decoding that the model accepted."),
+    ("spec_drafts", "Speculative proposals checked (a sequence's run of proposed tokens in one engine step)."),
+)
+"""The speculative decoding counters (``wire.EngineStats``' fields), exported as ``lmiserve_<field>_total``."""
+
 
 class ApiCpuCollector(Collector):
     """CPU time this API process has used (user and system, every thread), read when scraped:
@@ -97,6 +104,16 @@ class ModelStateCollector(Collector):
             "their step, NaN or inf logits.",
             labels=["model", "reason"],
         )
+        speculative = {
+            field: CounterMetricFamily(f"lmiserve_{field}", doc, labels=["model"])
+            for field, doc in SPECULATIVE_COUNTERS
+        }
+        accepted_length = GaugeMetricFamily(
+            "lmiserve_spec_mean_accepted_length",
+            "Tokens a checked speculative proposal yields, the model's own token included: 1 + accepted / drafts "
+            "(0 before the first proposal).",
+            labels=["model"],
+        )
         for name, model in sorted(dict(self.models.models).items()):
             snapshot_of = getattr(model, "metrics_snapshot", None)
             if snapshot_of is None:
@@ -121,4 +138,9 @@ class ModelStateCollector(Collector):
                 for reason, key in (("deadline", "expired_in_queue"), ("oom", "oom_failures")):
                     ended.add_metric([name, reason], s.counters.get(key, 0))
                 ended.add_metric([name, "nonfinite"], s.counters.get("nonfinite_sequences", 0))
+            if s.counters is not None and s.speculative:
+                for field, family in speculative.items():
+                    family.add_metric([name], s.counters.get(field, 0))
+                accepted_length.add_metric([name], s.spec_mean_accepted_length)
         yield from (running, waiting, usage, used, total, hits, preemptions, steps, replays, poisoned, ended)
+        yield from (*speculative.values(), accepted_length)

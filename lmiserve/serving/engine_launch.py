@@ -10,6 +10,7 @@ from ..config import Settings
 from ..rolling_batch.engine_config import engine_options
 from ..rolling_batch.process.client import EngineClient, ProcessEngineClient
 from . import engine_sockets
+from .model_sources import local_draft
 
 
 def engine_env(settings: Settings) -> dict[str, str]:
@@ -25,6 +26,7 @@ def engine_env(settings: Settings) -> dict[str, str]:
 
 def engine_client(settings: Settings, path: Path, backend: str) -> EngineClient:
     """The client of ``settings``' model at ``path`` on ``backend`` (not started yet)."""
+    settings = local_draft(settings)
     if backend == "vllm":
         from ..rolling_batch.vllm.adapter import VllmEngineClient
 

@@ -35,6 +35,7 @@ from .model_chat import chat_prompt, chosen_parser, leave_out_thinking
 from .model_media import ModelMedia
 from .replay import EngineWaiters, ReplayingStream, Replays
 from .snapshot import EngineCounters, ModelSnapshot, engine_snapshot
+from .speculative_stats import configured, describe_speculative
 
 log = logging.getLogger("lmiserve.model")
 
@@ -104,19 +105,23 @@ class EngineModel:
 
     def describe(self) -> dict[str, Any]:
         stats = self.client.stats if self.client else None
+        info = dict(self.client.info) if self.client else {}
+        speculative = describe_speculative(configured(self.settings), self.counters.totals(stats), info)
         return {
             "modelName": self.name,
             "status": self.status,
             "backend": self.backend,
             "enginePid": getattr(self.client, "pid", None),
             "standbyPid": self.standby.pid if self.standby is not None else None,
-            "engine": dict(self.client.info) if self.client else {},
+            "engine": info,
             "inputs": self.media.describe(),
             "stats": None if stats is None else {f: getattr(stats, f) for f in stats.__struct_fields__},
+            **({"speculative": speculative} if speculative is not None else {}),
         }
 
     def metrics_snapshot(self) -> ModelSnapshot:
         snapshot = engine_snapshot(self.client, self.counters)
+        snapshot.speculative = configured(self.settings) is not None
         if snapshot.counters is not None:
             snapshot.counters.update(self.replays.counts())
         return snapshot

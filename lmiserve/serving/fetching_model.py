@@ -11,24 +11,31 @@ import time
 from typing import Any
 
 from ..config import Settings
-from ..model_fetch import FetchError
+from ..model_fetch import FetchError, is_remote
 from ..model_fetch.progress import downloaded_bytes
 from .handler_model import ModelLoadError
 from .model_factory import build_model
-from .model_sources import fetch
+from .model_sources import fetch, remote_draft
 from .registry import ModelRegistry, ServedModel
 
 
 async def fetched_settings(settings: Settings) -> tuple[Settings, float]:
-    """``settings`` with ``option.model_id`` the fetched files' local path, and the seconds left of
+    """``settings`` with ``option.model_id`` the fetched files' local path (and speculative decoding's
+    draft model too, where a Hub id or an ``s3://`` prefix names it), and the seconds left of
     ``model_loading_timeout`` for the load."""
     timeout = float(settings.model.model_loading_timeout)
     started = time.monotonic()
-    assert settings.model.model_id is not None
-    path = await asyncio.to_thread(fetch, settings.model.model_id, settings, started + timeout)
+    fetched = settings
+    if is_remote(settings.model.model_id, settings.model_dir):
+        assert settings.model.model_id is not None
+        path = await asyncio.to_thread(fetch, settings.model.model_id, settings, started + timeout)
+        fetched = dataclasses.replace(fetched, model=settings.model.model_copy(update={"model_id": str(path)}))
+    draft = remote_draft(settings)
+    if draft is not None:  # the repository's own revision: option.revision and gguf_file are the model's
+        path = await asyncio.to_thread(fetch, draft, settings, started + timeout, of_model=False)
+        fetched = dataclasses.replace(fetched, engine=settings.engine.with_draft(str(path)))
     left = max(1.0, timeout - (time.monotonic() - started))
-    model = settings.model.model_copy(update={"model_id": str(path)})
-    return dataclasses.replace(settings, model=model), left
+    return fetched, left
 
 
 def fetched_model(settings: Settings, left: float) -> ServedModel:

@@ -1,6 +1,7 @@
-"""Where a model id, an adapter's ``src`` or a registration URL names remote files (a Hugging Face
-Hub id, an ``s3://`` prefix), fetching them (:mod:`lmiserve.model_fetch`) with the model's settings:
-``option.download_dir``, ``option.revision``, ``option.gguf_file`` and the user's ``HF_HUB_OFFLINE``."""
+"""Where a model id, a draft model (speculative decoding), an adapter's ``src`` or a registration URL
+names remote files (a Hugging Face Hub id, an ``s3://`` prefix), fetching them
+(:mod:`lmiserve.model_fetch`) with the model's settings: ``option.download_dir``, ``option.revision``,
+``option.gguf_file`` and the user's ``HF_HUB_OFFLINE``."""
 
 from __future__ import annotations
 
@@ -50,5 +51,28 @@ def fetch(source: str, settings: Settings, deadline: float | None = None, *, of_
     return fetch_model(source, settings.model_dir, options)
 
 
+def remote_draft(settings: Settings) -> str | None:
+    """The draft model or EAGLE head of speculative decoding when a Hub id or an ``s3://`` prefix
+    names it (a local directory is read where it is)."""
+    spec = settings.engine.speculative
+    draft = spec.model if spec is not None else None
+    return draft if is_remote(draft, settings.model_dir) else None
+
+
+def local_draft(settings: Settings) -> Settings:
+    """``settings`` with a draft model named by a path relative to the model directory (as
+    ``option.model_id`` may be) named by its absolute path, which the engine's process finds
+    wherever it runs; other settings as they are."""
+    spec = settings.engine.speculative
+    draft = spec.model if spec is not None else None
+    if not draft or draft.startswith("s3://") or Path(draft).expanduser().is_absolute() or Path(draft).exists():
+        return settings
+    under = settings.model_dir / draft
+    if not under.exists():
+        return settings
+    return dataclasses.replace(settings, engine=settings.engine.with_draft(str(under.resolve())))
+
+
 def needs_fetch(settings: Settings) -> bool:
-    return is_remote(settings.model.model_id, settings.model_dir)
+    """Whether the model, or its draft model, must be fetched before it is built."""
+    return is_remote(settings.model.model_id, settings.model_dir) or remote_draft(settings) is not None

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .speculative_stats import mean_accepted_length
+
 COUNTER_FIELDS = (
     "prefix_cache_hit_tokens",
     "preemptions",
@@ -14,6 +16,9 @@ COUNTER_FIELDS = (
     "expired_in_queue",
     "oom_failures",
     "nonfinite_sequences",
+    "spec_proposed_tokens",
+    "spec_accepted_tokens",
+    "spec_drafts",
 )
 """Cumulative engine statistics (``wire.EngineStats``) exported as counters."""
 
@@ -28,6 +33,13 @@ class ModelSnapshot:
     kv_blocks_used: int | None = None
     kv_blocks_total: int | None = None
     counters: dict[str, int] | None = None
+    speculative: bool = False
+    """The model has speculative decoding configured (its ``spec_*`` counters are exported)."""
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a checked speculative proposal yields, ``1 + accepted / drafts`` (0 before the first)."""
+        return mean_accepted_length(self.counters or {})
 
 
 class EngineCounters:

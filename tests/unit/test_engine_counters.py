@@ -10,7 +10,7 @@ from tests.unit.engine_stats import stats
 def counts(hits: int, preemptions: int, graph_steps: int = 0, eager_steps: int = 0, **more: int) -> dict[str, int]:
     return {"prefix_cache_hit_tokens": hits, "preemptions": preemptions, "graph_steps": graph_steps,
             "eager_steps": eager_steps, "expired_in_queue": 0, "oom_failures": 0, "nonfinite_sequences": 0,
-            **more}  # fmt: skip
+            "spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_drafts": 0, **more}  # fmt: skip
 
 
 def model_counts(hits: int, preemptions: int) -> dict[str, int]:

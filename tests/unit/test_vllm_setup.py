@@ -64,6 +64,7 @@ class Args:
     enforce_eager: bool = False
     async_scheduling: bool | None = None
     seed: int = 0
+    speculative_config: dict | None = None
 
 
 def settings_for(tmp_path: Path, properties: str, env: dict | None = None):
@@ -103,6 +104,19 @@ def test_vllms_spelling_of_lmiserves_settings(tmp_path):
     settings = settings_for(tmp_path, "option.pipeline_parallel_size=2\n")
     with pytest.raises(EngineStartError, match=r"option.pipeline_parallel_size=2 disagrees with .*degree=1"):
         engine_kwargs(settings, tmp_path, Args)
+
+
+def test_speculative_decoding_reaches_vllm_as_its_own_speculative_config(tmp_path):
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "adaptive": false}'
+    kwargs, _ = taken(
+        engine_kwargs(settings_for(tmp_path, f"option.speculative_config={spec}\n"), tmp_path, Args), Args
+    )
+    assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    # LMI's draft model and length, as vLLM names them
+    text = "option.speculative_draft_model=/drafts/small\noption.speculative_length=6\n"
+    kwargs = engine_kwargs(settings_for(tmp_path, text), tmp_path, Args)
+    assert kwargs["speculative_config"] == {"model": "/drafts/small", "num_speculative_tokens": 6}
+    assert "speculative_config" not in engine_kwargs(settings_for(tmp_path, ""), tmp_path, Args)
 
 
 def test_pipeline_parallelism_needs_the_vllm_backend(tmp_path):

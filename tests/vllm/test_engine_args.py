@@ -66,3 +66,10 @@ def test_a_value_vllm_refuses_names_the_option(tmp_path):
     reason = r"option.max_num_batched_tokens=lots is not a valid vLLM engine argument: argument --max-num-batched-tokens: invalid"
     with pytest.raises(EngineStartError, match=reason):
         engine_args(tmp_path, "option.max_num_batched_tokens=lots\n")
+
+
+def test_speculative_decoding_is_vllms_speculative_config(tmp_path):
+    args = engine_args(tmp_path, 'option.speculative_config={"method": "ngram", "prompt_lookup_max": 4}\n')
+    assert args.speculative_config == {"method": "ngram", "prompt_lookup_max": 4, "num_speculative_tokens": 5}
+    args = engine_args(tmp_path, "option.speculative_draft_model=/drafts/small\noption.speculative_length=3\n")
+    assert args.speculative_config == {"model": "/drafts/small", "num_speculative_tokens": 3}

@@ -6,7 +6,9 @@ lmiserve's own keys come first (``option.tensor_parallel_degree`` → ``tensor_p
 vLLM's own command-line parser, as DJL's LMI passes them (``option.distributed_executor_backend=ray``,
 ``option.enforce_eager=true``). vLLM's spelling of a setting lmiserve names otherwise is refused
 when the two disagree (lmiserve's value counts even when it is the default, as in DJL); where
-lmiserve's is unset, vLLM's name is taken.
+lmiserve's is unset, vLLM's name is taken. Speculative decoding (``option.speculative_config``, or
+LMI's ``option.speculative_draft_model`` and ``option.speculative_length``) reaches vLLM as its own
+``speculative_config``, with a draft named by a Hub id or ``s3://`` already fetched.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def lmiserve_kwargs(settings: Settings, model_path: Path) -> dict[str, Any]:
         kw["kv_cache_memory_bytes"] = engine.kv_cache_memory
     if engine.async_scheduling != "auto":  # auto: vLLM's own default
         kw["async_scheduling"] = engine.async_scheduling == "true"
+    speculative = engine.speculative
+    if speculative is not None:
+        kw["speculative_config"] = speculative.for_vllm()
     return kw
 
 
