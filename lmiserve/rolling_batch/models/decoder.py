@@ -59,6 +59,13 @@ class DecoderModel:
     GATED_SWIGLU = True
     """The MLP is SwiGLU, which the ops may run fused with its gate/up product
     (:meth:`~..ops.interface.Ops.gate_up_swiglu`)."""
+    aux_layers: tuple[int, ...] = ()
+    """Layers whose input the forward pass keeps in :attr:`aux_hidden` (EAGLE-3 reads them): entry
+    ``k`` is the residual stream entering layer ``k`` (0: the embeddings; ``num_layers``: the stream
+    before the final norm), as vLLM and EAGLE number them. Empty (the default): nothing is kept."""
+    aux_hidden: torch.Tensor | None = None
+    """``(T, len(aux_layers) * hidden)``: the last forward pass's streams at :attr:`aux_layers`, in
+    their order, concatenated along the last dimension (None until a pass with aux_layers set)."""
 
     def __init__(
         self,
@@ -209,7 +216,11 @@ class DecoderModel:
         lora = None
         if meta.lora is not None and self.lora is not None:  # each projection's runs, once per step
             lora = {group: meta.lora.only(slots) for group, slots in self.lora.holds.items()}
+        aux = self.aux_layers
+        kept: dict[int, torch.Tensor] = {}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if aux and i in aux:  # a copy: the ops may add to the residual in place
+                kept[i] = residual.clone()
             cos, sin = rope[i]
             qkv = ops.linear(x, layer.qkv)
             if lora is not None:
@@ -253,6 +264,10 @@ class DecoderModel:
             if i < len(stacked):  # a DeepStack feature joins the residual after this layer
                 residual = residual.index_add(0, inserts[0], stacked[i].to(residual.dtype))  # type: ignore[index]
                 x = self._norm(residual, next_norm)  # type: ignore[arg-type]
+        if aux:
+            if len(self.layers) in aux:
+                kept[len(self.layers)] = residual.clone()
+            self.aux_hidden = torch.cat([kept[k] for k in aux], dim=-1)
         return x
 
     def _join(
