@@ -22,6 +22,7 @@ from ..scheduling.scheduler import Scheduler, SchedulerConfig
 from ..scheduling.sequence import Group
 from .admission import Admission, RequestRejected
 from .overlap import OverlappedSteps, overlap_enabled
+from .speculation import build_speculation
 from .step_phases import StepPhases
 
 
@@ -33,6 +34,7 @@ class Engine:
         self.config = config
         loaded = start(config, on_rank_failure)
         self._loaded = loaded
+        loaded.speculation = build_speculation(config, loaded)
         self.spec, self.max_model_len, self.eos_token_ids = loaded.spec, loaded.max_model_len, loaded.eos_token_ids
         self.runner, self.lora, self.guided, self.ranks = loaded.runner, loaded.lora, loaded.guided, loaded.ranks
         self.blocks = BlockManager(loaded.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -61,6 +63,8 @@ class Engine:
         this one's tokens are read back (:mod:`.overlap`)."""
         self.info = describe(config, loaded, self.scheduler.max_num_batched_tokens, started)
         self.info["async_scheduling"] = "on" if self.overlap is not None else "off"
+        if loaded.speculation is not None:
+            self.info.update(loaded.speculation.info())
         self._compiles_at_ready = self.runner.kernel_compiles()
 
     # --- requests -----------------------------------------------------------------------
@@ -161,4 +165,5 @@ class Engine:
             decode_step_prefill_tokens=self.scheduler.decode_step_prefill_budget(),
             decode_curve=phases.speeds.decode_curve(),
             **self.lora.stats(),
+            **(phases.speculation.stats() if phases.speculation is not None else {}),
         )

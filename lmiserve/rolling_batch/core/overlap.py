@@ -26,7 +26,8 @@ tokens are those of the serial engine; only a finished sequence's extra draw is 
 On the CPU, torch runs every op at once, so the launch computes the step and the collect only
 reads it back: the data flow is the same, the time is not overlapped.
 
-Run serially, after collecting the step in flight: steps with a beam search (and the block copies
+Run serially, after collecting the step in flight: steps with verify runs (which tokens they
+keep decides the next step's inputs), steps with a beam search (and the block copies
 its forks make), guided decoding (its grammar needs the token on the host before the next mask),
 prompt log-probabilities, repetition, presence or frequency penalties, min_new_tokens and bad words (they
 read the sequence's tokens, or its count of them, on the host), and a step whose launch fails (it
@@ -70,7 +71,7 @@ def overlap_enabled(setting: str, device: str, tensor_parallel: bool) -> bool:
 
 def overlappable(batch: SchedulerOutput) -> bool:
     """Whether ``batch`` can run while the host does not know its predecessor's tokens."""
-    if batch.copies:
+    if batch.copies or batch.verifies:
         return False
     for item in batch.scheduled:
         seq = item.seq
@@ -154,7 +155,8 @@ class OverlappedSteps:
             # sequences that ended in the step just collected leave the batch
             decodes = [i for i in batch.decodes if not i.seq.finished]
             prefills = [i for i in batch.prefills if not i.seq.finished]
-            live = SchedulerOutput(decodes=decodes, prefills=prefills, copies=batch.copies)
+            verifies = [i for i in batch.verifies if not i.seq.finished]
+            live = SchedulerOutput(decodes=decodes, prefills=prefills, copies=batch.copies, verifies=verifies)
             if live:
                 self.serial += 1
                 deltas += phases.run_serial(live)

@@ -13,6 +13,7 @@ from ... import wire
 from ..runner.parallel import TensorParallelError
 from ..runner.sampler import SampleResult, StepResult, finite
 from ..runner.startup import Loaded
+from ..runner.verify import Checked
 from ..scheduling.block_manager import BlockManager
 from ..scheduling.scheduler import Scheduler, SchedulerOutput
 from ..scheduling.sequence import Group, Sequence
@@ -43,10 +44,14 @@ class StepPhases:
             self.speeds.seed(batch, seconds)
         self.notices: list[wire.SeqDelta] = []
         """Deltas of sequences that ended while a step was scheduled (deadlines), for its output."""
+        self.speculation = loaded.speculation
+        """Speculative decoding (:mod:`.speculation`), when configured."""
 
     def schedule(self) -> SchedulerOutput:
         """The next batch, with the adapters it needs in their device slots."""
         started = time.monotonic()
+        if self.speculation is not None:
+            self.speculation.prepare(self.scheduler.running, self.speeds.decode_curve())
         batch = self.scheduler.schedule()
         for seq in batch.expired:
             self.faults.expired += 1
@@ -100,6 +105,32 @@ class StepPhases:
             self._maybe_done(group)
         if result.samples is not None:
             deltas += self.record(result.seqs, result.samples, self.batch_size, self.step_started)
+        for checked in result.verified:
+            deltas += self.record_checked(checked)
+        return deltas
+
+    def record_checked(self, checked: Checked) -> list[wire.SeqDelta]:
+        """A verify run's kept tokens appended, a delta for each (as steps merged for a slow reader
+        arrive), up to the first that ends the sequence; the cache then holds all but the newest."""
+        seq, deltas = checked.seq, []
+        for j, token in enumerate(checked.tokens):
+            if not finite(checked.logprobs[j]):
+                deltas.append(faults.end_nonfinite(seq, self.faults, self.finish))
+                break
+            seq.token_ids.append(token)
+            self.guided.accept(seq, token)
+            seq.cumulative_logprob += checked.logprobs[j]
+            top = checked.top[j] if checked.top is not None else None
+            delta = self.outputs.token(seq, token, checked.logprobs[j], top, self.batch_size, self.step_started)
+            deltas.append(delta)
+            self.generated_tokens += 1
+            if delta.finish_reason is not None:
+                self.finish(seq, delta.finish_reason)
+                break
+        assert self.speculation is not None
+        self.speculation.checked(checked)
+        if not seq.finished:
+            self.scheduler.accepted(seq)
         return deltas
 
     def computed(self, batch: SchedulerOutput) -> None:
@@ -132,6 +163,8 @@ class StepPhases:
         """End ``seq`` (its blocks are free for the next step)."""
         self.scheduler.finish(seq, reason)
         self.sampler.forget(seq)
+        if self.speculation is not None:
+            self.speculation.forget(seq)
         self._maybe_done(seq.group)
 
     def _maybe_done(self, group: Group) -> None:
@@ -148,4 +181,5 @@ class StepPhases:
     def step_timed(self, batch: SchedulerOutput, seconds: float) -> None:
         """Record that ``batch`` took ``seconds`` (from its scheduling to its tokens on the host)."""
         self.last_step_seconds = seconds
-        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds, len(batch.decodes))
+        rows = len(batch.decodes) + sum(item.num_tokens for item in batch.verifies)
+        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds, rows)

@@ -128,6 +128,29 @@ class GuidedDecoder:
             self._matchers[seqs[i].seq_id].fill_next_token_bitmask(bitmask, i)
         xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=rows)
 
+    def mask_run(self, scores: torch.Tensor, first: int, seq: Sequence, draft: tuple[int, ...]) -> None:
+        """Mask the rows ``first``.. of a verify run (``seq``'s last token, then ``draft``): row ``j``
+        as the grammar stands after the first ``j`` proposals. The grammar goes back to where it
+        was; rows after a proposal it refuses stay unmasked (that proposal is masked, so never kept)."""
+        if not self._constrained(seq):
+            return
+        matcher = self._matchers[seq.seq_id]
+        xgr = self._xgr()
+        rows = len(draft) + 1
+        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
+        filled = advanced = 0
+        for j in range(rows):
+            matcher.fill_next_token_bitmask(bitmask, j)
+            filled += 1
+            if j == rows - 1 or matcher.is_terminated() or not matcher.accept_token(draft[j]):
+                break
+            advanced += 1
+        if advanced:
+            matcher.rollback(advanced)
+        if filled:
+            view = scores[first : first + rows]
+            xgr.apply_token_bitmask_inplace(view, bitmask.to(scores.device), indices=list(range(filled)))
+
     def _constrained(self, seq: Sequence) -> bool:
         """Whether the sequence's next token is constrained (its grammar state started here)."""
         if seq.params.guided.after < 0:  # type: ignore[union-attr]

@@ -27,6 +27,7 @@ from .phase_log import PhaseLog
 from .sampler import DeviceSamples, LogitRows, Sampler, StepResult
 from .sharding import Shard, local_spec, shard_pieces
 from .step_inputs import StepArrays, TokenFill, build_step_arrays, device_tensor, step_tensors
+from .verify import Verifier
 from .warmup import StepKey, eager_key
 
 log = logging.getLogger("lmiserve.engine")
@@ -108,6 +109,9 @@ class ModelRunner:
         self.sampler: Sampler | None = None
         """Set where this process samples (rank 0): with the guided decoder, once it is loaded."""
         self.eos_token_ids: tuple[int, ...] = ()
+        self.verifier: Verifier | None = None
+        self.last_hidden: torch.Tensor | None = None
+        """The last step's hidden states (a proposer that reads them takes its rows after the step)."""
 
     @property
     def block_bytes(self) -> int:
@@ -230,11 +234,18 @@ class ModelRunner:
         """Run the step and sample the next token of every sequence that reached its end, the
         tokens read back to the host (beam searches and prompt log-probabilities included)."""
         hidden = self._forward(out)
-        rows = LogitRows.of(out.decodes, out.prefills)
+        self.last_hidden = hidden
+        rows = LogitRows.of(out.decodes, out.prefills, out.verifies)
         if not rows.hidden_rows:
             return StepResult()
         assert self.sampler is not None
-        return self.sampler.step(self._logits(hidden, rows), rows, out.prefills, self.eos_token_ids)
+        logits = self._logits(hidden, rows)
+        result = self.sampler.step(logits, rows, out.prefills, self.eos_token_ids)
+        if rows.verified:
+            if self.verifier is None:
+                self.verifier = Verifier(self.sampler, self.deterministic)
+            result.verified = self.verifier.check(logits, rows, self.eos_token_ids)
+        return result
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, fill: TokenFill | None = None) -> DeviceSamples | None:

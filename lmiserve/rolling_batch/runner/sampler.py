@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -64,9 +65,13 @@ class LogitRows:
     hidden_rows: list[int] = field(default_factory=list)
     prompt_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
     """seq_id -> (first logits row, count): rows predicting the chunk's next prompt tokens."""
+    verified: list[tuple[ScheduledSeq, int]] = field(default_factory=list)
+    """Verify runs and the first of their logits rows (after the sampled rows: one per token run)."""
 
     @classmethod
-    def of(cls, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]) -> LogitRows:
+    def of(
+        cls, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq], verifies: list[ScheduledSeq] = ()
+    ) -> LogitRows:
         rows = cls()
         prompt_spans: list[tuple[int, int, int]] = []  # (seq_id, first hidden row, count)
         for i, item in enumerate(decodes):
@@ -81,6 +86,10 @@ class LogitRows:
             if item.samples:
                 rows.sampled.append(item)
                 rows.hidden_rows.append(offset + item.num_tokens - 1)
+            offset += item.num_tokens
+        for item in verifies:
+            rows.verified.append((item, len(rows.hidden_rows)))
+            rows.hidden_rows.extend(range(offset, offset + item.num_tokens))
             offset += item.num_tokens
         for seq_id, first, count in prompt_spans:
             rows.prompt_rows[seq_id] = (len(rows.hidden_rows), count)
@@ -100,6 +109,8 @@ class StepResult:
     """Per beam-search request: log-probabilities of its running beams' next tokens, a row each."""
     prompt_logprobs: dict[Sequence, tuple[list, list]] = field(default_factory=dict)
     """Per sequence that asked: this step's prompt log-probabilities and top alternatives."""
+    verified: list[Any] = field(default_factory=list)
+    """Per verify run, the tokens it keeps (``verify.Checked``)."""
 
 
 def _ban_bad_words(scores: torch.Tensor, seqs: Seq[Sequence]) -> None:
@@ -262,8 +273,14 @@ class Sampler:
 
     def _draw(self, scores: torch.Tensor, seqs: list[Sequence], lse: torch.Tensor) -> torch.Tensor:
         """A token per row drawn from its sequence's generator (``lse``: each row's log-sum-exp of
-        the model's logits, shape (rows, 1)). A row whose logits are not finite draws from a
-        uniform row instead: its token is thrown away, and the others' draws are not disturbed."""
+        the model's logits, shape (rows, 1))."""
+        probs = self.probabilities(scores, seqs, lse)
+        return sample_rows(probs, [self.generator_for(s, probs[i]) for i, s in enumerate(seqs)])
+
+    def probabilities(self, scores: torch.Tensor, seqs: Seq[Any], lse: torch.Tensor) -> torch.Tensor:
+        """Each row's distribution to draw from: its sequence's temperature and filters applied. A
+        row whose logits are not finite is uniform instead: its token is thrown away, and the
+        others' draws are not disturbed."""
         dev = scores.device
         params = [s.params for s in seqs]
 
@@ -284,7 +301,7 @@ class Sampler:
         finite = torch.isfinite(lse)
         if not bool(finite.all()):  # one flag read; each row's multinomial reads the device anyway
             probs = torch.where(finite, probs, torch.ones_like(probs))
-        return sample_rows(probs, [self.generator_for(s, probs[i]) for i, s in enumerate(seqs)])
+        return probs
 
     def prompt_logprobs(
         self, logits: torch.Tensor, targets: list[int], k: int

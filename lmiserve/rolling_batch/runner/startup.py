@@ -48,6 +48,8 @@ class Loaded:
     ranks: WorkerRanks | None
     decode_seed: tuple[tuple[int, float], ...] = ()
     """Decode steps timed at start-up, (sequences, seconds): the engine's first decode curve."""
+    speculation: Any = None
+    """Speculative decoding (``core.speculation.Speculation``), when configured."""
 
     def close(self) -> None:
         if self.ranks is not None:

@@ -17,7 +17,7 @@ import torch
 
 from ..ops.generated_rows import generated_rows
 from ..ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
-from ..scheduling.scheduler import SchedulerOutput
+from ..scheduling.scheduler import ScheduledSeq, SchedulerOutput
 
 
 @dataclass
@@ -35,7 +35,8 @@ class TokenFill:
 
 @dataclass
 class StepArrays:
-    """The step on the host. Decodes come first; a decode is a run of one token."""
+    """The step on the host. Decodes come first (a decode is a run of one token), then prompt chunks,
+    then verify runs (a decoding sequence's last token and its proposed tokens)."""
 
     input_ids: np.ndarray
     """int64 ``(T,)``."""
@@ -80,11 +81,18 @@ def _exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
     return out
 
 
+def _input_ids(item: ScheduledSeq) -> list[int]:
+    """The token ids ``item`` runs: a verify run's last token and its proposed tokens."""
+    if item.draft:
+        return [item.seq.token_ids[item.start], *item.draft]
+    return item.seq.token_ids[item.start : item.start + item.num_tokens]
+
+
 def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: bool = True) -> StepArrays:
     """The step's arrays. ``mark_generated``: set :attr:`StepArrays.prompt_lens` where a prompt
     chunk holds generated tokens (not in deterministic mode, whose ops attend every prompt row as
     a decode already)."""
-    items = out.decodes + out.prefills
+    items = out.scheduled
     n = len(items)
     starts = np.fromiter((i.start for i in items), np.int64, n)
     counts = np.fromiter((i.num_tokens for i in items), np.int64, n)
@@ -92,9 +100,7 @@ def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: boo
     widths = np.fromiter(map(len, tables), np.int64, n)
     cu = _exclusive_cumsum(counts)
     total = int(cu[-1])
-    ids = np.fromiter(
-        chain.from_iterable(i.seq.token_ids[i.start : i.start + i.num_tokens] for i in items), np.int64, total
-    )
+    ids = np.fromiter(chain.from_iterable(map(_input_ids, items)), np.int64, total)
     # the block-table matrix, filled in one scatter
     table_cu = _exclusive_cumsum(widths)
     flat = np.fromiter(chain.from_iterable(tables), np.int32, int(table_cu[-1]))
@@ -106,7 +112,7 @@ def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: boo
     positions = starts[owner] + (np.arange(total) - cu[owner])
     slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
     prompt_lens = None
-    if mark_generated and any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills):
+    if mark_generated and any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills + out.verifies):
         prompt_lens = np.fromiter((i.seq.num_prompt_tokens for i in items), np.int32, n)
     adapters = [i.seq.group.adapter for i in items]
     lora_slots = None

@@ -27,58 +27,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .block_manager import BlockManager
 from .prompt_budget import PromptBudget, chunk
 from .sequence import Group, Sequence, Status
+from .step_batch import ScheduledSeq, SchedulerOutput
 
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int
-    start: int = 0
-    """Position of the first token run this step."""
-    samples: bool = False
-    """Whether this step reaches the end of the sequence, so a token is sampled."""
-    decode: bool = False
-
-    @classmethod
-    def of(cls, seq: Sequence, num_tokens: int, decode: bool = False) -> ScheduledSeq:
-        return cls(seq, num_tokens, seq.num_computed, seq.num_computed + num_tokens == seq.num_tokens, decode)
-
-
-@dataclass
-class SchedulerOutput:
-    decodes: list[ScheduledSeq] = field(default_factory=list)
-    prefills: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    """KV blocks to copy (source, destination) before the step runs (copy-on-write)."""
-    expired: list[Sequence] = field(default_factory=list)
-    """Waiting sequences whose request's deadline passed: finished, never scheduled."""
-
-    @property
-    def scheduled(self) -> list[ScheduledSeq]:
-        return self.decodes + self.prefills
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decodes) + sum(s.num_tokens for s in self.prefills)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        """Prompt tokens computed in this step (a chunk that ends a prompt may run past it)."""
-        return sum(min(i.num_tokens, max(0, i.seq.num_prompt_tokens - i.start)) for i in self.prefills)
-
-    @classmethod
-    def of(cls, items: list[ScheduledSeq]) -> SchedulerOutput:
-        return cls(decodes=[i for i in items if i.decode], prefills=[i for i in items if not i.decode])
-
-    def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
+__all__ = ["ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 
 @dataclass(frozen=True)
@@ -260,10 +217,8 @@ class Scheduler:
                 continue
             if not self._make_room(seq, 1, out, protected):
                 continue
-            self.blocks.append_slots(seq, 1)
             protected.add(seq.seq_id)
-            out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
-            budget -= 1
+            budget -= self._decode(seq, out, budget)
 
         budget, hard, tail = self.prompt_budget.limits(budget, bool(out.decodes), self.running, self.waiting)
 
@@ -316,8 +271,30 @@ class Scheduler:
             out.prefills.sort(key=self._slot_of)
         return out
 
+    def _decode(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
+        """Schedule ``seq``'s decode, with its proposed tokens where the budget and the free blocks
+        allow them all (a verify run); the tokens it takes."""
+        draft = seq.draft
+        n = 1 + len(draft)
+        if draft and n <= budget and self.blocks.can_append(seq, n):
+            self.blocks.append_slots(seq, n)
+            out.verifies.append(ScheduledSeq(seq, n, seq.num_computed, True, False, tuple(draft)))
+            return n
+        self.blocks.append_slots(seq, 1)
+        out.decodes.append(ScheduledSeq.of(seq, 1, decode=True))
+        return 1
+
     def after_step(self, out: SchedulerOutput) -> None:
-        """Record that the scheduled tokens are now in the cache."""
+        """Record that the scheduled tokens are now in the cache (of a verify run, its first token
+        only: which proposed tokens stay is known once they are checked, :meth:`accepted`)."""
         for item in out.scheduled:
-            item.seq.num_computed += item.num_tokens
+            item.seq.num_computed += 1 if item.draft else item.num_tokens
             self.blocks.commit(item.seq)
+
+    def accepted(self, seq: Sequence) -> None:
+        """``seq``'s checked tokens are appended: every token but the newest is in the cache (the
+        accepted proposals' keys and values were written by the verify run); the blocks past them
+        go back (a rejected proposal's keys and values are never registered nor kept)."""
+        seq.num_computed = seq.num_tokens - 1
+        self.blocks.commit(seq)
+        self.blocks.trim(seq)

@@ -94,6 +94,10 @@ class Sequence:
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     """Log-probability of each generated token (kept for beam search, whose output comes at the end)."""
+    draft: list[int] = field(default_factory=list)
+    """Tokens proposed to follow the last one, checked in the next step (speculative decoding)."""
+    spec: Any = None
+    """Speculative decoding's record of how the sequence's proposals fare (``speculative.adaptive``)."""
     num_replayed: int = 0
     """Generated tokens the request brought with it (a replay, :mod:`..runner.replay`): they are output like
     any other generated token, but were never sampled here and are not emitted again."""

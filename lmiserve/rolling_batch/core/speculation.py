@@ -1,0 +1,131 @@
+"""Speculative decoding in the engine's steps: proposals before a step is scheduled, and what the
+checks kept recorded after it.
+
+Before each step, every running sequence that decodes gets the proposals its record pays for
+(:mod:`..speculative.adaptive`) from the proposer, as ``Sequence.draft``; the scheduler turns a
+sequence with proposals into a verify run (:meth:`..scheduling.scheduler.Scheduler._decode`). A
+sequence proposes nothing when it searches beams, asked not to (``speculate: false``), is one
+token from its end, or its last token is still on the device (an overlapped step). Proposals never
+cross the token a constraint starts after: the grammar's first row is masked as a decode's would be.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...config.speculative import SpeculativeConfig
+from ..runner.verify import Checked
+from ..scheduling.sequence import Sequence
+from ..speculative.adaptive import AdaptivePolicy, SeqRecord
+from ..speculative.ngram import NgramProposer
+from ..speculative.proposer import Proposer
+
+log = logging.getLogger("lmiserve.engine")
+
+
+class Speculation:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int):
+        self.config = config
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.policy = AdaptivePolicy(config.num_speculative_tokens, config.adaptive, proposer.cost_ratio)
+        self.proposed = self.accepted = self.drafts = 0
+
+    def _room(self, seq: Sequence) -> int:
+        """Most proposals ``seq`` can use: its model's token follows them within its limits."""
+        p = seq.params
+        if p.num_beams > 1 or not p.speculate or seq.group.beam is not None or seq.token_ids[-1] < 0:
+            return 0
+        left = min(p.max_new_tokens - seq.num_generated, self.max_model_len - seq.num_tokens) - 1
+        return max(0, min(left, self.config.num_speculative_tokens))
+
+    def prepare(self, running: list[Sequence], curve: list[tuple[float, float]]) -> None:
+        """Set the proposals of the running sequences for the next step."""
+        seqs, rooms = [], []
+        for seq in running:
+            seq.draft = []
+            if seq.num_pending != 1 or seq.num_computed < seq.num_prompt_tokens:
+                continue
+            room = self._room(seq)
+            if room:
+                if seq.spec is None:
+                    seq.spec = SeqRecord()
+                seqs.append(seq)
+                rooms.append(room)
+        if not seqs:
+            return
+        self.policy.observe_curve(curve)
+        counts = self.policy.counts([s.spec for s in seqs], [s.num_generated for s in seqs], len(running))
+        asked = [(s, min(c, r)) for s, c, r in zip(seqs, counts, rooms) if min(c, r) > 0]
+        if not asked:
+            return
+        found = self.proposer.propose([s for s, _ in asked], [c for _, c in asked])
+        for (seq, count), draft in zip(asked, found):
+            seq.draft = _before_constraint(seq, list(draft[:count]))
+
+    def checked(self, result: Checked) -> None:
+        """A verify run's result (its tokens already appended)."""
+        seq = result.seq
+        self.proposed += result.proposed
+        self.accepted += len(result.tokens) - 1
+        self.drafts += 1
+        if seq.spec is not None:
+            self.policy.update(seq.spec, result.proposed, len(result.tokens) - 1, seq.num_generated)
+        seq.draft = []
+
+    def observe(self, seq: Sequence, start: int, hidden: Any) -> None:
+        self.proposer.observe(seq, start, hidden)
+
+    def forget(self, seq: Sequence) -> None:
+        seq.draft = []
+        self.proposer.forget(seq)
+
+    def info(self) -> dict[str, Any]:
+        """What ``GET /models`` shows of it."""
+        cfg = self.config
+        return {
+            "speculative": cfg.method,
+            "num_speculative_tokens": cfg.num_speculative_tokens,
+            "spec_adaptive": "on" if cfg.adaptive else "off",
+            "spec_cost_ratio": round(self.proposer.cost_ratio, 4),
+        }
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "spec_proposed_tokens": self.proposed,
+            "spec_accepted_tokens": self.accepted,
+            "spec_drafts": self.drafts,
+        }
+
+
+def _before_constraint(seq: Sequence, draft: list[int]) -> list[int]:
+    """``draft`` cut before the token its request's constraint starts after, where it has not started."""
+    guided = seq.params.guided
+    if guided is not None and guided.after >= 0 and guided.after in draft:
+        if guided.after not in seq.token_ids[seq.num_prompt_tokens :]:
+            return draft[: draft.index(guided.after)]
+    return draft
+
+
+def build_speculation(config: Any, loaded: Any) -> Speculation | None:
+    """The engine's speculative decoding from ``config.speculative`` (None: off). A vision model's
+    steps place picture rows by prompt chunks alone: it does not speculate (logged)."""
+    spec_config: SpeculativeConfig | None = getattr(config, "speculative", None)
+    if spec_config is None:
+        return None
+    if loaded.runner.images is not None:
+        log.warning("speculative decoding is off: %s reads pictures", loaded.spec.architecture)
+        return None
+    proposer: Proposer
+    if spec_config.method == "ngram":
+        proposer = NgramProposer(spec_config.prompt_lookup_min, spec_config.prompt_lookup_max)
+    else:
+        raise ValueError(f"speculative_config: method {spec_config.method} is not available on this engine")
+    log.info(
+        "speculative decoding: %s, %d tokens a step%s",
+        spec_config.method,
+        spec_config.num_speculative_tokens,
+        ", adaptive" if spec_config.adaptive else "",
+    )
+    return Speculation(spec_config, proposer, loaded.max_model_len)
