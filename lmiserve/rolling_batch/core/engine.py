@@ -22,7 +22,7 @@ from ..scheduling.scheduler import Scheduler, SchedulerConfig
 from ..scheduling.sequence import Group
 from .admission import Admission, RequestRejected
 from .overlap import OverlappedSteps, overlap_enabled
-from .speculation import build_speculation
+from .speculation_setup import build_speculation
 from .step_phases import StepPhases
 
 

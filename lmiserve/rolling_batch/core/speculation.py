@@ -11,17 +11,13 @@ cross the token a constraint starts after: the grammar's first row is masked as 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ...config.speculative import SpeculativeConfig
 from ..runner.verify import Checked
 from ..scheduling.sequence import Sequence
 from ..speculative.adaptive import AdaptivePolicy, SeqRecord
-from ..speculative.ngram import NgramProposer
 from ..speculative.proposer import Proposer
-
-log = logging.getLogger("lmiserve.engine")
 
 
 class Speculation:
@@ -75,7 +71,9 @@ class Speculation:
         seq.draft = []
 
     def observe(self, seq: Sequence, start: int, hidden: Any) -> None:
-        self.proposer.observe(seq, start, hidden)
+        """Hidden states of ``seq``'s tokens from ``start`` on (copied: a captured graph's output is
+        written again by its next replay)."""
+        self.proposer.observe(seq, start, hidden.clone())
 
     def forget(self, seq: Sequence) -> None:
         seq.draft = []
@@ -106,26 +104,3 @@ def _before_constraint(seq: Sequence, draft: list[int]) -> list[int]:
         if guided.after not in seq.token_ids[seq.num_prompt_tokens :]:
             return draft[: draft.index(guided.after)]
     return draft
-
-
-def build_speculation(config: Any, loaded: Any) -> Speculation | None:
-    """The engine's speculative decoding from ``config.speculative`` (None: off). A vision model's
-    steps place picture rows by prompt chunks alone: it does not speculate (logged)."""
-    spec_config: SpeculativeConfig | None = getattr(config, "speculative", None)
-    if spec_config is None:
-        return None
-    if loaded.runner.images is not None:
-        log.warning("speculative decoding is off: %s reads pictures", loaded.spec.architecture)
-        return None
-    proposer: Proposer
-    if spec_config.method == "ngram":
-        proposer = NgramProposer(spec_config.prompt_lookup_min, spec_config.prompt_lookup_max)
-    else:
-        raise ValueError(f"speculative_config: method {spec_config.method} is not available on this engine")
-    log.info(
-        "speculative decoding: %s, %d tokens a step%s",
-        spec_config.method,
-        spec_config.num_speculative_tokens,
-        ", adaptive" if spec_config.adaptive else "",
-    )
-    return Speculation(spec_config, proposer, loaded.max_model_len)

@@ -105,11 +105,36 @@ class StepPhases:
             self._maybe_done(group)
         if result.samples is not None:
             deltas += self.record(result.seqs, result.samples, self.batch_size, self.step_started)
+        rows = self._verify_rows(batch)
         for checked in result.verified:
-            deltas += self.record_checked(checked)
+            deltas += self.record_checked(checked, rows.get(checked.seq.seq_id, -1))
         return deltas
 
-    def record_checked(self, checked: Checked) -> list[wire.SeqDelta]:
+    def _verify_rows(self, batch: SchedulerOutput) -> dict[int, int]:
+        """Where each verify run's rows start in the step's hidden states (for a proposer that reads them)."""
+        if self.speculation is None or not self.speculation.proposer.hidden:
+            return {}
+        row = len(batch.decodes) + sum(item.num_tokens for item in batch.prefills)
+        found = {}
+        for item in batch.verifies:
+            found[item.seq.seq_id] = row
+            row += item.num_tokens
+        return found
+
+    def _observe(self, batch: SchedulerOutput) -> None:
+        """Hand a proposer that reads the model's hidden states those of the decodes' and prompt
+        chunks' tokens, final once the step ran."""
+        spec = self.speculation
+        if spec is None or not spec.proposer.hidden:
+            return
+        hidden = self.runner.step_hidden(spec.proposer.hidden)
+        row = 0
+        for item in batch.decodes + batch.prefills:
+            if not item.seq.finished:
+                spec.observe(item.seq, item.start, hidden[row : row + item.num_tokens])
+            row += item.num_tokens
+
+    def record_checked(self, checked: Checked, row: int = -1) -> list[wire.SeqDelta]:
         """A verify run's kept tokens appended, a delta for each (as steps merged for a slow reader
         arrive), up to the first that ends the sequence; the cache then holds all but the newest."""
         seq, deltas = checked.seq, []
@@ -130,11 +155,16 @@ class StepPhases:
         assert self.speculation is not None
         self.speculation.checked(checked)
         if not seq.finished:
+            start = seq.num_computed - 1  # the verify run's first position
             self.scheduler.accepted(seq)
+            if row >= 0:  # the last token's and the kept proposals' hidden states
+                hidden = self.runner.step_hidden(self.speculation.proposer.hidden)
+                self.speculation.observe(seq, start, hidden[row : row + seq.num_computed - start])
         return deltas
 
     def computed(self, batch: SchedulerOutput) -> None:
         """Record that ``batch``'s tokens are in the cache."""
+        self._observe(batch)
         self.scheduler.after_step(batch)
         self.prompt_tokens += batch.num_prompt_tokens
 

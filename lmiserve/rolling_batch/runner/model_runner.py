@@ -254,12 +254,20 @@ class ModelRunner:
         sequence that reached its end, in :class:`LogitRows` order, for a step without beams or
         prompt log-probabilities. ``fill`` gives the input ids still on the device."""
         hidden = self._forward(out, fill)
+        self.last_hidden = hidden
         rows = LogitRows.of(out.decodes, out.prefills)
         if not rows.hidden_rows:
             return None
         assert self.sampler is not None
         seqs = [item.seq for item in rows.sampled]
         return self.sampler.sample_on_device(self._logits(hidden, rows), seqs, self.eos_token_ids)
+
+    def step_hidden(self, kind: str) -> torch.Tensor:
+        """The last step's hidden states a proposer reads: ``final`` (after the final norm) or ``aux``
+        (the streams entering the layers ``model.aux_layers`` names)."""
+        hidden = self.model.aux_hidden if kind == "aux" else self.last_hidden
+        assert hidden is not None
+        return hidden
 
     def _logits(self, hidden: torch.Tensor, rows: LogitRows) -> torch.Tensor:
         if rows.hidden_rows == list(range(len(rows.hidden_rows))):
