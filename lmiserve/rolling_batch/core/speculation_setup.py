@@ -33,6 +33,7 @@ def _draft_model(config: Any, loaded: Any, spec_config: SpeculativeConfig) -> Pr
         block_size=config.block_size,
         ops_name=config.ops,
         deterministic=config.deterministic,
+        chunk_tokens=config.max_num_batched_tokens,
         graph_backend=backend,
     )
 

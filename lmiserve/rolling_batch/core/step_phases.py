@@ -114,7 +114,7 @@ class StepPhases:
         """Where each verify run's rows start in the step's hidden states (for a proposer that reads them)."""
         if self.speculation is None or not self.speculation.proposer.hidden:
             return {}
-        row = len(batch.decodes) + sum(item.num_tokens for item in batch.prefills)
+        row = len(batch.decodes)  # a verify run's rows follow the decodes'
         found = {}
         for item in batch.verifies:
             found[item.seq.seq_id] = row
@@ -129,8 +129,8 @@ class StepPhases:
             return
         hidden = self.runner.step_hidden(spec.proposer.hidden)
         row = 0
-        for item in batch.decodes + batch.prefills:
-            if not item.seq.finished:
+        for item in batch.decodes + batch.verifies + batch.prefills:
+            if not item.seq.finished and not item.draft:
                 spec.observe(item.seq, item.start, hidden[row : row + item.num_tokens])
             row += item.num_tokens
 

@@ -66,7 +66,8 @@ class LogitRows:
     prompt_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
     """seq_id -> (first logits row, count): rows predicting the chunk's next prompt tokens."""
     verified: list[tuple[ScheduledSeq, int]] = field(default_factory=list)
-    """Verify runs and the first of their logits rows (after the sampled rows: one per token run)."""
+    """Verify runs and the first of their logits rows (after the sampled rows: one per token run;
+    their hidden rows follow the decodes')."""
 
     @classmethod
     def of(
@@ -78,7 +79,7 @@ class LogitRows:
             if item.samples:
                 rows.sampled.append(item)
                 rows.hidden_rows.append(i)
-        offset = len(decodes)
+        offset = len(decodes) + sum(item.num_tokens for item in verifies)
         for item in prefills:
             seq = item.seq
             if seq.params.prompt_logprobs is not None and item.start < seq.num_prompt_tokens:
@@ -87,6 +88,7 @@ class LogitRows:
                 rows.sampled.append(item)
                 rows.hidden_rows.append(offset + item.num_tokens - 1)
             offset += item.num_tokens
+        offset = len(decodes)  # a verify run's rows follow the decodes (as decodes)
         for item in verifies:
             rows.verified.append((item, len(rows.hidden_rows)))
             rows.hidden_rows.extend(range(offset, offset + item.num_tokens))

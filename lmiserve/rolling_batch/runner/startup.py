@@ -119,7 +119,7 @@ def _load(config: EngineConfig, spec: ModelSpec, max_model_len: int, ranks: Work
             )
             backend = None
         if backend is not None:
-            runner.capture_graphs(config.max_num_seqs, backend, _decode_step_prompt_tokens(config))
+            runner.capture_graphs(decode_rows(config), backend, _decode_step_prompt_tokens(config))
         if backend is not None or runner.ops.name == "cuda":
             runner.warm_keys |= warm_up(runner, lora=lora.book is not None)
         phases.done("graphs and warm-up")
@@ -142,6 +142,21 @@ def _attention_workspace(config: EngineConfig, runner: ModelRunner, max_model_le
 
     keys = max(max_model_len, MAX_PROMPT_TOKENS + 1) + config.block_size  # mixed graphs' padding run
     return scratch_bytes(config.max_num_seqs + 1, keys, runner.spec.num_heads, runner.spec.head_dim)
+
+
+MAX_VERIFY_ROWS = 256
+"""Most decode rows the captured graphs cover when sequences propose tokens (beyond: eager steps)."""
+
+
+def decode_rows(config: EngineConfig) -> int:
+    """Most decode rows a step runs: one per sequence, and with speculative decoding a verify run's
+    rows too (each proposed token is attended as a decode), so verify steps replay the decode
+    graphs, bucketed by sequences times proposals."""
+    spec = config.speculative
+    if spec is None:
+        return config.max_num_seqs
+    rows = config.max_num_seqs * (1 + spec.num_speculative_tokens)
+    return min(rows, max(config.max_num_seqs, MAX_VERIFY_ROWS))
 
 
 def _decode_step_prompt_tokens(config: EngineConfig) -> int:

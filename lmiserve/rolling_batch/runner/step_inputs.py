@@ -17,7 +17,8 @@ import torch
 
 from ..ops.generated_rows import generated_rows
 from ..ops.metadata import AttentionMetadata, LoraIndex, LoraStep, PagedAttentionInputs
-from ..scheduling.scheduler import ScheduledSeq, SchedulerOutput
+from ..scheduling.scheduler import SchedulerOutput
+from ..scheduling.sequence import Sequence
 
 
 @dataclass
@@ -35,8 +36,8 @@ class TokenFill:
 
 @dataclass
 class StepArrays:
-    """The step on the host. Decodes come first (a decode is a run of one token), then prompt chunks,
-    then verify runs (a decoding sequence's last token and its proposed tokens)."""
+    """The step on the host. Decodes come first (a decode is a run of one token; each row of a verify
+    run is one), then prompt chunks."""
 
     input_ids: np.ndarray
     """int64 ``(T,)``."""
@@ -81,26 +82,31 @@ def _exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def _input_ids(item: ScheduledSeq) -> list[int]:
-    """The token ids ``item`` runs: a verify run's last token and its proposed tokens."""
-    if item.draft:
-        return [item.seq.token_ids[item.start], *item.draft]
-    return item.seq.token_ids[item.start : item.start + item.num_tokens]
+def _entries(out: SchedulerOutput) -> list[tuple[Sequence, int, list[int]]]:
+    """``(sequence, first position, token ids)`` of each run the attention sees: the decodes, each row
+    of a verify run as the decode of its position (its last token, then each proposed token, each
+    attending the rows before it, whose keys and values the step writes first), the prompt chunks."""
+    found = [(i.seq, i.start, i.seq.token_ids[i.start : i.start + 1]) for i in out.decodes]
+    for item in out.verifies:
+        seq, start = item.seq, item.start
+        found += [(seq, start + j, [t]) for j, t in enumerate((seq.token_ids[start], *item.draft))]
+    found += [(i.seq, i.start, i.seq.token_ids[i.start : i.start + i.num_tokens]) for i in out.prefills]
+    return found
 
 
 def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: bool = True) -> StepArrays:
     """The step's arrays. ``mark_generated``: set :attr:`StepArrays.prompt_lens` where a prompt
     chunk holds generated tokens (not in deterministic mode, whose ops attend every prompt row as
     a decode already)."""
-    items = out.scheduled
-    n = len(items)
-    starts = np.fromiter((i.start for i in items), np.int64, n)
-    counts = np.fromiter((i.num_tokens for i in items), np.int64, n)
-    tables = [i.seq.block_table for i in items]
+    entries = _entries(out)
+    n = len(entries)
+    starts = np.fromiter((start for _, start, _ in entries), np.int64, n)
+    counts = np.fromiter((len(ids) for _, _, ids in entries), np.int64, n)
+    tables = [seq.block_table for seq, _, _ in entries]
     widths = np.fromiter(map(len, tables), np.int64, n)
     cu = _exclusive_cumsum(counts)
     total = int(cu[-1])
-    ids = np.fromiter(chain.from_iterable(map(_input_ids, items)), np.int64, total)
+    ids = np.fromiter(chain.from_iterable(ids for _, _, ids in entries), np.int64, total)
     # the block-table matrix, filled in one scatter
     table_cu = _exclusive_cumsum(widths)
     flat = np.fromiter(chain.from_iterable(tables), np.int32, int(table_cu[-1]))
@@ -112,9 +118,9 @@ def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: boo
     positions = starts[owner] + (np.arange(total) - cu[owner])
     slots = matrix[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
     prompt_lens = None
-    if mark_generated and any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills + out.verifies):
-        prompt_lens = np.fromiter((i.seq.num_prompt_tokens for i in items), np.int32, n)
-    adapters = [i.seq.group.adapter for i in items]
+    if mark_generated and any(i.start + i.num_tokens > i.seq.num_prompt_tokens for i in out.prefills):
+        prompt_lens = np.fromiter((seq.num_prompt_tokens for seq, _, _ in entries), np.int32, n)
+    adapters = [seq.group.adapter for seq, _, _ in entries]
     lora_slots = None
     if any(a is not None for a in adapters):
         lora_slots = np.fromiter((-1 if a is None else a.slot for a in adapters), np.int32, n)
@@ -125,7 +131,7 @@ def build_step_arrays(out: SchedulerOutput, block_size: int, mark_generated: boo
         block_tables=matrix,
         cu_q_lens=cu.astype(np.int32),
         seq_lens=(starts + counts).astype(np.int32),
-        num_decodes=len(out.decodes),
+        num_decodes=len(out.decodes) + sum(i.num_tokens for i in out.verifies),
         lora_slots=lora_slots,
         prompt_lens=prompt_lens,
     )

@@ -38,7 +38,7 @@ class SchedulerOutput:
     """Waiting sequences whose request's deadline passed: finished, never scheduled."""
     verifies: list[ScheduledSeq] = field(default_factory=list)
     """Decoding sequences that run their last token and proposed tokens (``draft``) as one causal
-    run, after the prompt chunks; each proposed token's row gives a token too."""
+    run (each row attended as the decode of its position); each proposed token's row gives a token too."""
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
