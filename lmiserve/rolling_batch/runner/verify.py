@@ -8,7 +8,7 @@ processed as the sampler processes a decode's row with the proposals before it t
 
 - greedy: the proposals up to the first that is not the row's argmax are kept, and that row's
   argmax follows them (all kept: the last row's, the bonus token);
-- sampling: the rejection rule of speculative sampling (:mod:`..speculative.rejection`), which
+- sampling: the rejection rule of speculative sampling (:mod:`.rejection`), which
   keeps the model's distribution exactly; in deterministic mode, each row draws from the sequence's
   generator as a plain decode would and the proposals are kept while they equal the draws, so the
   text is the one the sequence gets without proposals.
@@ -26,7 +26,7 @@ import torch
 
 from ...generation.sampling import sample_rows
 from ..scheduling.sequence import Sequence
-from ..speculative.rejection import rejection_rows
+from .rejection import rejection_rows
 from .sampler import LogitRows, Sampler, _argmax_logsumexp, _ban_bad_words, _on_device, _penalized
 
 
