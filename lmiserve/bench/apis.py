@@ -1,14 +1,27 @@
-"""How each client protocol asks for a streamed generation and reports its tokens (lines of the
-stream as bytes, parsed with orjson)."""
+"""How each client protocol asks for a streamed generation and reports its tokens and text (lines
+of the stream as bytes, parsed with orjson)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 DATA = b"data:"
+
+
+class Piece(NamedTuple):
+    tokens: int
+    """Generated tokens the line carries (0 for framing)."""
+    text: str = ""
+    """Their text."""
+    reported: int | None = None
+    """The request's generated tokens as the server counts them, where the line says (OpenAI's
+    ``usage``): a chunk may carry several tokens (speculative decoding's accepted ones)."""
+
+
+NOTHING = Piece(0)
 
 
 @dataclass(frozen=True)
@@ -20,9 +33,13 @@ class Api:
         """The request; ``adapter`` names a LoRA adapter in the protocol's way ("" for none)."""
         raise NotImplementedError
 
+    def read(self, line: bytes) -> Piece:
+        """What one line of the stream carries; a line reporting an error raises."""
+        raise NotImplementedError
+
     def tokens_in(self, line: bytes) -> int:
         """Generated tokens carried by one line of the stream (0 for framing)."""
-        raise NotImplementedError
+        return self.read(line).tokens
 
 
 class LmiApi(Api):
@@ -36,14 +53,14 @@ class LmiApi(Api):
             body["adapters"] = adapter
         return body
 
-    def tokens_in(self, line: bytes) -> int:
+    def read(self, line: bytes) -> Piece:
         line = line.removeprefix(DATA).strip()
         if not line:
-            return 0
+            return NOTHING
         data = orjson.loads(line)
         if data.get("details", {}) and (data.get("details") or {}).get("finish_reason") == "error":
             raise RuntimeError("the server reported a generation error")
-        return 1 if "token" in data else 0
+        return _token_piece(data)
 
 
 class TgiApi(Api):
@@ -53,13 +70,21 @@ class TgiApi(Api):
             parameters["adapter_id"] = adapter
         return {"inputs": prompt, "parameters": parameters}
 
-    def tokens_in(self, line: bytes) -> int:
+    def read(self, line: bytes) -> Piece:
         if not line.startswith(DATA):
-            return 0
+            return NOTHING
         data = orjson.loads(line[len(DATA) :])
         if "error" in data:
             raise RuntimeError(data["error"])
-        return 1 if "token" in data else 0
+        return _token_piece(data)
+
+
+def _token_piece(data: dict[str, Any]) -> Piece:
+    """An LMI or TGI line: one ``token``, its text under it."""
+    if "token" not in data:
+        return NOTHING
+    token = data["token"]
+    return Piece(1, (token.get("text") or "") if isinstance(token, dict) else "")
 
 
 def sse_event(line: bytes) -> dict[str, Any] | None:
@@ -83,11 +108,20 @@ class OpenAiApi(Api):
 
     @staticmethod
     def sampling(max_new_tokens: int) -> dict[str, Any]:
-        return {"max_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+        return {
+            "max_tokens": max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
 
-    def tokens_in(self, line: bytes) -> int:
+    def read(self, line: bytes) -> Piece:
         data = sse_event(line)
-        return 1 if data and data.get("choices") and data["choices"][0].get("text") is not None else 0
+        if not data:
+            return NOTHING
+        text = data["choices"][0].get("text") if data.get("choices") else None
+        return Piece(0 if text is None else 1, text or "", _usage(data))
 
 
 class OpenAiChatApi(OpenAiApi):
@@ -100,10 +134,19 @@ class OpenAiChatApi(OpenAiApi):
             **self.sampling(max_new_tokens),
         }
 
-    def tokens_in(self, line: bytes) -> int:
+    def read(self, line: bytes) -> Piece:
         data = sse_event(line)
-        delta = data["choices"][0].get("delta", {}) if data and data.get("choices") else {}
-        return 1 if delta.get("content") or delta.get("reasoning_content") else 0
+        if not data:
+            return NOTHING
+        delta = (data["choices"][0].get("delta") or {}) if data.get("choices") else {}
+        text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
+        return Piece(1 if text else 0, text, _usage(data))
+
+
+def _usage(data: dict[str, Any]) -> int | None:
+    usage = data.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else None
 
 
 APIS: dict[str, Api] = {

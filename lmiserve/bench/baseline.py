@@ -34,12 +34,13 @@ def run_baseline(
         warm = torch.tensor([prompts[0][:16]], device=device)
         model.generate(warm, max_new_tokens=4, do_sample=False, pad_token_id=pad)
         for batch in concurrencies:
-            ids = torch.tensor([prompts[i % len(prompts)] for i in range(batch)], device=device)
+            ids, mask = left_padded([prompts[i % len(prompts)] for i in range(batch)], pad)
+            ids, mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
             wait()
             started = time.perf_counter()
             model.generate(
                 ids,
-                attention_mask=torch.ones_like(ids),
+                attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=max_new_tokens,
                 do_sample=False,
@@ -57,3 +58,10 @@ def run_baseline(
                 }
             )
     return results
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts of different lengths as one batch for ``generate``: padded on the left, and their
+    attention mask."""
+    width = max(len(p) for p in prompts)
+    return [[pad] * (width - len(p)) + p for p in prompts], [[0] * (width - len(p)) + [1] * len(p) for p in prompts]

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import httpx
 
+from . import speculation
 from .apis import APIS
-from .load import run_level
-from .prompts import as_text, make_prompts
+from .load import Outputs, run_level
+from .outputs import compare_outputs, describe_comparison, output_lines, read_outputs, write_outputs
 from .report import plot, table, write_json
+from .speculation import STATIC
+from .workloads import WORKLOADS, build
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated concurrency levels (default: 1,8,32,128; --cpu-report 1,8,32)",
     )
-    parser.add_argument("--prompt-tokens", type=int, default=190)
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="random",
+        help="random: seeded words of --prompt-tokens tokens; grounded: requests to copy a passage or code snippet "
+        "with one change, whose answers repeat the prompt (where prompt-lookup speculation helps)",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=190, help="--workload random: the prompts' length")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=0, help="measured requests per level (default: max(8, 3 x c))")
     parser.add_argument("--warmup", type=int, default=-1, help="unmeasured requests first (default: c)")
@@ -44,6 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="baseline dtype (default: the server's)")
     parser.add_argument("--device", default=None, help="baseline device (default: the server's, e.g. cuda:0)")
     parser.add_argument("--out", default="bench-results", help="directory for report.json and report.png")
+    parser.add_argument(
+        "--save-outputs",
+        default=None,
+        metavar="FILE",
+        help="write every request's generated text (warm-up too) to FILE as JSON lines by prompt index; "
+        "runs to compare need the same prompts: the same --workload, --seed and levels, and --no-salt",
+    )
+    parser.add_argument(
+        "--compare-outputs",
+        nargs=2,
+        default=None,
+        metavar=("A", "B"),
+        help="no server: how many texts of two --save-outputs files are identical (exit 1 if any differ)",
+    )
     parser.add_argument(
         "--cpu-report",
         action="store_true",
@@ -90,6 +114,25 @@ def api_cpu_seconds(url: str) -> float | None:
     return None
 
 
+def speculative_now(url: str, name: str) -> dict | None:
+    """The speculative counters of the served model (None for a server or model without them)."""
+    try:
+        response = httpx.get(url.rstrip("/") + f"/models/{name}", timeout=30)
+        described = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if isinstance(described, list) and described:
+        described = described[0]
+    return speculation.speculative_stats(described)
+
+
+def _compare(paths: list[str]) -> int:
+    a, b = (read_outputs(Path(p)) for p in paths)
+    result = compare_outputs(a, b)
+    print(describe_comparison(result, a, b))
+    return 0 if result["compared"] and not result["differing"] else 1
+
+
 def _model_path(info: dict, tokenizer: str | None) -> Path:
     from ..config import load_settings
     from ..model_store import resolve_model
@@ -104,7 +147,14 @@ def _model_path(info: dict, tokenizer: str | None) -> Path:
     return resolve_model(settings.model.model_id, settings.model_dir)
 
 
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.compare_outputs:
+        return _compare(args.compare_outputs)
     if args.cpu_report:
         from ..cpu_isa import CpuIsaError, apply_torch_env
 
@@ -126,34 +176,54 @@ def run(args: argparse.Namespace) -> int:
     plan = [(c, args.requests or max(8, 3 * c), c if args.warmup < 0 else args.warmup) for c in levels]
     salt = "" if args.no_salt else f"run {random.Random().randrange(10**6)}:"
     # every request of the run gets a prompt of its own: no request finds another's in the prefix cache
-    ids = make_prompts(tokenizer, sum(n + w for _, n, w in plan), args.prompt_tokens, args.seed, salt)
-    texts = as_text(tokenizer, ids)
+    count = sum(n + w for _, n, w in plan)
+    texts, ids = build(args.workload, tokenizer, count, args.prompt_tokens, args.seed, salt, args.api)
+    configured = speculation.speculative_stats(info) or {}
     report: dict = {
         "config": {
             "url": args.url,
             "api": args.api,
             "model": info["modelName"],
-            "prompt_tokens": args.prompt_tokens,
+            "workload": args.workload,
+            "prompt_tokens": args.prompt_tokens if args.workload == "random" else round(_mean(map(len, ids)), 1),
             "max_new_tokens": args.max_new_tokens,
             "seed": args.seed,
             "salt": salt,
             "adapters": adapters,
             "engine": info.get("engine"),
+            "speculative": {k: v for k, v in configured.items() if k in STATIC} or None,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "server": [],
     }
     api = APIS[args.api]
     used = 0
+    kept: Outputs = {}
+    warmups: set[int] = set()
     for c, n, warmup in plan:
         print(f"concurrency {c}: {warmup} warm-up + {n} measured requests ...", file=sys.stderr, flush=True)
         batch = texts[used : used + warmup + n]
-        used += warmup + n
-        cpu = api_cpu_seconds(args.url)
+        level_outputs: Outputs | None = {} if args.save_outputs else None
+        cpu, spec = api_cpu_seconds(args.url), speculative_now(args.url, info["modelName"])
         row = run_level(
-            args.url, api, batch, c, warmup, args.max_new_tokens, info["modelName"], adapters, args.client_procs
+            args.url,
+            api,
+            batch,
+            c,
+            warmup,
+            args.max_new_tokens,
+            info["modelName"],
+            adapters,
+            args.client_procs,
+            level_outputs,
         )
         after = api_cpu_seconds(args.url)
+        if (figures := speculation.run_figures(spec, speculative_now(args.url, info["modelName"]))) is not None:
+            row["speculative"] = figures  # the level's own proposals, its warm-up's included
+        row["prompt_indices"] = [used, used + warmup + n]  # of --save-outputs, warm-up first
+        kept.update({used + i: out for i, out in (level_outputs or {}).items()})
+        warmups.update(range(used, used + warmup))
+        used += warmup + n
         if cpu is not None and after is not None and row.get("streamed_tokens"):
             # the server's API processes: their CPU over the level (warm-up included) per token streamed
             row["api_cpu_us_per_token"] = round((after - cpu) / row["streamed_tokens"] * 1e6, 1)
@@ -183,7 +253,12 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(report, out / "report.json")
     print(table(report))
+    if spec_table := speculation.table(report["server"]):
+        print("\n" + spec_table)
     written = [str(out / "report.json")]
+    if args.save_outputs:
+        write_outputs(output_lines(texts, kept, warmups), Path(args.save_outputs))
+        written.append(args.save_outputs)
     try:
         plot(report, out / "report.png")
         written.append(str(out / "report.png"))

@@ -78,7 +78,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     right.grid(alpha=0.3)
     cfg = report["config"]
     fig.suptitle(
-        f"{cfg['model']} - {cfg['prompt_tokens']}-token prompts, {cfg['max_new_tokens']} new tokens, {cfg['api']} API"
+        f"{cfg['model']} - {cfg.get('workload', 'random')} workload, {cfg['prompt_tokens']}-token prompts, "
+        f"{cfg['max_new_tokens']} new tokens, {cfg['api']} API"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

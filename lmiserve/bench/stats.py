@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .apis import Piece
+
 
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
@@ -29,6 +31,10 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    reported: int | None = None
+    """The generated tokens as the server counted them, where it said (else ``tokens`` counts them)."""
+    pieces: list[str] = field(default_factory=list)
+    """The generated text, where kept."""
 
     def arrived(self, tokens: int) -> None:
         """``tokens`` streamed tokens came now (0: a line that carried none)."""
@@ -38,6 +44,19 @@ class RequestRecord:
                 self.first_token = now
             self.token_times.append(now)
             self.tokens += tokens
+
+    def took(self, piece: Piece, keep_text: bool = False) -> None:
+        """A line of the stream was read now."""
+        self.arrived(piece.tokens)
+        if piece.reported is not None:
+            self.reported = piece.reported
+        if keep_text and piece.text:
+            self.pieces.append(piece.text)
+
+    @property
+    def output_tokens(self) -> int:
+        """The server's count where it gave one (a chunk may carry several tokens), else the tokens counted."""
+        return self.tokens if self.reported is None else self.reported
 
     @property
     def ttft(self) -> float | None:
@@ -54,7 +73,7 @@ def level_report(concurrency: int, records: list[RequestRecord]) -> dict[str, ob
     if not ok:
         return {"concurrency": concurrency, "requests": len(records), "errors": len(records), "error_samples": samples}
     window = max(r.end for r in ok) - min(r.start for r in ok)
-    tokens = sum(r.tokens for r in ok)
+    tokens = sum(r.output_tokens for r in ok)
     return {
         "concurrency": concurrency,
         "requests": len(records),

@@ -137,3 +137,15 @@ def test_the_servers_api_cpu_is_read_from_its_metrics(monkeypatch):
     assert command.api_cpu_seconds("http://server") is None  # another server (vLLM, TGI)
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(404))
     assert command.api_cpu_seconds("http://server") is None
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_each_requests_text_is_kept_by_its_prompts_index(mock, procs):
+    outputs = {}
+    row = run_level(
+        mock.url, APIS["lmi"], ["p", "p", "fail", "p", "p"], concurrency=2, warmup=1, max_new_tokens=TOKENS,
+        model="m", client_procs=procs, outputs=outputs,
+    )  # fmt: skip
+    assert row["errors"] == 1 and sorted(outputs) == [0, 1, 2, 3, 4]
+    assert outputs[0] == ("a" * TOKENS, None) and outputs[4] == ("a" * TOKENS, None)
+    assert outputs[2][0] == "" and outputs[2][1].startswith("HTTP 422")
