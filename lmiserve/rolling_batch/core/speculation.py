@@ -21,11 +21,14 @@ from ..speculative.proposer import Proposer
 
 
 class Speculation:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int):
+    def __init__(
+        self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int, table: tuple[tuple[int, float], ...] = ()
+    ):
+        """``table``: ``(rows, seconds)`` of decode steps timed at start-up (:mod:`..speculative.adaptive`)."""
         self.config = config
         self.proposer = proposer
         self.max_model_len = max_model_len
-        self.policy = AdaptivePolicy(config.num_speculative_tokens, config.adaptive, proposer.cost_ratio)
+        self.policy = AdaptivePolicy(config.num_speculative_tokens, config.adaptive, proposer.cost_ratio, table)
         self.proposed = self.accepted = self.drafts = 0
 
     def _room(self, seq: Sequence) -> int:

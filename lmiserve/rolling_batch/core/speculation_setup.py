@@ -10,6 +10,8 @@ from typing import Any
 from ...config.speculative import SpeculativeConfig
 from ...devices import torch_dtype
 from ..runner import graphs
+from ..runner.decode_seed import time_rows
+from ..runner.startup import MAX_VERIFY_ROWS
 from ..speculative.proposer import Proposer
 from .speculation import Speculation
 
@@ -76,4 +78,20 @@ def build_speculation(config: Any, loaded: Any) -> Speculation | None:
         spec_config.num_speculative_tokens,
         ", adaptive" if spec_config.adaptive else "",
     )
-    return Speculation(spec_config, proposer, loaded.max_model_len)
+    table = time_rows(loaded.runner, _timed_rows(config, spec_config)) if spec_config.adaptive else ()
+    return Speculation(spec_config, proposer, loaded.max_model_len, table)
+
+
+def _timed_rows(config: Any, spec_config: SpeculativeConfig) -> list[int]:
+    """The step sizes the cost model reads: every row count up to one verify run, then doublings of
+    it up to the most rows a step decodes."""
+    run = 1 + spec_config.num_speculative_tokens
+    rows = list(range(1, run + 1))
+    top = min(config.max_num_seqs * run, MAX_VERIFY_ROWS)
+    size = 2 * run
+    while size < top:
+        rows.append(size)
+        size *= 2
+    if top > run:
+        rows.append(top)
+    return rows

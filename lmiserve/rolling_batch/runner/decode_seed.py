@@ -53,10 +53,22 @@ def time_decode_steps(runner: Any, max_num_seqs: int) -> tuple[tuple[int, float]
         return ()
 
 
+def time_rows(runner: Any, rows: list[int]) -> tuple[tuple[int, float], ...]:
+    """(decode rows, seconds) of a step of each of ``rows`` (the costs speculative decoding weighs
+    its proposals against); none where they are not timed or a step failed."""
+    if runner.ops.name == "cuda" and not runner.device.startswith("cuda"):
+        return ()
+    try:
+        return _timed(runner, 0, rows)
+    except Exception as exc:  # noqa: BLE001 - a cost model's input, never a reason not to start
+        log.warning("decode rows not timed at start-up (%s: %s)", type(exc).__name__, exc)
+        return ()
+
+
 @torch.inference_mode()
-def _timed(runner: Any, max_num_seqs: int) -> tuple[tuple[int, float], ...]:
+def _timed(runner: Any, max_num_seqs: int, rows: list[int] | None = None) -> tuple[tuple[int, float], ...]:
     timed = []
-    for batch in sorted({1, max(1, min(max_num_seqs, SEED_BATCH))}):
+    for batch in sorted(set(rows) if rows else {1, max(1, min(max_num_seqs, SEED_BATCH))}):
         arrays = padding_step(batch, 1, runner.block_size)
         graphs = runner.graphs
         best = float("inf")

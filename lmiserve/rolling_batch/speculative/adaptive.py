@@ -1,16 +1,15 @@
-"""How many tokens each sequence proposes: as many as pay for the rows they add to the step.
+"""How many tokens each sequence proposes: as many as make the most tokens a second.
 
-A step of ``n`` token rows takes about ``a + b n`` (the engine's decode curve, measured as it runs).
-``B`` sequences decoding alone make ``B`` tokens in ``a + b B``; a sequence that adds ``k`` proposed
-rows, each kept with probability ``alpha`` in a row, makes ``alpha + alpha^2 + ... + alpha^k`` more
-tokens in that step. Throughput grows with the ``i``-th proposal while::
-
-    alpha ** i  >  rho + c'      with  rho = b B / (a + b B)
-
-``rho`` is the share of a step one more row costs: small where a step reads its weights and little
-else (one stream, memory-bound), near 1 where the step is compute-bound (large batches), so large
-batches propose less. ``c'`` is the proposer's own cost per token as a share of the step (0 for
-prompt lookup).
+A step of ``n`` rows takes ``t(n)``: decode steps timed at start-up at the row counts a verify step
+reaches (a CPU kernel's tile of rows shows there: four rows may cost little more than one, a fifth
+a lot), else a line fitted to the engine's decode curve as it runs. ``B`` sequences decoding make
+``B`` tokens in ``t(B)``; a sequence's ``i``-th proposal is kept with probability ``alpha ** i``
+(``alpha``: its acceptance, each proposal kept only if those before it were), so proposals are
+offered by that expected gain, largest first, and the number taken is the one that makes the most
+expected tokens per second, ``(B + gains) / (t(B + taken) + draft)``, where ``draft`` is what the
+proposer itself spends (its cost per token, as a share of a step, times the deepest proposal; 0 for
+prompt lookup). One stream, whose step reads its weights and little else, takes most of its
+proposals; a large batch, whose step is compute-bound, takes few.
 
 ``alpha`` is each sequence's own recent acceptance, smoothed. A sequence whose acceptance is too low
 for even one proposal stops proposing, and probes again with one proposal after a pause that
@@ -56,45 +55,90 @@ def line_fit(curve: Seq[tuple[float, float]]) -> tuple[float, float]:
     return a, b
 
 
+def interpolate(table: Seq[tuple[float, float]], rows: float) -> float:
+    """Seconds of a step of ``rows`` rows from measured ``(rows, seconds)`` points: linear between
+    them, extended by the last two beyond."""
+    if rows <= table[0][0]:
+        return table[0][1]
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if rows <= x1:
+            return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = table[-2], table[-1]
+    return y1 + max(0.0, (y1 - y0) / (x1 - x0)) * (rows - x1)
+
+
 class AdaptivePolicy:
-    def __init__(self, num_tokens: int, adaptive: bool = True, cost_ratio: float = 0.0):
+    def __init__(
+        self,
+        num_tokens: int,
+        adaptive: bool = True,
+        cost_ratio: float = 0.0,
+        table: Seq[tuple[int, float]] = (),
+    ):
+        """``table``: ``(rows, seconds)`` of decode steps measured at start-up (the rows a verify step
+        adds cost what those steps say; a kernel's tile of rows shows); without two points the
+        engine's running decode curve is fitted with a line."""
         self.num_tokens = num_tokens
         self.adaptive = adaptive
         self.cost_ratio = cost_ratio
+        self.table = sorted((float(r), t) for r, t in table) if len(table) >= 2 else []
         self.fit = (1.0, 0.0)
 
     def observe_curve(self, curve: Seq[tuple[float, float]]) -> None:
         """The engine's latest decode curve, ``(rows, seconds)`` points."""
         self.fit = line_fit(curve)
 
+    def seconds(self, rows: float) -> float:
+        if self.table:
+            return interpolate(self.table, rows)
+        a, b = self.fit
+        return a + b * rows
+
     def row_share(self, rows: int) -> float:
         """``rho``: what one more row adds to a step of ``rows`` rows, as a share of it."""
-        a, b = self.fit
-        return b * rows / (a + b * rows)
+        return max(0.0, self.seconds(rows + 1) / self.seconds(rows) - 1.0)
 
     def counts(self, records: Seq[SeqRecord], generated: Seq[int], rows: int) -> list[int]:
         """Proposals for each sequence (``generated``: its ``num_generated``) in a step of ``rows``
-        rows before proposals."""
+        rows before proposals: the proposals, taken by their expected gain (``alpha ** i`` for a
+        sequence's ``i``-th), up to the count that makes the most tokens a second."""
         if not self.adaptive:
             return [self.num_tokens] * len(records)
-        a, b = self.fit
-        threshold = self.row_share(rows) + self.cost_ratio * (a + b) / (a + b * max(rows, 1))
-        out = []
-        for record, done in zip(records, generated):
+        ks = [0] * len(records)
+        offers: list[tuple[float, int]] = []  # (gain, sequence)
+        for s, (record, done) in enumerate(zip(records, generated)):
             if record.pause:
-                out.append(1 if done >= record.resume_at else 0)
+                if done >= record.resume_at:
+                    ks[s] = 1  # a probe, whatever it costs
                 continue
-            k, gain = 0, 1.0
-            while k < self.num_tokens:
+            gain = 1.0
+            for _ in range(self.num_tokens):
                 gain *= record.alpha
-                if gain <= threshold:
-                    break
-                k += 1
-            if k == 0:  # not worth one proposal: pause, then probe
+                offers.append((gain, s))
+        offers.sort(key=lambda o: -o[0])
+        base = rows + sum(ks)
+        step = self.seconds(base)
+        draft = self.cost_ratio * self.seconds(max(rows, 1))
+        best, best_n, tokens, deepest = rows / step, 0, float(rows), 0
+        taken = [0] * len(records)
+        for n, (gain, s) in enumerate(offers, 1):
+            tokens += gain
+            taken[s] += 1
+            deepest = max(deepest, taken[s])
+            rate = tokens / (self.seconds(base + n) + draft * deepest)
+            if rate > best:
+                best, best_n = rate, n
+        chosen = [0] * len(records)
+        for _, s in offers[:best_n]:
+            chosen[s] += 1
+        for s, record in enumerate(records):
+            if record.pause:
+                continue
+            ks[s] = chosen[s]
+            if chosen[s] == 0:  # not worth one proposal: pause, then probe
                 record.pause = 4
-                record.resume_at = done + record.pause
-            out.append(k)
-        return out
+                record.resume_at = generated[s] + record.pause
+        return ks
 
     def update(self, record: SeqRecord, proposed: int, accepted: int, generated: int) -> None:
         """A check of ``proposed`` tokens kept ``accepted`` of them (``generated``: the sequence's

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from lmiserve.config.speculative import parse_speculative
+from lmiserve.rolling_batch.runner.rejection import rejection_rows
 from lmiserve.rolling_batch.runner.sampler import LogitRows, Sampler
 from lmiserve.rolling_batch.runner.verify import Verifier
 from lmiserve.rolling_batch.scheduling.scheduler import ScheduledSeq
 from lmiserve.rolling_batch.scheduling.sequence import Group, Sequence
-from lmiserve.rolling_batch.runner.rejection import rejection_rows
 from lmiserve.wire import SamplingParams
 from tests.unit.engine.engine_helpers import make_engine
 
