@@ -60,7 +60,7 @@ def oom_victim(batch: SchedulerOutput) -> Sequence:
     decodes only the sequence with the most tokens (the longest attention)."""
     if batch.prefills:
         return max(batch.prefills, key=lambda item: item.num_tokens).seq
-    return max(batch.decodes, key=lambda item: item.seq.num_tokens).seq
+    return max(batch.decodes + batch.verifies, key=lambda item: item.seq.num_tokens).seq
 
 
 def roll_back(batch: SchedulerOutput, blocks: BlockManager) -> None:

@@ -27,7 +27,8 @@ On the CPU, torch runs every op at once, so the launch computes the step and the
 reads it back: the data flow is the same, the time is not overlapped.
 
 Run serially, after collecting the step in flight: steps with verify runs (which tokens they
-keep decides the next step's inputs), steps with a beam search (and the block copies
+keep decides the next step's inputs; a step in flight whose sequences may propose tokens is
+collected before the next is scheduled, so that they can), steps with a beam search (and the block copies
 its forks make), guided decoding (its grammar needs the token on the host before the next mask),
 prompt log-probabilities, repetition, presence or frequency penalties, min_new_tokens and bad words (they
 read the sequence's tokens, or its count of them, on the host), and a step whose launch fails (it
@@ -138,6 +139,14 @@ class OverlappedSteps:
 
     def step(self) -> list[wire.SeqDelta]:
         phases = self.phases
+        if self.pending is not None and phases.would_propose(self.pending.seqs):
+            # its sequences propose once their tokens are on the host: collect first, then schedule
+            early = self.collect()
+            return early + self._step()
+        return self._step()
+
+    def _step(self) -> list[wire.SeqDelta]:
+        phases = self.phases
         batch = phases.schedule()
         if batch and overlappable(batch):
             launched, error = self._launch(batch)
@@ -204,7 +213,7 @@ class OverlappedSteps:
     def _advance(self, flight: InFlight) -> None:
         """Record the launched step as computed and give its sampling sequences placeholders."""
         live = SchedulerOutput.of([i for i in flight.batch.scheduled if not i.seq.finished])
-        self.phases.computed(live)
+        self.phases.computed(live, flight.batch)
         for seq in flight.seqs:
             if not seq.finished:
                 seq.token_ids.append(PLACEHOLDER)

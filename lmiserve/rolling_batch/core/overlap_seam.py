@@ -44,6 +44,10 @@ class OverlapSeam(Protocol):
         """The next batch, stamped with :attr:`step_started` and :attr:`batch_size`."""
         ...
 
+    def would_propose(self, seqs: list[Sequence]) -> bool:
+        """Whether one of ``seqs`` would propose tokens once its last token is on the host."""
+        ...
+
     def run_serial(self, batch: SchedulerOutput) -> list[wire.SeqDelta]:
         """Run and update ``batch`` as a serial step does (its failures isolated)."""
         ...
@@ -52,7 +56,7 @@ class OverlapSeam(Protocol):
         """Undo ``batch``, in which memory ran out, and end its largest sequence."""
         ...
 
-    def computed(self, batch: SchedulerOutput) -> None:
+    def computed(self, batch: SchedulerOutput, ran: SchedulerOutput | None = None) -> None:
         """Record that ``batch``'s tokens are in the cache."""
         ...
 

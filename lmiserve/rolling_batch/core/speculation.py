@@ -22,7 +22,11 @@ from ..speculative.proposer import Proposer
 
 class Speculation:
     def __init__(
-        self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int, table: tuple[tuple[int, float], ...] = ()
+        self,
+        config: SpeculativeConfig,
+        proposer: Proposer,
+        max_model_len: int,
+        table: tuple[tuple[int, float], ...] = (),
     ):
         """``table``: ``(rows, seconds)`` of decode steps timed at start-up (:mod:`..speculative.adaptive`)."""
         self.config = config
@@ -38,6 +42,17 @@ class Speculation:
             return 0
         left = min(p.max_new_tokens - seq.num_generated, self.max_model_len - seq.num_tokens) - 1
         return max(0, min(left, self.config.num_speculative_tokens))
+
+    def would_propose(self, seqs: list[Sequence]) -> bool:
+        """Whether one of ``seqs`` may propose in the next step (not paused, room left)."""
+        for seq in seqs:
+            record = seq.spec
+            if seq.finished or (record is not None and record.pause and seq.num_generated + 1 < record.resume_at):
+                continue
+            p = seq.params
+            if p.speculate and p.num_beams == 1 and seq.group.beam is None and p.max_new_tokens - seq.num_generated > 2:
+                return True
+        return False
 
     def prepare(self, running: list[Sequence], curve: list[tuple[float, float]]) -> None:
         """Set the proposals of the running sequences for the next step."""
@@ -72,6 +87,10 @@ class Speculation:
         if seq.spec is not None:
             self.policy.update(seq.spec, result.proposed, len(result.tokens) - 1, seq.num_generated)
         seq.draft = []
+
+    def step_took(self, rows: int, seconds: float) -> None:
+        """A step of ``rows`` rows (prompt tokens included) took ``seconds`` (the cost model's input)."""
+        self.policy.step_took(rows, seconds)
 
     def observe(self, seq: Sequence, start: int, hidden: Any) -> None:
         """Hidden states of ``seq``'s tokens from ``start`` on (copied: a captured graph's output is

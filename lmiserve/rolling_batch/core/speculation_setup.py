@@ -79,6 +79,8 @@ def build_speculation(config: Any, loaded: Any) -> Speculation | None:
         ", adaptive" if spec_config.adaptive else "",
     )
     table = time_rows(loaded.runner, _timed_rows(config, spec_config)) if spec_config.adaptive else ()
+    if table:
+        log.info("decode steps by rows (ms): %s", ", ".join(f"{r}: {t * 1e3:.1f}" for r, t in table))
     return Speculation(spec_config, proposer, loaded.max_model_len, table)
 
 

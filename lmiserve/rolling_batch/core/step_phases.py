@@ -68,6 +68,10 @@ class StepPhases:
         self.lora.fill_slots()
         return batch
 
+    def would_propose(self, seqs: list[Sequence]) -> bool:
+        """Whether one of ``seqs`` would propose tokens once its last token is on the host."""
+        return self.speculation is not None and self.speculation.would_propose(seqs)
+
     def run_serial(self, batch: SchedulerOutput) -> list[wire.SeqDelta]:
         """Run and update a scheduled batch; a failing batch is retried in halves, one that ran
         out of memory in the next step without the sequence that asked the most of it."""
@@ -162,9 +166,10 @@ class StepPhases:
                 self.speculation.observe(seq, start, hidden[row : row + seq.num_computed - start])
         return deltas
 
-    def computed(self, batch: SchedulerOutput) -> None:
-        """Record that ``batch``'s tokens are in the cache."""
-        self._observe(batch)
+    def computed(self, batch: SchedulerOutput, ran: SchedulerOutput | None = None) -> None:
+        """Record that ``batch``'s tokens are in the cache (``ran``: the step as it ran, the layout of
+        its hidden states, where some of its sequences ended since)."""
+        self._observe(ran or batch)
         self.scheduler.after_step(batch)
         self.prompt_tokens += batch.num_prompt_tokens
 
@@ -212,4 +217,7 @@ class StepPhases:
         """Record that ``batch`` took ``seconds`` (from its scheduling to its tokens on the host)."""
         self.last_step_seconds = seconds
         rows = len(batch.decodes) + sum(item.num_tokens for item in batch.verifies)
-        self.speeds.record(sum(item.num_tokens for item in batch.prefills), seconds, rows)
+        prompt = sum(item.num_tokens for item in batch.prefills)
+        self.speeds.record(prompt, seconds, rows)
+        if self.speculation is not None:
+            self.speculation.step_took(rows + prompt, seconds)

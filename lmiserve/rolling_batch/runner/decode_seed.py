@@ -59,20 +59,22 @@ def time_rows(runner: Any, rows: list[int]) -> tuple[tuple[int, float], ...]:
     if runner.ops.name == "cuda" and not runner.device.startswith("cuda"):
         return ()
     try:
-        return _timed(runner, 0, rows)
+        return _timed(runner, 0, rows, runs=3)
     except Exception as exc:  # noqa: BLE001 - a cost model's input, never a reason not to start
         log.warning("decode rows not timed at start-up (%s: %s)", type(exc).__name__, exc)
         return ()
 
 
 @torch.inference_mode()
-def _timed(runner: Any, max_num_seqs: int, rows: list[int] | None = None) -> tuple[tuple[int, float], ...]:
+def _timed(
+    runner: Any, max_num_seqs: int, rows: list[int] | None = None, runs: int = RUNS
+) -> tuple[tuple[int, float], ...]:
     timed = []
     for batch in sorted(set(rows) if rows else {1, max(1, min(max_num_seqs, SEED_BATCH))}):
         arrays = padding_step(batch, 1, runner.block_size)
         graphs = runner.graphs
         best = float("inf")
-        for _ in range(RUNS):
+        for _ in range(runs):
             _synchronize(runner.device)
             started = time.perf_counter()
             hidden = graphs.run(arrays) if graphs is not None and graphs.fits(arrays) else runner.run_eager(arrays)

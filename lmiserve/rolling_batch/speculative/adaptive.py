@@ -2,17 +2,19 @@
 
 A step of ``n`` rows takes ``t(n)``: decode steps timed at start-up at the row counts a verify step
 reaches (a CPU kernel's tile of rows shows there: four rows may cost little more than one, a fifth
-a lot), else a line fitted to the engine's decode curve as it runs. ``B`` sequences decoding make
+a lot), plus what each row of the engine's real steps has cost beyond them (attention over real
+contexts, the host's work per row), else a line fitted to the engine's decode curve as it runs. ``B`` sequences decoding make
 ``B`` tokens in ``t(B)``; a sequence's ``i``-th proposal is kept with probability ``alpha ** i``
 (``alpha``: its acceptance, each proposal kept only if those before it were), so proposals are
 offered by that expected gain, largest first, and the number taken is the one that makes the most
-expected tokens per second, ``(B + gains) / (t(B + taken) + draft)``, where ``draft`` is what the
+expected tokens per second, ``(B + gains) / (t(B + taken) + draft)``, if that is at least
+:data:`MARGIN` more than without proposals, where ``draft`` is what the
 proposer itself spends (its cost per token, as a share of a step, times the deepest proposal; 0 for
 prompt lookup). One stream, whose step reads its weights and little else, takes most of its
 proposals; a large batch, whose step is compute-bound, takes few.
 
 ``alpha`` is each sequence's own recent acceptance, smoothed. A sequence whose acceptance is too low
-for even one proposal stops proposing, and probes again with one proposal after a pause that
+for even one proposal to pay at one stream stops proposing, and probes again with one proposal after a pause that
 doubles each time the probe fails (up to :data:`MAX_PAUSE` tokens): its text may have changed
 character, say from prose to a quotation of the prompt.
 
@@ -28,6 +30,9 @@ PRIOR = 0.6
 """Acceptance assumed before a sequence has any record."""
 SMOOTHING = 0.3
 """Weight of the newest check in a sequence's acceptance."""
+MARGIN = 0.15
+"""Proposals are taken only where they promise this much more than the step without them: the cost
+model's error (real contexts, the host's share of the cores) must not turn a small gain into a loss."""
 MAX_PAUSE = 64
 """Longest pause (in generated tokens) of a sequence whose proposals are not kept."""
 
@@ -83,14 +88,23 @@ class AdaptivePolicy:
         self.cost_ratio = cost_ratio
         self.table = sorted((float(r), t) for r, t in table) if len(table) >= 2 else []
         self.fit = (1.0, 0.0)
+        self.per_row = 0.0
+        """Seconds each row of a real step adds beyond the table's (attention over real contexts,
+        the host's work per row), smoothed over the steps seen."""
 
     def observe_curve(self, curve: Seq[tuple[float, float]]) -> None:
         """The engine's latest decode curve, ``(rows, seconds)`` points."""
         self.fit = line_fit(curve)
 
+    def step_took(self, rows: int, seconds: float) -> None:
+        """A step of ``rows`` rows (decodes, verify rows and prompt tokens) took ``seconds``."""
+        if self.table and rows > 0:
+            extra = max(0.0, (seconds - interpolate(self.table, rows)) / rows)
+            self.per_row += SMOOTHING * (extra - self.per_row)
+
     def seconds(self, rows: float) -> float:
         if self.table:
-            return interpolate(self.table, rows)
+            return interpolate(self.table, rows) + self.per_row * rows
         a, b = self.fit
         return a + b * rows
 
@@ -119,7 +133,8 @@ class AdaptivePolicy:
         base = rows + sum(ks)
         step = self.seconds(base)
         draft = self.cost_ratio * self.seconds(max(rows, 1))
-        best, best_n, tokens, deepest = rows / step, 0, float(rows), 0
+        plain, best_n, tokens, deepest = rows / step, 0, float(rows), 0
+        best = plain * (1.0 + MARGIN)
         taken = [0] * len(records)
         for n, (gain, s) in enumerate(offers, 1):
             tokens += gain
@@ -135,10 +150,16 @@ class AdaptivePolicy:
             if record.pause:
                 continue
             ks[s] = chosen[s]
-            if chosen[s] == 0:  # not worth one proposal: pause, then probe
+            if chosen[s] == 0 and not self._pays_alone(record.alpha):  # too rarely kept: pause, then probe
                 record.pause = 4
                 record.resume_at = generated[s] + record.pause
         return ks
+
+    def _pays_alone(self, alpha: float) -> bool:
+        """Whether one proposal kept with probability ``alpha`` pays at one stream: a sequence left
+        out only because the batch is large is not paused (its acceptance stays known)."""
+        one = self.seconds(1)
+        return (1.0 + alpha) / (self.seconds(2) + self.cost_ratio * one) > (1.0 + MARGIN) / one
 
     def update(self, record: SeqRecord, proposed: int, accepted: int, generated: int) -> None:
         """A check of ``proposed`` tokens kept ``accepted`` of them (``generated``: the sequence's

@@ -50,3 +50,12 @@ def test_low_acceptance_pauses_then_probes():
 def test_not_adaptive_always_proposes_the_setting():
     policy = AdaptivePolicy(5, adaptive=False)
     assert policy.counts([SeqRecord(alpha=0.0)] * 3, [1, 2, 3], 3) == [5, 5, 5]
+
+
+def test_a_large_batch_leaves_a_well_kept_sequence_out_without_pausing_it():
+    table = [(1, 0.02), (2, 0.021), (32, 0.06), (64, 0.12), (128, 0.24)]  # compute-bound from 32 rows
+    policy = AdaptivePolicy(4, table=table)
+    batch = [SeqRecord(alpha=0.95) for _ in range(32)]
+    assert policy.counts(batch, [10] * 32, 32) == [0] * 32
+    assert not any(r.pause for r in batch)  # no probes: its acceptance is known to be high
+    assert policy.counts(batch[:1], [10], 1)[0] >= 1
