@@ -220,7 +220,8 @@ class Scheduler:
             protected.add(seq.seq_id)
             budget -= self._decode(seq, out, budget)
 
-        budget, hard, tail = self.prompt_budget.limits(budget, bool(out.decodes), self.running, self.waiting)
+        decoding = bool(out.decodes or out.verifies)
+        budget, hard, tail = self.prompt_budget.limits(budget, decoding, self.running, self.waiting)
 
         # 2. running sequences still prefilling (chunked prefill)
         for seq in [s for s in self.running if s.num_pending > 1]:

@@ -8,7 +8,7 @@ contexts, the host's work per row), else a line fitted to the engine's decode cu
 (``alpha``: its acceptance, each proposal kept only if those before it were), so proposals are
 offered by that expected gain, largest first, and the number taken is the one that makes the most
 expected tokens per second, ``(B + gains) / (t(B + taken) + draft)``, if that is at least
-:data:`MARGIN` more than without proposals, where ``draft`` is what the
+:data:`MARGIN` (and a little more per row) more than without proposals, where ``draft`` is what the
 proposer itself spends (its cost per token, as a share of a step, times the deepest proposal; 0 for
 prompt lookup). One stream, whose step reads its weights and little else, takes most of its
 proposals; a large batch, whose step is compute-bound, takes few.
@@ -31,8 +31,11 @@ PRIOR = 0.6
 SMOOTHING = 0.3
 """Weight of the newest check in a sequence's acceptance."""
 MARGIN = 0.15
-"""Proposals are taken only where they promise this much more than the step without them: the cost
-model's error (real contexts, the host's share of the cores) must not turn a small gain into a loss."""
+"""Proposals are taken only where they promise this much more than the step without them, plus
+:data:`MARGIN_PER_ROW` for each row of the step: the cost model's error (attention over real
+contexts, the host's work per row, the API processes on the same cores) grows with the batch and
+must not turn a small gain into a loss."""
+MARGIN_PER_ROW = 1 / 64
 MAX_PAUSE = 64
 """Longest pause (in generated tokens) of a sequence whose proposals are not kept."""
 
@@ -134,7 +137,7 @@ class AdaptivePolicy:
         step = self.seconds(base)
         draft = self.cost_ratio * self.seconds(max(rows, 1))
         plain, best_n, tokens, deepest = rows / step, 0, float(rows), 0
-        best = plain * (1.0 + MARGIN)
+        best = plain * (1.0 + MARGIN + MARGIN_PER_ROW * rows)
         taken = [0] * len(records)
         for n, (gain, s) in enumerate(offers, 1):
             tokens += gain
