@@ -28,9 +28,7 @@ from typing import Any
 METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 OWN_KEYS = frozenset({"adaptive"})
 """Keys lmiserve reads and vLLM does not."""
-_KNOWN = frozenset(
-    {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", *OWN_KEYS}
-)
+_KNOWN = frozenset({"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", *OWN_KEYS})
 
 
 @dataclass(frozen=True)
